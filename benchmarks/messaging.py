@@ -1,0 +1,137 @@
+"""Messaging benchmark: what one exchange costs in deployment and in simulation, how long a
+ClientApp takes to start, and how many bytes a client moves per round.
+
+Runs `pollen deploy` / `pollen simulate` for the no-op algorithm (Flower's own floor: nothing
+but messaging) and for FedAvg, then times ClientApp start-up pieces in fresh interpreters.
+Prints a table and writes JSON (default benchmarks/results/messaging.json).
+
+    .venv/bin/python benchmarks/messaging.py [--rounds 4] [--clients 2] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _pollen(args: list[str], cache: Path) -> None:
+    env = dict(os.environ, POLLEN_CACHE_DIR=str(cache), FLWR_TELEMETRY_ENABLED="0")
+    done = subprocess.run([sys.executable, "-m", "pollen.cli", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"pollen {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
+
+
+def _phases(out: Path) -> dict[str, list[dict[str, Any]]]:
+    by_phase: dict[str, list[dict[str, Any]]] = {}
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        for phase in row["phases"]:
+            by_phase.setdefault(phase["phase"], []).append(phase)
+    return by_phase
+
+
+def measure_runtime(mode: str, algorithm: str, rounds: int, clients: int, work: Path,
+                    cache: Path) -> dict[str, Any]:
+    out = work / f"{mode}-{algorithm}"
+    started = time.monotonic()
+    _pollen([mode, "--algorithm", algorithm, "--dataset", "mnist-5k", "--clients", str(clients),
+             "--rounds", str(rounds), "--out", str(out), "--set", "final-eval=false",
+             "--set", "server-eval=false"], cache)
+    wall = time.monotonic() - started
+    phases = _phases(out)
+    main = "query.noop" if algorithm == "noop" else "train"
+    secs = [p["seconds"] for p in phases[main]]
+    steady = secs[1:] if len(secs) > 1 else secs
+    sent = [p["bytes-sent"] / max(p["sent"], 1) for p in phases[main]]
+    received = [p["bytes-received"] / max(p["valid"], 1) for p in phases[main]]
+    return {
+        "mode": mode,
+        "algorithm": algorithm,
+        "rounds": rounds,
+        "clients": clients,
+        "wall-seconds": round(wall, 2),
+        "seconds-per-exchange-first": round(secs[0], 3),
+        "seconds-per-exchange-median": round(statistics.median(steady), 3),
+        "seconds-per-exchange-all": secs,
+        "hello-seconds": [p["seconds"] for p in phases.get("query.hello", [])],
+        "bytes-to-client-per-round": int(statistics.mean(sent)),
+        "bytes-from-client-per-round": int(statistics.mean(received)),
+    }
+
+
+STARTUP_SNIPPETS = {
+    "python": "pass",
+    "import flwr.clientapp (Flower's own)": "import flwr.clientapp",
+    "import client.app (Pollen ClientApp)": "import client.app",
+    "import torch": "import torch",
+    "hello handler, cached partition": "hello",
+    "fedavg train handler, first message": "train",
+}
+
+
+def measure_startup(cache: Path, repeats: int) -> dict[str, Any]:
+    env = dict(os.environ, POLLEN_CACHE_DIR=str(cache), FLWR_TELEMETRY_ENABLED="0")
+    results: dict[str, Any] = {}
+    for label, code in STARTUP_SNIPPETS.items():
+        times = []
+        for _ in range(repeats):
+            t0 = time.monotonic()
+            argv = ([sys.executable, str(ROOT / "benchmarks" / "startup_probe.py"), code]
+                    if code in ("hello", "train") else [sys.executable, "-c", code])
+            subprocess.run(argv, cwd=ROOT, env=env, check=True, capture_output=True)
+            times.append(time.monotonic() - t0)
+        results[label] = round(statistics.median(times), 3)
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--clients", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--modes", default="deploy,simulate")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "messaging.json"))
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="pollen-bench-"))
+    cache = work / "cache"
+    report: dict[str, Any] = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "platform": platform.platform()},
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "startup-seconds": {},
+        "runtimes": [],
+    }
+    for mode in args.modes.split(","):
+        for algorithm in ("noop", "fedavg"):
+            row = measure_runtime(mode, algorithm, args.rounds, args.clients, work, cache)
+            report["runtimes"].append(row)
+            print(f"{mode:9s} {algorithm:7s} first {row['seconds-per-exchange-first']:6.2f} s  "
+                  f"median {row['seconds-per-exchange-median']:6.2f} s per exchange  "
+                  f"{row['bytes-to-client-per-round']:>9d} B down "
+                  f"{row['bytes-from-client-per-round']:>9d} B up per client per round",
+                  flush=True)
+    report["startup-seconds"] = measure_startup(cache, args.repeats)
+    for label, secs in report["startup-seconds"].items():
+        print(f"start-up  {label:40s} {secs:6.3f} s")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

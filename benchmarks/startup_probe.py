@@ -1,0 +1,36 @@
+"""What a deployed ClientApp process does for one message, timed from a fresh interpreter:
+`python benchmarks/startup_probe.py hello|train` (used by messaging.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def main(kind: str) -> None:
+    from flwr.app import Context, Message, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from client.app import app
+    from pollen import protocol
+    from pollen.settings import resolve
+
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
+    cfg = resolve({"dataset": "mnist-5k", "num-clients": 2, "run-name": "probe"})
+    ctx = Context(run_id=1, node_id=1, node_config={"partition-id": 0, "num-partitions": 2},
+                  state=RecordDict(), run_config=dict(cfg))
+    if kind == "hello":
+        content = protocol.instruction(1, "query.hello")
+        message_type = "query.hello"
+    else:
+        from strategies.classifier import initial_weights
+
+        content = protocol.instruction(1, "train", arrays=initial_weights(cfg, 0))
+        message_type = "train"
+    app(Message(content, dst_node_id=1, message_type=message_type), ctx)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

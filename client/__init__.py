@@ -1,0 +1,1 @@
+"""Client side: the ClientApp, per-algorithm handlers, local training and on-disk state."""

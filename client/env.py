@@ -1,0 +1,114 @@
+"""What a client handler gets: its stable id, the run's settings, its data, state and device.
+
+Built per message from Flower's Context. Data, state and torch are loaded on first use, so a
+handler that needs none of them (a no-op probe) costs nothing beyond the import of this module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from flwr.app import Context, RecordDict
+
+from client.state import StateStore
+from pollen import settings as settings_mod
+from pollen.paths import cache_dir
+from pollen.settings import Scalar
+
+if TYPE_CHECKING:
+    import torch
+
+    from federated_data import ClientData, DataSpec
+
+
+class ClientConfigError(ValueError):
+    """The node's configuration does not fit the run."""
+
+
+@dataclass
+class ClientEnv:
+    cid: int
+    settings: Mapping[str, Scalar]
+    state_root: Path
+    run_name: str
+    cache_dir: Path
+    data_dir: str | None
+    _extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_context(cls, context: Context) -> ClientEnv:
+        cfg = settings_mod.from_run_config(context.run_config)
+        node = context.node_config
+        if "partition-id" not in node:
+            raise ClientConfigError("node config has no partition-id")
+        cid = int(node["partition-id"])  # type: ignore[call-overload]
+        num = int(cfg["num-clients"])
+        if "num-partitions" in node and int(node["num-partitions"]) != num:  # type: ignore[call-overload]
+            raise ClientConfigError(
+                f"node has num-partitions={node['num-partitions']} but the run has "
+                f"num-clients={num}"
+            )
+        if not 0 <= cid < num:
+            raise ClientConfigError(f"partition-id {cid} outside [0, {num}) for this run")
+        return cls(
+            cid=cid,
+            settings=cfg,
+            state_root=_state_root(node, cfg),
+            run_name=str(cfg["run-name"]) or f"run-{context.run_id}",
+            cache_dir=_cache_dir(node, cfg),
+            data_dir=str(node.get("data-dir") or cfg["data-dir"]) or None,
+        )
+
+    @cached_property
+    def data_spec(self) -> DataSpec:
+        from pollen.dataspec import data_spec
+
+        return data_spec(self.settings, self.data_dir)
+
+    @cached_property
+    def data(self) -> ClientData:
+        from federated_data import load_client_data
+
+        return load_client_data(self.data_spec, self.cid, self.cache_dir)
+
+    @cached_property
+    def state(self) -> StateStore:
+        return StateStore(self.state_root / self.run_name / f"client-{self.cid}")
+
+    @cached_property
+    def device(self) -> torch.device:
+        import torch
+
+        wanted = str(self.settings["device"])
+        if wanted == "cuda" or (wanted == "auto" and torch.cuda.is_available()):
+            return torch.device("cuda")
+        return torch.device("cpu")
+
+    def seed(self, server_round: int, tag: str) -> int:
+        """A seed fixed by (run seed, client, round, purpose): same numbers in any process."""
+        text = f"{self.settings['seed']}/{self.cid}/{server_round}/{tag}"
+        return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
+
+
+def _state_root(node: Mapping[str, Any], cfg: Mapping[str, Scalar]) -> Path:
+    if node.get("state-dir"):
+        return Path(str(node["state-dir"]))
+    if cfg["client-state-dir"]:
+        return Path(str(cfg["client-state-dir"]))
+    if cfg["out-dir"]:
+        return Path(str(cfg["out-dir"])) / "client-state"
+    return _cache_dir(node, cfg) / "client-state"
+
+
+def _cache_dir(node: Mapping[str, Any], cfg: Mapping[str, Scalar]) -> Path:
+    if node.get("cache-dir"):
+        return Path(str(node["cache-dir"]))
+    return cache_dir(cfg)
+
+
+ClientHandler = Callable[[RecordDict, ClientEnv], RecordDict]

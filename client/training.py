@@ -1,0 +1,113 @@
+"""Local training and evaluation loops (plain PyTorch).
+
+SGD is written out rather than taken from `torch.optim`: the first `torch.optim` optimizer built
+in a process costs seconds of lazy imports, and in deployment every message is a new process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+
+ProximalTerm = Callable[[nn.Module], torch.Tensor]
+
+
+def batches(
+    n: int, batch_size: int, generator: torch.Generator | None
+) -> Iterator[torch.Tensor]:
+    order = torch.randperm(n, generator=generator) if generator is not None else torch.arange(n)
+    for start in range(0, n, batch_size):
+        yield order[start : start + batch_size]
+
+
+class SGD:
+    """SGD with momentum and L2 weight decay; momentum buffers are kept for the state store."""
+
+    def __init__(self, params: list[nn.Parameter], lr: float, momentum: float = 0.0,
+                 weight_decay: float = 0.0) -> None:
+        self.params = params
+        self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
+        self.buffers: list[torch.Tensor | None] = [None] * len(params)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                continue
+            grad = p.grad
+            if self.weight_decay:
+                grad = grad.add(p, alpha=self.weight_decay)
+            if self.momentum:
+                buf = self.buffers[i]
+                if buf is None:
+                    buf = grad.clone()
+                else:
+                    buf.mul_(self.momentum).add_(grad)
+                self.buffers[i] = buf
+                grad = buf
+            p.add_(grad, alpha=-self.lr)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+
+def train_classifier(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    generator: torch.Generator | None = None,
+    proximal: ProximalTerm | None = None,
+) -> float:
+    """Cross-entropy SGD for `epochs` passes; returns the mean training loss of the last epoch."""
+    model.train()
+    opt = SGD([p for p in model.parameters() if p.requires_grad], lr, momentum, weight_decay)
+    last = float("nan")
+    for _ in range(epochs):
+        total, count = 0.0, 0
+        for idx in batches(len(y), batch_size, generator):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x[idx]), y[idx])
+            objective = loss + proximal(model) if proximal is not None else loss
+            objective.backward()
+            opt.step()
+            total += float(loss.detach()) * len(idx)
+            count += len(idx)
+        last = total / max(count, 1)
+    return last
+
+
+@torch.no_grad()
+def evaluate_classifier(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024
+) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy); (nan, nan) on an empty split."""
+    if len(y) == 0:
+        return float("nan"), float("nan")
+    model.eval()
+    loss_sum, correct = 0.0, 0
+    for start in range(0, len(y), batch_size):
+        logits = model(x[start : start + batch_size])
+        target = y[start : start + batch_size]
+        loss_sum += float(F.cross_entropy(logits, target, reduction="sum"))
+        correct += int((logits.argmax(1) == target).sum())
+    return loss_sum / len(y), correct / len(y)
+
+
+def get_weights(model: nn.Module) -> dict[str, np.ndarray]:
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+
+
+def set_weights(model: nn.Module, weights: Mapping[str, np.ndarray]) -> None:
+    state = {k: torch.from_numpy(np.asarray(v)) for k, v in weights.items()}
+    model.load_state_dict(state, strict=True)

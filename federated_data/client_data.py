@@ -1,0 +1,362 @@
+"""A client's train/val/test data, partitioned once per data spec and cached on disk.
+
+The first process to ask for a spec loads the source dataset, partitions it and writes every
+client's file; the manifest, written last, marks the cache complete. Later calls, typically
+one fresh client process per message, read a single small .npz and import no framework.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from federated_data.arrays import ArrayDataset
+from federated_data.cachefiles import (
+    default_cache_dir,
+    exclusive_lock,
+    remove_stale_temporaries,
+    save_npz_atomic,
+    write_text_atomic,
+)
+from federated_data.catalog import CATALOG
+from federated_data.errors import DataConfigError
+from federated_data.partition import partition_labels, validate_partition_params
+from federated_data.registry import SOURCE_FORMAT, SourceData, coarse_labels_of, load_dataset
+
+__all__ = [
+    "ClientData",
+    "DataSpec",
+    "default_cache_dir",
+    "load_client_data",
+    "load_server_test_data",
+    "partition_summary",
+    "validate_spec",
+]
+
+# Bump when the way client files are derived from a spec changes: old caches are then ignored.
+CACHE_FORMAT = 1
+MANIFEST = "manifest.json"
+_SPLITS = ("train", "val", "test")
+
+ParamValue = float | int | str
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """Everything that decides which examples each client holds, plus where the data lives.
+
+    `params` are the partitioner's parameters as sorted (name, value) pairs; they are sorted
+    on construction so that equal settings give equal specs and equal cache keys.
+    """
+
+    dataset: str
+    num_clients: int
+    partitioner: str = "iid"
+    seed: int = 0
+    params: tuple[tuple[str, ParamValue], ...] = ()
+    val_fraction: float = 0.1
+    test_fraction: float = 0.2
+    data_dir: str | None = None
+    download: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dataset, str) or not self.dataset:
+            raise DataConfigError(f"dataset must be a non-empty name, got {self.dataset!r}")
+        if not isinstance(self.partitioner, str) or not self.partitioner:
+            raise DataConfigError(
+                f"partitioner must be a non-empty name, got {self.partitioner!r}"
+            )
+        for name in ("num_clients", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | np.integer):
+                raise DataConfigError(f"{name} must be an integer, got {value!r}")
+        if self.num_clients < 1:
+            raise DataConfigError(f"num_clients must be >= 1, got {self.num_clients}")
+        if self.seed < 0:
+            raise DataConfigError(f"seed must be >= 0, got {self.seed}")
+        for name in ("val_fraction", "test_fraction"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not (
+                0.0 <= value < 1.0
+            ):
+                raise DataConfigError(f"{name} must be a number in [0, 1), got {value!r}")
+        if self.val_fraction + self.test_fraction >= 1.0:
+            raise DataConfigError(
+                f"val_fraction + test_fraction must be < 1 to leave training data, got "
+                f"{self.val_fraction} + {self.test_fraction}"
+            )
+        object.__setattr__(self, "params", _normalise_params(self.params))
+
+    def identity(self) -> dict[str, Any]:
+        """The fields that change the partition (not where the data is read from)."""
+        return {
+            "format": [CACHE_FORMAT, SOURCE_FORMAT],
+            "dataset": self.dataset,
+            "num_clients": int(self.num_clients),
+            "partitioner": self.partitioner,
+            "seed": int(self.seed),
+            "params": [[k, _canonical(v)] for k, v in self.params],
+            "val_fraction": _canonical(self.val_fraction),
+            "test_fraction": _canonical(self.test_fraction),
+        }
+
+    def key(self) -> str:
+        """Short stable hash of `identity()`: the cache directory name of this partition."""
+        text = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "num_clients": int(self.num_clients),
+            "partitioner": self.partitioner,
+            "seed": int(self.seed),
+            "params": [[k, v] for k, v in self.params],
+            "val_fraction": self.val_fraction,
+            "test_fraction": self.test_fraction,
+            "data_dir": self.data_dir,
+            "download": self.download,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> DataSpec:
+        fields = dict(raw)
+        fields["params"] = tuple((str(k), v) for k, v in fields.get("params", ()))
+        try:
+            return cls(**fields)
+        except TypeError as exc:
+            raise DataConfigError(f"not a data spec: {exc}") from None
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """One client's share of the data, split into local train, validation and test sets."""
+
+    client_id: int
+    train: ArrayDataset
+    val: ArrayDataset
+    test: ArrayDataset
+
+
+def validate_spec(spec: DataSpec) -> None:
+    """Reject a spec that cannot be partitioned, without loading any data (launcher check)."""
+    coarse_labels_of(spec.dataset)  # unknown dataset -> DataConfigError listing valid names
+    info = CATALOG.get(spec.dataset)
+    params: dict[str, Any] = dict(spec.params)
+    if spec.partitioner == "natural":
+        params["keys"] = np.arange(spec.num_clients)  # real keys come with the data
+    elif spec.partitioner == "pachinko":
+        params["coarse_of_fine"] = _coarse_map(spec)
+    validate_partition_params(
+        spec.partitioner,
+        spec.num_clients,
+        info.num_classes if info is not None else None,
+        None,
+        **params,
+    )
+
+
+def load_client_data(spec: DataSpec, client_id: int, cache_dir: str | Path) -> ClientData:
+    """Client `client_id`'s data; the first call for a spec builds every client's cache file."""
+    cid = _check_client(spec, client_id)
+    directory = _ensure_cache(spec, Path(cache_dir))
+    return _read_client(directory / _client_file(cid), cid)
+
+
+def load_server_test_data(spec: DataSpec, cache_dir: str | Path) -> ArrayDataset | None:
+    """Data for server-side evaluation: the official test split if the dataset has one, else
+    every client's test split together (None when those are all empty)."""
+    root = Path(cache_dir)
+    directory = _ensure_cache(spec, root)
+    if _read_manifest(directory)["has_official_test"]:
+        return load_dataset(spec.dataset, spec.data_dir, spec.download, root).test
+    tests = [
+        _read_client(directory / _client_file(i), i).test for i in range(spec.num_clients)
+    ]
+    if sum(len(t) for t in tests) == 0:
+        return None
+    first = tests[0]
+    return ArrayDataset(
+        np.concatenate([t.x for t in tests]),
+        np.concatenate([t.y for t in tests]),
+        first.num_classes,
+        first.mean,
+        first.std,
+    )
+
+
+def partition_summary(spec: DataSpec, cache_dir: str | Path) -> dict[str, Any]:
+    """Per-client split sizes and label histograms, read from the manifest (built if absent)."""
+    return _read_manifest(_ensure_cache(spec, Path(cache_dir)))
+
+
+def _normalise_params(raw: Any) -> tuple[tuple[str, ParamValue], ...]:
+    try:
+        pairs = [(name, value) for name, value in raw]
+    except (TypeError, ValueError):
+        raise DataConfigError(f"params must be (name, value) pairs, got {raw!r}") from None
+    seen: set[str] = set()
+    for name, value in pairs:
+        if not isinstance(name, str):
+            raise DataConfigError(f"params: parameter names must be strings, got {name!r}")
+        if name in seen:
+            raise DataConfigError(f"params: parameter {name!r} given twice")
+        seen.add(name)
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            raise DataConfigError(
+                f"params: {name} must be an int, float or str, got {type(value).__name__}"
+            )
+    return tuple(sorted(pairs))
+
+
+def _canonical(value: ParamValue) -> ParamValue:
+    """Integral floats as ints, so that 1 and 1.0 name the same partition."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _check_client(spec: DataSpec, client_id: int) -> int:
+    if isinstance(client_id, bool) or not isinstance(client_id, int | np.integer):
+        raise DataConfigError(f"client_id must be an integer, got {client_id!r}")
+    if not 0 <= client_id < spec.num_clients:
+        raise DataConfigError(
+            f"client_id must be in [0, {spec.num_clients}) for num_clients="
+            f"{spec.num_clients}, got {client_id}"
+        )
+    return int(client_id)
+
+
+def _client_file(client_id: int) -> str:
+    return f"client-{client_id}.npz"
+
+
+def _coarse_map(spec: DataSpec) -> np.ndarray:
+    cmap = coarse_labels_of(spec.dataset)
+    if cmap is None:
+        raise DataConfigError(
+            f"partitioner 'pachinko' needs fine and coarse labels (coarse_of_fine); dataset "
+            f"{spec.dataset!r} has none (cifar100 has)"
+        )
+    return cmap
+
+
+def _ensure_cache(spec: DataSpec, cache_dir: Path) -> Path:
+    directory = cache_dir / spec.key()
+    if (directory / MANIFEST).exists():
+        return directory
+    validate_spec(spec)
+    with exclusive_lock(directory):
+        if not (directory / MANIFEST).exists():
+            remove_stale_temporaries(directory)
+            _build(spec, directory, cache_dir)
+    return directory
+
+
+def _build(spec: DataSpec, directory: Path, cache_dir: Path) -> None:
+    source = load_dataset(spec.dataset, spec.data_dir, spec.download, cache_dir)
+    parts = partition_labels(
+        source.train.y,
+        spec.partitioner,
+        spec.num_clients,
+        spec.seed,
+        **_partition_params(spec, source),
+    )
+    clients: list[dict[str, Any]] = []
+    for cid, indices in enumerate(parts):
+        splits = {
+            name: source.train.subset(idx)
+            for name, idx in zip(_SPLITS, _split_client(indices, spec, cid), strict=True)
+        }
+        arrays: dict[str, np.ndarray] = {
+            "num_classes": np.asarray(source.train.num_classes, dtype=np.int64),
+            "mean": np.asarray(source.train.mean, dtype=np.float64),
+            "std": np.asarray(source.train.std, dtype=np.float64),
+        }
+        summary: dict[str, Any] = {"client_id": cid}
+        for name, data in splits.items():
+            arrays[f"{name}_x"], arrays[f"{name}_y"] = data.x, data.y
+            summary[name] = len(data)
+        for name, data in splits.items():
+            summary[f"{name}_labels"] = data.label_counts().tolist()
+        save_npz_atomic(directory / _client_file(cid), arrays)
+        clients.append(summary)
+    manifest = {
+        "format": CACHE_FORMAT,
+        "key": spec.key(),
+        "spec": spec.to_dict(),
+        "num_classes": source.train.num_classes,
+        "input_shape": list(source.train.input_shape),
+        "mean": list(source.train.mean),
+        "std": list(source.train.std),
+        "source_train_size": len(source.train),
+        "has_official_test": source.test is not None,
+        "official_test_size": len(source.test) if source.test is not None else None,
+        "clients": clients,
+    }
+    write_text_atomic(directory / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+
+
+def _partition_params(spec: DataSpec, source: SourceData) -> dict[str, Any]:
+    params: dict[str, Any] = dict(spec.params)
+    if spec.partitioner == "pachinko":
+        params["coarse_of_fine"] = _coarse_map(spec)
+    elif spec.partitioner == "natural":
+        if source.keys is None:
+            raise DataConfigError(
+                f"partitioner 'natural' needs one key per example (e.g. writer id); dataset "
+                f"{spec.dataset!r} provides none"
+            )
+        params["keys"] = source.keys
+    return params
+
+
+def _split_client(
+    indices: np.ndarray, spec: DataSpec, client_id: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(train, val, test) index arrays: test and val carved at random from the partition."""
+    rng = np.random.default_rng([spec.seed, client_id])
+    shuffled = rng.permutation(indices)
+    n_test = math.floor(spec.test_fraction * len(indices) + 0.5)
+    n_val = math.floor(spec.val_fraction * len(indices) + 0.5)
+    test = shuffled[:n_test]
+    val = shuffled[n_test : n_test + n_val]
+    train = shuffled[n_test + n_val :]
+    return np.sort(train), np.sort(val), np.sort(test)
+
+
+def _read_client(path: Path, client_id: int) -> ClientData:
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            num_classes = int(f["num_classes"])
+            mean = tuple(float(v) for v in f["mean"])
+            std = tuple(float(v) for v in f["std"])
+            splits = [
+                ArrayDataset(f[f"{name}_x"], f[f"{name}_y"], num_classes, mean, std)
+                for name in _SPLITS
+            ]
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+        raise DataConfigError(
+            f"cached partition file {path} is unreadable ({exc}); delete the directory "
+            f"{path.parent} to rebuild the partition"
+        ) from exc
+    return ClientData(client_id, *splits)
+
+
+def _read_manifest(directory: Path) -> dict[str, Any]:
+    path = directory / MANIFEST
+    try:
+        manifest: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise DataConfigError(
+            f"partition manifest {path} is unreadable ({exc}); delete the directory "
+            f"{directory} to rebuild the partition"
+        ) from exc
+    return manifest

@@ -1,0 +1,318 @@
+"""`pollen`: run federations locally (deploy, simulate), join real ones (server, client, run),
+and read results (report)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any, NoReturn
+
+from pollen import settings as settings_mod
+from pollen.launcher import (
+    FLWR_ENV,
+    TLS,
+    Federation,
+    LaunchError,
+    follow,
+    supernode_argv,
+    tls_args_superlink,
+)
+from pollen.settings import Scalar, SettingsError
+
+
+# ---- settings from the command line ----------------------------------------------------------
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--algorithm", help="algorithm (see `pollen algorithms`)")
+    p.add_argument("--dataset", help="dataset (see `pollen datasets`)")
+    p.add_argument("--clients", type=int, help="number of clients (data partitions)")
+    p.add_argument("--rounds", type=int, help="number of rounds")
+    p.add_argument("--out", help="results directory (default: results/<algorithm>-<time>)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other run setting (see `pollen settings`); repeatable")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out from its last checkpoint")
+    p.add_argument("--timeout", type=float, default=24 * 3600,
+                   help="stop the run after this many seconds")
+
+
+def resolve_run_settings(args: argparse.Namespace) -> dict[str, Scalar]:
+    """Settings of a new or resumed run, every value checked before anything starts."""
+    overrides: dict[str, Any] = settings_mod.parse_assignments(args.set)
+    for flag, key in (("algorithm", "algorithm"), ("dataset", "dataset"),
+                      ("clients", "num-clients"), ("rounds", "num-rounds")):
+        if getattr(args, flag) is not None:
+            overrides[key] = getattr(args, flag)
+    base: dict[str, Any] = {}
+    if args.resume:
+        if not args.out:
+            raise SettingsError("--resume needs --out DIR, the directory of the run to continue")
+        saved = Path(args.out) / "config.json"
+        if not saved.exists():
+            raise SettingsError(f"--resume: {saved} not found (nothing to resume)")
+        base = json.loads(saved.read_text())
+        overrides["resume"] = True
+    else:
+        overrides.setdefault("resume", False)
+    resolved = settings_mod.resolve(overrides, base)
+    out = Path(args.out) if args.out else Path("results") / (
+        f"{resolved['algorithm']}-{resolved['dataset']}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    if not args.resume and (out / "checkpoint").exists():
+        raise SettingsError(f"{out} already holds a run; pass --resume to continue it or choose "
+                            "another --out")
+    resolved["out-dir"] = str(out.resolve())
+    if not resolved["run-name"]:
+        resolved["run-name"] = f"{out.name}-{int(time.time())}"
+    if "min-available-clients" not in overrides and "min-available-clients" not in base:
+        resolved["min-available-clients"] = resolved["num-clients"]
+    _check_data(resolved)
+    return resolved
+
+
+def _check_data(resolved: dict[str, Scalar]) -> None:
+    """Dataset and partition parameters are checked, and the partition cached, up front."""
+    from federated_data import DataConfigError, load_client_data
+    from federated_data.catalog import dataset_info
+    from pollen.dataspec import data_spec
+    from pollen.paths import cache_dir
+
+    try:
+        dataset_info(str(resolved["dataset"]))
+        load_client_data(data_spec(resolved), 0, cache_dir(resolved))
+    except (DataConfigError, ValueError) as exc:
+        raise SettingsError(str(exc)) from None
+
+
+# ---- commands ----------------------------------------------------------------------------
+def cmd_deploy(args: argparse.Namespace) -> int:
+    resolved = resolve_run_settings(args)
+    out = Path(str(resolved["out-dir"]))
+    n = int(resolved["num-clients"])
+    tls = TLS.from_dir(args.tls_dir) if args.tls_dir else None
+    fed = Federation(out / "processes")
+    print(f"Pollen deploy: {resolved['algorithm']} on {resolved['dataset']}, {n} clients, "
+          f"{resolved['num-rounds']} rounds, gRPC {'with TLS' if tls else 'insecure'}; "
+          f"results in {out}", flush=True)
+    try:
+        _, fleet_port = fed.start_superlink(tls=tls)
+        for i in range(n):
+            fed.start_supernode(i, n, f"127.0.0.1:{fleet_port}", tls=tls, node_config={
+                "state-dir": str(out / "client-state"),
+                "cache-dir": str(resolved["cache-dir"] or ""),
+            } if resolved["cache-dir"] else {"state-dir": str(out / "client-state")})
+        fed.wait_nodes(n)
+        print(f"SuperLink and {n} SuperNodes up (logs in {fed.workdir})", flush=True)
+        return _run_and_report(fed, resolved, args.timeout)
+    finally:
+        fed.stop()
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    resolved = resolve_run_settings(args)
+    out = Path(str(resolved["out-dir"]))
+    n = int(resolved["num-clients"])
+    fed = Federation(out / "processes")
+    print(f"Pollen simulate: {resolved['algorithm']} on {resolved['dataset']}, {n} clients, "
+          f"{resolved['num-rounds']} rounds; results in {out}", flush=True)
+    try:
+        fed.start_superlink(simulation=True)
+        cpus = max(1, (os.cpu_count() or 1) // max(1, args.parallel))
+        done = fed.flwr("federation", "simulation-config", "@none/default", fed.connection,
+                        "--num-supernodes", str(n), "--client-resources-num-cpus", str(cpus))
+        if done.returncode != 0:
+            raise LaunchError(f"could not configure the simulation:\n{done.stdout}{done.stderr}")
+        return _run_and_report(fed, resolved, args.timeout)
+    finally:
+        fed.stop()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Submit a run to a SuperLink that is already running (multi-machine deployment)."""
+    resolved = resolve_run_settings(args)
+    fed = Federation(Path(str(resolved["out-dir"])) / "processes")
+    fed.write_connection(args.superlink, Path(args.root_certificates) if args.root_certificates
+                         else None)
+    return _run_and_report(fed, resolved, args.timeout)
+
+
+def _run_and_report(fed: Federation, resolved: dict[str, Scalar], timeout: float) -> int:
+    out = Path(str(resolved["out-dir"]))
+    run_id = fed.submit(resolved)
+    print(f"run {run_id} submitted", flush=True)
+    try:
+        status = follow(fed, run_id, out, timeout)
+    except KeyboardInterrupt:
+        fed.stop_run(run_id)
+        raise
+    log = fed.server_log(run_id)
+    (out / "server.log").write_text(log)
+    state = status.get("status", "unknown")
+    if state != "finished:completed":
+        print(f"run {run_id} {state}: {status.get('status-details', '')}", file=sys.stderr)
+        tail = "\n".join(log.splitlines()[-20:])
+        if tail:
+            print(tail, file=sys.stderr)
+        return 1
+    summary_path = out / "summary.json"
+    if summary_path.exists():
+        summary = json.loads(summary_path.read_text())
+        final = (summary.get("final") or {}).get("eval") or {}
+        if "test-accuracy" in final:
+            print(f"final: mean client test-accuracy {final['test-accuracy']:.4f} "
+                  f"(10th percentile {final.get('test-accuracy-p10', float('nan')):.4f})")
+    print(f"run {run_id} completed; results in {out}")
+    return 0
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    """Run a SuperLink in the foreground: clients connect to --fleet-port (gRPC)."""
+    tls = TLS.from_dir(args.tls_dir) if args.tls_dir else None
+    argv = ["flower-superlink", "--host", args.host, "--port", str(args.port),
+            "--fleet-api-type", "grpc-rere", "--fleet-api-address",
+            f"{args.host}:{args.fleet_port}", "--disable-runtime-dependency-installation",
+            *tls_args_superlink(tls)]
+    if args.database:
+        argv += ["--database", args.database]
+    if args.auth:
+        argv.append("--enable-supernode-auth")
+    return _exec(argv)
+
+
+def cmd_client(args: argparse.Namespace) -> int:
+    """Run a SuperNode in the foreground with this machine's partition, data and state."""
+    node: dict[str, Scalar] = {"partition-id": args.partition_id,
+                               "num-partitions": args.num_partitions,
+                               "state-dir": str(Path(args.state_dir).resolve())}
+    if args.data_dir:
+        node["data-dir"] = str(Path(args.data_dir).resolve())
+    if args.cache_dir:
+        node["cache-dir"] = str(Path(args.cache_dir).resolve())
+    argv = supernode_argv(args.superlink, args.port, node,
+                          Path(args.root_certificates) if args.root_certificates else None,
+                          Path(args.auth_key) if args.auth_key else None, host="127.0.0.1")
+    return _exec(argv)
+
+
+def _exec(argv: list[str]) -> NoReturn:
+    env = dict(os.environ, **FLWR_ENV)
+    print("exec:", " ".join(argv), flush=True)
+    os.execvpe(argv[0], argv, env)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from pollen.report import ReportError, write_report
+
+    try:
+        out = write_report([Path(d) for d in args.dirs], Path(args.out) if args.out else None)
+    except ReportError as exc:
+        print(f"pollen: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"report written to {out}")
+    return 0
+
+
+def cmd_settings(args: argparse.Namespace) -> int:
+    for key, s in settings_mod.all_settings().items():
+        extra = f" one of: {', '.join(s.choices)}" if s.choices else ""
+        print(f"{key:24s} {s.default!r:>12}  {s.help}{extra}")
+    return 0
+
+
+def cmd_algorithms(args: argparse.Namespace) -> int:
+    from pollen.registry import ALGORITHMS
+
+    for name, spec in sorted(ALGORITHMS.items()):
+        print(f"{name:12s} {spec.description}")
+    return 0
+
+
+def cmd_datasets(args: argparse.Namespace) -> int:
+    from federated_data.catalog import CATALOG
+
+    for name, info in CATALOG.items():
+        print(f"{name:14s} input {info.input_shape}, {info.num_classes} classes")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pollen", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("deploy", help="SuperLink + N SuperNodes as processes on loopback (gRPC)")
+    _add_run_options(p)
+    p.add_argument("--tls-dir", help="directory with ca.crt, server.pem, server.key")
+    p.set_defaults(func=cmd_deploy)
+
+    p = sub.add_parser("simulate", help="the same run on Flower's simulation runtime")
+    _add_run_options(p)
+    p.add_argument("--parallel", type=int, default=2, help="clients trained at once")
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("run", help="submit a run to a running SuperLink and follow it")
+    _add_run_options(p)
+    p.add_argument("--superlink", required=True, help="SuperLink HOST:PORT (its --port)")
+    p.add_argument("--root-certificates", help="CA certificate when the SuperLink uses TLS")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("server", help="start a SuperLink for clients on other machines")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=9093, help="control/runtime API (HTTP)")
+    p.add_argument("--fleet-port", type=int, default=9092, help="SuperNode API (gRPC)")
+    p.add_argument("--tls-dir", help="directory with ca.crt, server.pem, server.key")
+    p.add_argument("--auth", action="store_true", help="accept only registered SuperNodes")
+    p.add_argument("--database", help="SQLite file keeping runs across SuperLink restarts")
+    p.set_defaults(func=cmd_server)
+
+    p = sub.add_parser("client", help="start a SuperNode serving one partition")
+    p.add_argument("--superlink", required=True, help="SuperLink fleet address HOST:PORT")
+    p.add_argument("--partition-id", type=int, required=True)
+    p.add_argument("--num-partitions", type=int, required=True)
+    p.add_argument("--state-dir", default="pollen-client-state",
+                   help="where this client's personal state is kept across restarts")
+    p.add_argument("--data-dir", help="directory with torchvision datasets")
+    p.add_argument("--cache-dir", help="partition cache directory")
+    p.add_argument("--port", type=int, default=9094, help="local ClientApp API port")
+    p.add_argument("--root-certificates", help="CA certificate when the SuperLink uses TLS")
+    p.add_argument("--auth-key", help="private key registered with the SuperLink")
+    p.set_defaults(func=cmd_client)
+
+    p = sub.add_parser("report", help="plots and a Markdown summary of results directories")
+    p.add_argument("dirs", nargs="+")
+    p.add_argument("--out", help="where to write (default: the first directory's report/)")
+    p.set_defaults(func=cmd_report)
+
+    for name, func, text in (("settings", cmd_settings, "list every run setting"),
+                             ("algorithms", cmd_algorithms, "list algorithms"),
+                             ("datasets", cmd_datasets, "list datasets")):
+        p = sub.add_parser(name, help=text)
+        p.set_defaults(func=func)
+    return parser
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        code: int = args.func(args)
+        return code
+    except (SettingsError, LaunchError) as exc:
+        print(f"pollen: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("pollen: interrupted; all processes stopped", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,43 @@
+"""Run settings -> the data partition they describe (shared by clients, server and launcher)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from pollen.settings import Scalar
+
+if TYPE_CHECKING:
+    from federated_data import DataSpec
+
+
+def partition_params(settings: Mapping[str, Scalar]) -> dict[str, int | float | str]:
+    """The partitioner's own parameters, taken from the run settings."""
+    scheme = str(settings["partitioner"])
+    alpha = float(settings["dirichlet-alpha"])
+    k = int(settings["classes-per-client"])
+    if scheme == "dirichlet":
+        return {"alpha": alpha}
+    if scheme in ("classes", "one-class"):
+        return {"classes_per_client": k}
+    if scheme == "label-groups":
+        return {"alpha": alpha, "groups": int(settings["label-groups"])}
+    if scheme == "pachinko":
+        return {"alpha": alpha, "beta": float(settings["pachinko-beta"])}
+    return {}
+
+
+def data_spec(settings: Mapping[str, Scalar], data_dir: str | None = None) -> DataSpec:
+    from federated_data import DataSpec
+
+    return DataSpec(
+        dataset=str(settings["dataset"]),
+        num_clients=int(settings["num-clients"]),
+        partitioner=str(settings["partitioner"]),
+        seed=int(settings["seed"]),
+        params=tuple(sorted(partition_params(settings).items())),
+        val_fraction=float(settings["val-fraction"]),
+        test_fraction=float(settings["test-fraction"]),
+        data_dir=data_dir or (str(settings["data-dir"]) or None),
+        download=bool(settings["download"]),
+    )

@@ -1,0 +1,374 @@
+"""Starts Flower's processes, submits runs through the `flwr` CLI and follows them.
+
+Nothing here imports training code: the launcher only runs `flower-superlink`,
+`flower-supernode` and `flwr`, each in its own process group so that teardown (on success,
+failure or Ctrl-C) leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from pollen.settings import Scalar
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+FLWR_ENV = {
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+}
+
+
+class LaunchError(RuntimeError):
+    """A process did not start, a run could not be submitted, or a run failed."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def app_dir() -> Path:
+    if not (PROJECT_DIR / "pyproject.toml").exists():
+        raise LaunchError(
+            f"no pyproject.toml in {PROJECT_DIR}: run Pollen from its source checkout "
+            "(pip install -e .), which is also what Flower bundles as the app"
+        )
+    return PROJECT_DIR
+
+
+def _bin(name: str) -> str:
+    local = Path(sys.executable).parent / name
+    if local.exists():
+        return str(local)
+    found = shutil.which(name)
+    if not found:
+        raise LaunchError(f"'{name}' not found; is flwr installed in this environment?")
+    return found
+
+
+@dataclass
+class TLS:
+    """Certificates for the SuperLink (server side) and the CA the nodes trust."""
+
+    ca_cert: Path
+    server_cert: Path
+    server_key: Path
+
+    @classmethod
+    def from_dir(cls, directory: str | Path) -> TLS:
+        d = Path(directory).resolve()
+        tls = cls(d / "ca.crt", d / "server.pem", d / "server.key")
+        for path in (tls.ca_cert, tls.server_cert, tls.server_key):
+            if not path.is_file():
+                raise LaunchError(f"TLS file {path} not found (expected ca.crt, server.pem, "
+                                  "server.key in the certificate directory)")
+        return tls
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class Federation:
+    """A set of local Flower processes plus a private FLWR_HOME to talk to them."""
+
+    workdir: Path
+    procs: list[Proc] = field(default_factory=list)
+    connection: str = "pollen"
+
+    def __post_init__(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.home = self.workdir / "flwr-home"
+        self.home.mkdir(exist_ok=True)
+        self.env = dict(os.environ, FLWR_HOME=str(self.home), **FLWR_ENV)
+        self.env["PYTHONUNBUFFERED"] = "1"
+        # Flower's daemons start `flower-superexec` and app processes by name: same environment.
+        bindir = str(Path(sys.executable).parent)
+        self.env["PATH"] = os.pathsep.join([bindir, self.env.get("PATH", "")])
+
+    # ---- processes -----------------------------------------------------------------------
+    def spawn(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Proc:
+        log_path = self.workdir / f"{name}.log"
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen(
+                list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=dict(env or self.env), start_new_session=True, cwd=self.workdir,
+            )
+        proc = Proc(name, popen, log_path)
+        self.procs.append(proc)
+        return proc
+
+    def start_superlink(self, *, simulation: bool = False, tls: TLS | None = None,
+                        auth: bool = False, host: str = "127.0.0.1") -> tuple[int, int]:
+        http_port, fleet_port = free_port(), free_port()
+        argv = [_bin("flower-superlink"), "--host", host, "--port", str(http_port),
+                "--disable-runtime-dependency-installation",
+                "--database", str(self.workdir / "superlink.db")]
+        if simulation:
+            argv.append("--simulation")
+        else:
+            argv += ["--fleet-api-type", "grpc-rere", "--fleet-api-address",
+                     f"{host}:{fleet_port}"]
+        argv += tls_args_superlink(tls)
+        if auth:
+            argv.append("--enable-supernode-auth")
+        proc = self.spawn("superlink", argv)
+        scheme = "https" if tls else "http"
+        self._wait_health(f"{scheme}://{host}:{http_port}/health", proc, tls)
+        self.write_connection(f"{host}:{http_port}", tls.ca_cert if tls else None)
+        return http_port, fleet_port
+
+    def start_supernode(self, partition_id: int, num_partitions: int, fleet: str, *,
+                        tls: TLS | None = None, auth_key: Path | None = None,
+                        node_config: Mapping[str, Scalar] | None = None) -> Proc:
+        config: dict[str, Scalar] = {"partition-id": partition_id,
+                                     "num-partitions": num_partitions}
+        config.update(node_config or {})
+        argv = supernode_argv(fleet, free_port(), config, tls.ca_cert if tls else None,
+                              auth_key)
+        env = dict(self.env, FLWR_HOME=str(self.workdir / f"node-{partition_id}"))
+        return self.spawn(f"supernode-{partition_id}", argv, env)
+
+    def _wait_health(self, url: str, proc: Proc, tls: TLS | None, timeout: float = 60) -> None:
+        import ssl
+
+        ctx = ssl.create_default_context(cafile=str(tls.ca_cert)) if tls else None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.popen.poll() is not None:
+                raise LaunchError(f"{proc.name} exited (code {proc.popen.returncode}):\n"
+                                  f"{proc.tail()}")
+            try:
+                with urllib.request.urlopen(url, timeout=2, context=ctx) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.25)
+        raise LaunchError(f"{proc.name} not healthy after {timeout:g} s:\n{proc.tail()}")
+
+    def check_alive(self) -> None:
+        for proc in self.procs:
+            if proc.popen.poll() is not None:
+                raise LaunchError(f"{proc.name} exited (code {proc.popen.returncode}):\n"
+                                  f"{proc.tail()}")
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM each process (SuperNodes deregister), then SIGKILL whatever is left."""
+        for proc in reversed(self.procs):
+            if proc.popen.poll() is None:
+                try:
+                    proc.popen.send_signal(signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace
+        for proc in self.procs:
+            try:
+                proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for proc in self.procs:
+            try:
+                os.killpg(proc.popen.pid, signal.SIGKILL)  # children (superexec, apps) too
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                proc.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        self.procs.clear()
+
+    # ---- the flwr CLI --------------------------------------------------------------------
+    def write_connection(self, address: str, ca_cert: Path | None) -> None:
+        lines = ["[superlink]", f'default = "{self.connection}"', "",
+                 f"[superlink.{self.connection}]", f'address = "{address}"']
+        if ca_cert is None:
+            lines.append("insecure = true")
+        else:
+            lines.append(f'root-certificates = "{Path(ca_cert).resolve()}"')
+        (self.home / "config.toml").write_text("\n".join(lines) + "\n")
+
+    def flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([_bin("flwr"), *args], env=self.env, capture_output=True,
+                              text=True, timeout=timeout, cwd=self.workdir, check=False)
+
+    def online_nodes(self) -> int:
+        out = self.flwr("supernode", "ls", self.connection, "--format", "json")
+        try:
+            nodes = json.loads(out.stdout).get("nodes", [])
+        except json.JSONDecodeError:
+            return 0
+        return sum(1 for n in nodes if n.get("status") == "online")
+
+    def wait_nodes(self, count: int, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.check_alive()
+            if self.online_nodes() >= count:
+                return
+            time.sleep(1.0)
+        raise LaunchError(f"fewer than {count} SuperNodes online after {timeout:g} s")
+
+    def submit(self, settings: Mapping[str, Scalar],
+               federation_config: Mapping[str, Scalar] | None = None) -> str:
+        config_file = self.workdir / "run-config.toml"
+        config_file.write_text(run_config_toml(settings))
+        args = ["run", str(app_dir()), self.connection, "--run-config", str(config_file),
+                "--format", "json"]
+        if federation_config:
+            args += ["--federation-config",
+                     " ".join(f"{k}={_toml(v)}" for k, v in federation_config.items())]
+        out = self.flwr(*args, timeout=300)
+        try:
+            reply = json.loads(out.stdout)
+        except json.JSONDecodeError:
+            reply = {}
+        if out.returncode != 0 or not reply.get("success") or "run-id" not in reply:
+            raise LaunchError(f"flwr run failed:\n{out.stdout}\n{out.stderr}")
+        return str(reply["run-id"])
+
+    def run_status(self, run_id: str) -> dict[str, Any]:
+        out = self.flwr("ls", self.connection, "--run-id", run_id, "--format", "json")
+        try:
+            runs = json.loads(out.stdout).get("runs", [])
+        except json.JSONDecodeError:
+            return {}
+        return dict(runs[0]) if runs else {}
+
+    def stop_run(self, run_id: str) -> None:
+        self.flwr("stop", run_id, self.connection, timeout=30)
+
+    def server_log(self, run_id: str) -> str:
+        out = self.flwr("log", run_id, self.connection, "--show", timeout=60)
+        return out.stdout
+
+
+def tls_args_superlink(tls: TLS | None) -> list[str]:
+    if tls is None:
+        return ["--insecure"]
+    return ["--ssl-ca-certfile", str(tls.ca_cert), "--ssl-certfile", str(tls.server_cert),
+            "--ssl-keyfile", str(tls.server_key)]
+
+
+def supernode_argv(fleet: str, port: int, node_config: Mapping[str, Scalar],
+                   ca_cert: Path | None, auth_key: Path | None,
+                   host: str = "127.0.0.1") -> list[str]:
+    argv = [_bin("flower-supernode"), "--grpc-rere", "--superlink", fleet,
+            "--host", host, "--port", str(port),
+            "--node-config", " ".join(f"{k}={_toml(v)}" for k, v in node_config.items())]
+    argv += ["--insecure"] if ca_cert is None else ["--root-certificates", str(ca_cert)]
+    if auth_key is not None:
+        argv += ["--auth-supernode-private-key", str(auth_key)]
+    return argv
+
+
+def _toml(value: Scalar) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(value)
+
+
+def run_config_toml(settings: Mapping[str, Scalar]) -> str:
+    return "".join(f"{key} = {_toml(value)}\n" for key, value in settings.items())
+
+
+# ---- following a run -------------------------------------------------------------------------
+class Progress:
+    """Prints a run's phases and rounds as the server writes them to its results directory."""
+
+    def __init__(self, out_dir: Path, stream: TextIO = sys.stdout) -> None:
+        self.out_dir = out_dir
+        self.stream = stream
+        self._offsets: dict[str, int] = {}
+        self._t0 = time.monotonic()
+
+    def _new_rows(self, name: str) -> list[dict[str, Any]]:
+        path = self.out_dir / name
+        if not path.exists():
+            return []
+        with open(path) as fh:
+            fh.seek(self._offsets.get(name, 0))
+            chunk = fh.read()
+        complete = chunk[: chunk.rfind("\n") + 1]
+        self._offsets[name] = self._offsets.get(name, 0) + len(complete.encode())
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+
+    def poll(self) -> None:
+        for ev in self._new_rows("events.jsonl"):
+            kind = ev.get("event")
+            if kind == "phase-start":
+                self._say(f"round {ev['round']} {ev['phase']}: sent to {ev['clients']} clients")
+            elif kind == "phase-end":
+                failed = ev.get("failed") or {}
+                extra = f", {len(failed)} skipped" if failed else ""
+                self._say(f"round {ev['round']} {ev['phase']}: {ev['valid']}/{ev['sent']} "
+                          f"valid replies in {ev['seconds']:.1f} s{extra}")
+                for cid, reason in failed.items():
+                    self._say(f"    client {cid}: {reason}")
+            elif kind == "clients":
+                self._say(f"clients connected: {ev['clients']}")
+        for row in self._new_rows("metrics.jsonl"):
+            self._say(format_round(row))
+
+    def _say(self, text: str) -> None:
+        print(f"[{time.monotonic() - self._t0:7.1f}s] {text}", file=self.stream, flush=True)
+
+
+def format_round(row: Mapping[str, Any]) -> str:
+    parts = [f"round {row['round']}"]
+    for section, label in (("train", "clients"), ("server-eval", "server")):
+        metrics = row.get(section) or {}
+        for key in ("test-accuracy", "test-accuracy-p10", "test-loss", "train-loss"):
+            if key in metrics:
+                parts.append(f"{label} {key}={metrics[key]:.4f}")
+    parts.append(f"({row.get('seconds', 0):.1f} s)")
+    return "  ".join(parts)
+
+
+def follow(fed: Federation, run_id: str, out_dir: Path, timeout: float,
+           stream: TextIO = sys.stdout) -> dict[str, Any]:
+    """Show progress until the run finishes; returns its final status record."""
+    progress = Progress(out_dir, stream)
+    deadline = time.monotonic() + timeout
+    last_status = 0.0
+    while True:
+        progress.poll()
+        fed.check_alive()
+        if time.monotonic() - last_status > 3.0:
+            last_status = time.monotonic()
+            status = fed.run_status(run_id)
+            if str(status.get("status", "")).startswith("finished"):
+                progress.poll()
+                return status
+        if time.monotonic() > deadline:
+            fed.stop_run(run_id)
+            raise LaunchError(f"run {run_id} did not finish within {timeout:g} s; stopped it")
+        time.sleep(0.5)

@@ -1,0 +1,82 @@
+"""What travels in a message: the envelope every instruction and reply carries, and array codecs.
+
+Every instruction holds a `pollen` ConfigRecord naming its round and message type; every reply
+echoes both and adds the client's stable id, so a reply can never be taken for one of another
+phase or round. Algorithm content sits beside it in named records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+ENVELOPE = "pollen"
+CONFIG = "config"
+METRICS = "metrics"
+ARRAYS = "arrays"
+NUM_EXAMPLES = "num-examples"
+
+
+def instruction(
+    server_round: int,
+    message_type: str,
+    config: Mapping[str, int | float | str | bool] | None = None,
+    **arrays: Mapping[str, np.ndarray] | ArrayRecord,
+) -> RecordDict:
+    content = RecordDict(
+        {ENVELOPE: ConfigRecord({"round": server_round, "message-type": message_type})}
+    )
+    if config:
+        content[CONFIG] = ConfigRecord(dict(config))
+    for name, value in arrays.items():
+        content[name] = value if isinstance(value, ArrayRecord) else to_record(value)
+    return content
+
+
+def reply(
+    request: RecordDict,
+    client_id: int,
+    metrics: Mapping[str, int | float],
+    **arrays: Mapping[str, np.ndarray] | ArrayRecord,
+) -> RecordDict:
+    env = request[ENVELOPE]
+    content = RecordDict(
+        {
+            ENVELOPE: ConfigRecord(
+                {
+                    "round": int(env["round"]),  # type: ignore[call-overload]
+                    "message-type": str(env["message-type"]),
+                    "client-id": client_id,
+                }
+            ),
+            METRICS: MetricRecord(dict(metrics)),
+        }
+    )
+    for name, value in arrays.items():
+        content[name] = value if isinstance(value, ArrayRecord) else to_record(value)
+    return content
+
+
+def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
+    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+
+
+def from_record(record: ArrayRecord) -> dict[str, np.ndarray]:
+    return {k: record[k].numpy() for k in record.keys()}
+
+
+def config_of(content: RecordDict) -> dict[str, int | float | str | bool]:
+    if CONFIG not in content:
+        return {}
+    return dict(content[CONFIG])  # type: ignore[arg-type]
+
+
+def payload_bytes(content: RecordDict) -> int:
+    """Bytes of array data in a message (what dominates traffic)."""
+    total = 0
+    for record in content.values():
+        if isinstance(record, ArrayRecord):
+            total += sum(len(record[k].data) for k in record.keys())
+    return total

@@ -1,0 +1,88 @@
+"""Algorithm registry: a name resolves here to its server strategy, client handlers and settings.
+
+Entries name their code by import path so that looking an algorithm up imports nothing heavy:
+a ClientApp process imports only the handlers of the message it serves.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pollen.settings import Setting
+
+if TYPE_CHECKING:
+    from client.env import ClientHandler
+    from strategies.base import Strategy
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    name: str
+    description: str
+    strategy: str  # "module:Class"
+    client: str  # module with HANDLERS: dict[message_type, handler]
+    message_types: tuple[str, ...]
+    settings: tuple[Setting, ...] = ()
+
+    def strategy_class(self) -> type[Strategy]:
+        module, _, attr = self.strategy.partition(":")
+        cls: type[Strategy] = getattr(importlib.import_module(module), attr)
+        return cls
+
+    def client_handler(self, message_type: str) -> ClientHandler:
+        handlers: dict[str, Any] = importlib.import_module(self.client).HANDLERS
+        if message_type not in handlers:
+            raise KeyError(f"algorithm {self.name!r} has no client handler for {message_type!r}")
+        handler: ClientHandler = handlers[message_type]
+        return handler
+
+
+ALGORITHMS: dict[str, AlgorithmSpec] = {
+    spec.name: spec
+    for spec in (
+        AlgorithmSpec(
+            name="fedavg",
+            description="FedAvg: local SGD, server average weighted by training examples",
+            strategy="strategies.fedavg:FedAvg",
+            client="client.fedavg",
+            message_types=("train", "evaluate"),
+        ),
+        AlgorithmSpec(
+            name="local",
+            description="Local training only: each client keeps its own model, nothing is shared",
+            strategy="strategies.local:LocalOnly",
+            client="client.local",
+            message_types=("train", "evaluate"),
+        ),
+        AlgorithmSpec(
+            name="noop",
+            description="No-op exchanges: measures the messaging floor of a runtime",
+            strategy="strategies.noop:NoOp",
+            client="client.noop",
+            message_types=("query.noop",),
+            settings=(
+                Setting("noop.payload-kb", 0, "KB of random data each no-op message carries",
+                        minimum=0),
+            ),
+        ),
+    )
+}
+
+# Sent to every newly seen node before it takes part; answered by client.app directly.
+HELLO = "query.hello"
+
+
+def all_message_types() -> tuple[str, ...]:
+    types = {HELLO}
+    for spec in ALGORITHMS.values():
+        types.update(spec.message_types)
+    return tuple(sorted(types))
+
+
+def get_algorithm(name: str) -> AlgorithmSpec:
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise KeyError(f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))}") from None

@@ -1,0 +1,208 @@
+"""Run settings: one declaration of every key a run accepts, its type, default and range.
+
+Flower only accepts run-config keys that `pyproject.toml` declares, so the keys below are
+mirrored there; `tests/pollen/test_settings.py` keeps the two identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+Scalar = int | float | str | bool
+
+
+class SettingsError(ValueError):
+    """A run setting is unknown, of the wrong type or out of range."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str
+    default: Scalar
+    help: str
+    choices: tuple[str, ...] | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+
+    @property
+    def kind(self) -> type:
+        return type(self.default)
+
+    def coerce(self, value: Any) -> Scalar:
+        """Convert a raw value (CLI text, TOML, JSON) to this setting's type and check it."""
+        kind = self.kind
+        try:
+            if kind is bool:
+                if isinstance(value, bool):
+                    out: Scalar = value
+                elif isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
+                    out = True
+                elif isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
+                    out = False
+                elif isinstance(value, int) and value in (0, 1):
+                    out = bool(value)
+                else:
+                    raise ValueError
+            elif kind is int:
+                if isinstance(value, bool):
+                    raise ValueError
+                if isinstance(value, float):
+                    if not value.is_integer():
+                        raise ValueError
+                    out = int(value)
+                else:
+                    out = int(value)
+            elif kind is float:
+                if isinstance(value, bool):
+                    raise ValueError
+                out = float(value)
+                if out != out or out in (float("inf"), float("-inf")):
+                    raise ValueError
+            else:
+                out = str(value)
+        except (TypeError, ValueError):
+            raise SettingsError(
+                f"setting '{self.key}': expected {kind.__name__}, got {value!r}"
+            ) from None
+        if self.choices is not None and out not in self.choices:
+            raise SettingsError(
+                f"setting '{self.key}': {out!r} is not one of {', '.join(self.choices)}"
+            )
+        if isinstance(out, int | float) and not isinstance(out, bool):
+            if self.minimum is not None and out < self.minimum:
+                raise SettingsError(f"setting '{self.key}': {out} is below the minimum {self.minimum}")
+            if self.maximum is not None and out > self.maximum:
+                raise SettingsError(f"setting '{self.key}': {out} is above the maximum {self.maximum}")
+        return out
+
+
+COMMON_SETTINGS: tuple[Setting, ...] = (
+    # what to run
+    Setting("algorithm", "fedavg", "algorithm to run (see `pollen algorithms`)"),
+    Setting("dataset", "mnist-5k", "dataset name (see `pollen datasets`)"),
+    Setting("model", "mlp", "model architecture", choices=("mlp", "cnn")),
+    Setting("num-rounds", 3, "number of server rounds", minimum=1),
+    Setting("num-clients", 3, "number of data partitions (one per client)", minimum=1),
+    Setting("seed", 0, "seed of partitions, model initialisation, sampling and client RNGs", minimum=0),
+    # data
+    Setting("partitioner", "iid", "how data is split over clients",
+            choices=("iid", "dirichlet", "classes", "label-groups", "pachinko", "one-class")),
+    Setting("dirichlet-alpha", 0.5, "concentration of the Dirichlet partitioners", minimum=1e-6),
+    Setting("classes-per-client", 2, "labels per client ('classes', 'one-class')", minimum=1),
+    Setting("label-groups", 3, "label groups of the 'label-groups' split (-1: one per label)",
+            minimum=-1),
+    Setting("pachinko-beta", 10.0, "fine-label concentration of the 'pachinko' split", minimum=1e-6),
+    Setting("val-fraction", 0.1, "share of each client's data kept for validation",
+            minimum=0.0, maximum=0.9),
+    Setting("test-fraction", 0.2, "share of each client's data kept for testing",
+            minimum=0.0, maximum=0.9),
+    Setting("data-dir", "", "directory holding torchvision datasets"),
+    Setting("download", False, "let torchvision download a missing dataset"),
+    Setting("cache-dir", "", "partition cache (default: $POLLEN_CACHE_DIR or ~/.cache/pollen)"),
+    # local training
+    Setting("lr", 0.05, "client learning rate", minimum=0.0),
+    Setting("momentum", 0.0, "client SGD momentum", minimum=0.0, maximum=1.0),
+    Setting("weight-decay", 0.0, "client L2 weight decay", minimum=0.0),
+    Setting("local-epochs", 1, "local epochs per round", minimum=1),
+    Setting("batch-size", 32, "client mini-batch size", minimum=1),
+    # orchestration
+    Setting("fraction-train", 1.0, "fraction of available clients sampled each round",
+            minimum=0.0, maximum=1.0),
+    Setting("min-train-clients", 1, "clients sampled at least per round", minimum=1),
+    Setting("min-replies", 1, "valid replies a phase needs, else the run stops", minimum=1),
+    Setting("min-available-clients", 1, "clients that must be connected before round 1",
+            minimum=1),
+    Setting("wait-for-clients", 300.0, "seconds to wait for min-available-clients", minimum=0.0),
+    Setting("phase-timeout", 600.0, "seconds a phase waits for replies (stragglers are dropped)",
+            minimum=0.1),
+    Setting("poll-interval", 1.0, "seconds between reply polls", minimum=0.01, maximum=30.0),
+    Setting("max-examples", 100_000_000, "largest example count a reply may claim", minimum=1),
+    Setting("max-reply-mb", 2048.0, "largest reply payload accepted, in MB", minimum=0.001),
+    Setting("server-eval", True, "evaluate the global model on the server each round"),
+    Setting("final-eval", True, "evaluate the final model on every client after the last round"),
+    # results and state
+    Setting("out-dir", "", "results directory (written by the server)"),
+    Setting("run-name", "", "stable name of the run; client state is kept under it"),
+    Setting("resume", False, "continue the run in out-dir from its last checkpoint"),
+    Setting("client-state-dir", "", "client state directory when a node gives none"),
+    Setting("device", "auto", "client device", choices=("auto", "cpu", "cuda")),
+)
+
+
+def _by_key(settings: Iterable[Setting]) -> dict[str, Setting]:
+    out: dict[str, Setting] = {}
+    for s in settings:
+        if s.key in out:
+            raise ValueError(f"setting '{s.key}' declared twice")
+        out[s.key] = s
+    return out
+
+
+def all_settings() -> dict[str, Setting]:
+    """Every declared setting: the common ones and each algorithm's own."""
+    from pollen.registry import ALGORITHMS
+
+    declared: list[Setting] = list(COMMON_SETTINGS)
+    for spec in ALGORITHMS.values():
+        declared.extend(spec.settings)
+    return _by_key(declared)
+
+
+def defaults() -> dict[str, Scalar]:
+    return {key: s.default for key, s in all_settings().items()}
+
+
+def resolve(overrides: Mapping[str, Any], base: Mapping[str, Any] | None = None) -> dict[str, Scalar]:
+    """Defaults, then `base`, then `overrides`; every key known, every value checked."""
+    declared = all_settings()
+    out: dict[str, Scalar] = {k: s.default for k, s in declared.items()}
+    for layer in (base or {}, overrides):
+        for key, value in layer.items():
+            if key not in declared:
+                close = [k for k in declared if k.split(".")[-1] == key.split(".")[-1]]
+                hint = f" (did you mean {', '.join(close)}?)" if close else ""
+                raise SettingsError(f"unknown setting '{key}'{hint}")
+            out[key] = declared[key].coerce(value)
+    _check_consistency(out)
+    return out
+
+
+def _check_consistency(cfg: Mapping[str, Scalar]) -> None:
+    from pollen.registry import ALGORITHMS
+
+    if cfg["algorithm"] not in ALGORITHMS:
+        raise SettingsError(
+            f"unknown algorithm {cfg['algorithm']!r}; known: {', '.join(sorted(ALGORITHMS))}"
+        )
+    if float(cfg["val-fraction"]) + float(cfg["test-fraction"]) >= 0.95:
+        raise SettingsError("val-fraction + test-fraction must leave data to train on (< 0.95)")
+    if int(cfg["min-replies"]) > int(cfg["num-clients"]):
+        raise SettingsError(
+            f"min-replies ({cfg['min-replies']}) exceeds num-clients ({cfg['num-clients']})"
+        )
+    if int(cfg["min-available-clients"]) > int(cfg["num-clients"]):
+        raise SettingsError(
+            f"min-available-clients ({cfg['min-available-clients']}) exceeds "
+            f"num-clients ({cfg['num-clients']})"
+        )
+
+
+def from_run_config(run_config: Mapping[str, Any]) -> dict[str, Scalar]:
+    """Settings of a running app: Flower's run config, checked like CLI input."""
+    declared = all_settings()
+    known = {k: v for k, v in run_config.items() if k in declared}
+    return resolve(known)
+
+
+def parse_assignments(items: Iterable[str]) -> dict[str, str]:
+    """`key=value` strings from the command line."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SettingsError(f"expected key=value, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Set up, then lint, type-check and run the whole test suite (unit and end-to-end).
+# Extra arguments go to pytest, e.g. `scripts/test.sh -m "not e2e"`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
+echo "== ruff"; .venv/bin/ruff check .
+echo "== mypy"; .venv/bin/mypy .
+echo "== pytest"; .venv/bin/python -m pytest "$@"

@@ -1,0 +1,1 @@
+"""Server side: the ServerApp, the round engine, results and checkpoints."""

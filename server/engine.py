@@ -1,0 +1,384 @@
+"""The round engine: runs a strategy's rounds over a Flower Grid.
+
+It owns everything a strategy should not: finding clients (a `query.hello` to every new node
+maps Flower's node ids to stable client ids), sampling, sending one message per client, waiting
+with a timeout, checking every reply before the strategy sees it, metrics files, checkpoints
+and resume. A bad or missing reply is logged and skipped; too few good replies stop the run
+with a clear reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+
+from pollen import protocol
+from pollen.registry import HELLO
+from pollen.settings import Scalar
+from server import checkpoint
+from server.results import ResultsWriter
+from strategies.base import ClientInfo, InvalidReply, Strategy, Validator
+
+log = logging.getLogger("flwr.pollen")
+
+
+class PhaseFailed(RuntimeError):
+    """A phase got fewer valid replies than the run requires."""
+
+
+class Engine:
+    def __init__(
+        self,
+        grid: Grid,
+        settings: Mapping[str, Scalar],
+        strategy: Strategy,
+        results: ResultsWriter,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.grid = grid
+        self.settings = settings
+        self.strategy = strategy
+        self.results = results
+        self.clock = clock
+        self.sleep = sleep
+        self.server_round = 0
+        self.rng = np.random.default_rng(int(settings["seed"]))
+        self._clients: dict[int, ClientInfo] = {}  # by client id
+        self._node_to_cid: dict[int, int] = {}
+        self._phases: list[dict[str, Any]] = []
+
+    # ---- what strategies use -------------------------------------------------------------
+    def available(self) -> list[ClientInfo]:
+        return [self._clients[c] for c in sorted(self._clients)]
+
+    def sample(self, clients: Sequence[ClientInfo] | None = None) -> list[ClientInfo]:
+        pool = list(self.available() if clients is None else clients)
+        if not pool:
+            raise PhaseFailed(f"round {self.server_round}: no clients available to sample")
+        fraction = float(self.settings["fraction-train"])
+        want = max(int(self.settings["min-train-clients"]), math.ceil(fraction * len(pool)))
+        want = min(want, len(pool))
+        if want == len(pool):
+            return pool
+        picked = self.rng.choice(len(pool), size=want, replace=False)
+        return [pool[i] for i in sorted(picked)]
+
+    def exchange(
+        self,
+        message_type: str,
+        payloads: Mapping[int, RecordDict],
+        validate: Validator | None = None,
+        min_replies: int | None = None,
+    ) -> dict[int, RecordDict]:
+        needed = int(self.settings["min-replies"]) if min_replies is None else min_replies
+        replies, failures = self._exchange(message_type, payloads, validate)
+        if len(replies) < min(needed, len(payloads)) or (payloads and not replies and needed):
+            reasons = "; ".join(f"client {c}: {r}" for c, r in sorted(failures.items()))
+            raise PhaseFailed(
+                f"round {self.server_round}, phase {message_type}: {len(replies)} valid "
+                f"replies of {len(payloads)}, at least {min(needed, len(payloads))} needed"
+                + (f" ({reasons})" if reasons else "")
+            )
+        return replies
+
+    # ---- messaging -----------------------------------------------------------------------
+    def _exchange(
+        self,
+        message_type: str,
+        payloads: Mapping[int, RecordDict],
+        validate: Validator | None,
+        expect_cid: bool = True,
+    ) -> tuple[dict[int, RecordDict], dict[int, str]]:
+        started = self.clock()
+        targets: dict[int, int] = {}  # node id -> client id (or node id for hello)
+        messages = []
+        bytes_sent = 0
+        for key, content in payloads.items():
+            node_id = self._clients[key].node_id if expect_cid else key
+            targets[node_id] = key
+            bytes_sent += protocol.payload_bytes(content)
+            messages.append(
+                Message(
+                    content,
+                    dst_node_id=node_id,
+                    message_type=message_type,
+                    group_id=str(self.server_round),
+                )
+            )
+        self.results.event("phase-start", round=self.server_round, phase=message_type,
+                           clients=len(messages))
+        message_ids = list(self.grid.push_messages(messages))
+        by_message: dict[str, int] = {}
+        for mid, msg in zip(message_ids, messages, strict=True):
+            by_message[mid] = msg.metadata.dst_node_id
+        pending = set(by_message)
+        replies: dict[int, RecordDict] = {}
+        failures: dict[int, str] = {}
+        bytes_received = 0
+        deadline = started + float(self.settings["phase-timeout"])
+        poll = float(self.settings["poll-interval"])
+        while pending:
+            for msg in self.grid.pull_messages(list(pending)):
+                mid = msg.metadata.reply_to_message_id
+                if mid not in pending:
+                    continue  # not a reply to this phase: ignore, never mix phases
+                pending.discard(mid)
+                node_id = by_message[mid]
+                key = targets[node_id]
+                if msg.has_error():
+                    failures[key] = f"error reply (code {msg.error.code}): {msg.error.reason}"
+                    if expect_cid:
+                        self._forget_node(node_id)
+                    continue
+                content = msg.content
+                try:
+                    size = protocol.payload_bytes(content)
+                    self._check_reply(content, message_type, key if expect_cid else None, size)
+                    if validate is not None:
+                        validate(key, content)
+                except InvalidReply as exc:
+                    failures[key] = f"invalid reply: {exc}"
+                    continue
+                except Exception as exc:  # a malformed reply must never stop the server
+                    failures[key] = f"invalid reply ({type(exc).__name__}): {exc}"
+                    continue
+                bytes_received += size
+                replies[key] = content
+            self.results.event("phase-progress", round=self.server_round, phase=message_type,
+                               answered=len(replies) + len(failures), total=len(messages),
+                               valid=len(replies))
+            if not pending:
+                break
+            if self.clock() >= deadline:
+                break
+            self.sleep(min(poll, max(0.0, deadline - self.clock())))
+        timeout = float(self.settings["phase-timeout"])
+        for mid in pending:
+            failures[targets[by_message[mid]]] = f"no reply within {timeout:g} s"
+        for key, reason in sorted(failures.items()):
+            log.warning("round %s %s: client %s skipped: %s", self.server_round, message_type,
+                        key, reason)
+        seconds = self.clock() - started
+        report = {
+            "phase": message_type,
+            "sent": len(messages),
+            "valid": len(replies),
+            "failed": {str(k): v for k, v in sorted(failures.items())},
+            "seconds": round(seconds, 4),
+            "bytes-sent": bytes_sent,
+            "bytes-received": bytes_received,
+        }
+        self._phases.append(report)
+        self.results.event("phase-end", round=self.server_round, **report)
+        if expect_cid:
+            for cid, content in replies.items():
+                self.results.client({
+                    "round": self.server_round,
+                    "client-id": cid,
+                    "phase": message_type,
+                    "metrics": dict(content[protocol.METRICS]),
+                })
+        return replies, failures
+
+    def _check_reply(
+        self, content: RecordDict, message_type: str, cid: int | None, size: int
+    ) -> None:
+        limit = float(self.settings["max-reply-mb"]) * 1e6
+        if size > limit:
+            raise InvalidReply(f"payload of {size} bytes exceeds max-reply-mb")
+        envelope = content.get(protocol.ENVELOPE)
+        if envelope is None or not hasattr(envelope, "get"):
+            raise InvalidReply("no 'pollen' envelope")
+        if envelope.get("round") != self.server_round:
+            raise InvalidReply(f"reply for round {envelope.get('round')}, expected {self.server_round}")
+        if envelope.get("message-type") != message_type:
+            raise InvalidReply(
+                f"reply for phase {envelope.get('message-type')!r}, expected {message_type!r}"
+            )
+        if cid is not None and envelope.get("client-id") != cid:
+            raise InvalidReply(f"reply from client {envelope.get('client-id')}, expected {cid}")
+        metrics = content.get(protocol.METRICS)
+        if not isinstance(metrics, MetricRecord):
+            raise InvalidReply("no metrics record")
+        n = metrics.get(protocol.NUM_EXAMPLES)
+        if not isinstance(n, int | float) or isinstance(n, bool) or not math.isfinite(n):
+            raise InvalidReply(f"num-examples is {n!r}")
+        if n < 0 or n > int(self.settings["max-examples"]) or n != int(n):
+            raise InvalidReply(f"num-examples {n} is not a count in [0, max-examples]")
+        for key, value in metrics.items():
+            values = value if isinstance(value, list) else [value]
+            if not all(isinstance(v, int | float) and math.isfinite(v) for v in values):
+                raise InvalidReply(f"metric {key!r} is not finite: {value!r}")
+        for name, record in content.items():
+            if isinstance(record, ArrayRecord):
+                for key in record.keys():
+                    arr = record[key].numpy()
+                    if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+                        raise InvalidReply(f"array {name}.{key} has NaN or Inf")
+
+    # ---- clients -------------------------------------------------------------------------
+    def _forget_node(self, node_id: int) -> None:
+        cid = self._node_to_cid.pop(node_id, None)
+        if cid is not None and self._clients.get(cid, None) is not None:
+            if self._clients[cid].node_id == node_id:
+                del self._clients[cid]
+
+    def discover(self) -> None:
+        """Greet nodes not seen before; drop nodes that left."""
+        online = set(self.grid.get_node_ids())
+        for node_id in list(self._node_to_cid):
+            if node_id not in online:
+                self._forget_node(node_id)
+        new = sorted(online - set(self._node_to_cid))
+        if not new:
+            return
+        hello = {n: protocol.instruction(self.server_round, HELLO) for n in new}
+        replies, _ = self._exchange(HELLO, hello, self._check_hello, expect_cid=False)
+        for node_id, content in replies.items():
+            cid = int(content[protocol.ENVELOPE]["client-id"])  # type: ignore[call-overload]
+            m = content[protocol.METRICS]
+            old = self._clients.get(cid)
+            if old is not None and old.node_id in online and old.node_id != node_id:
+                log.warning("nodes %s and %s both claim client %s; keeping %s",
+                            old.node_id, node_id, cid, old.node_id)
+                continue
+            if old is not None:
+                self._node_to_cid.pop(old.node_id, None)
+            self._clients[cid] = ClientInfo(
+                cid=cid,
+                node_id=node_id,
+                num_train=int(m["num-examples"]),  # type: ignore[call-overload]
+                num_val=int(m["val-examples"]),  # type: ignore[call-overload]
+                num_test=int(m["test-examples"]),  # type: ignore[call-overload]
+            )
+            self._node_to_cid[node_id] = cid
+        self.results.event("clients", round=self.server_round,
+                           clients=sorted(self._clients))
+
+    def _check_hello(self, _node: int, content: RecordDict) -> None:
+        cid = content[protocol.ENVELOPE].get("client-id")  # type: ignore[union-attr]
+        if not isinstance(cid, int) or isinstance(cid, bool):
+            raise InvalidReply(f"hello without an integer client-id: {cid!r}")
+        if not 0 <= cid < int(self.settings["num-clients"]):
+            raise InvalidReply(f"client-id {cid} outside [0, num-clients)")
+        m = content[protocol.METRICS]
+        for key in ("val-examples", "test-examples"):
+            if not isinstance(m.get(key), int | float):  # type: ignore[union-attr]
+                raise InvalidReply(f"hello without {key}")
+
+    def wait_for_clients(self) -> None:
+        need = int(self.settings["min-available-clients"])
+        deadline = self.clock() + float(self.settings["wait-for-clients"])
+        while True:
+            self.discover()
+            if len(self._clients) >= need:
+                return
+            if self.clock() >= deadline:
+                raise PhaseFailed(
+                    f"only {len(self._clients)} of the {need} required clients connected within "
+                    f"{float(self.settings['wait-for-clients']):g} s"
+                )
+            self.sleep(min(1.0, float(self.settings["poll-interval"])))
+
+    # ---- the run -------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        settings = dict(self.settings)
+        out = self.results.dir
+        start_round = 1
+        t0 = self.clock()
+        try:
+            if settings["resume"]:
+                ckpt = checkpoint.load(out)
+                checkpoint.check_compatible(ckpt.settings, settings)
+                self.strategy.load_state(ckpt.arrays, ckpt.strategy_meta)
+                self.rng.bit_generator.state = ckpt.rng_state
+                start_round = ckpt.server_round + 1
+                self.results.truncate_after(ckpt.server_round)
+                log.info("resuming after round %s", ckpt.server_round)
+            else:
+                self.strategy.initialize(int(settings["seed"]))
+            self.results.write_config(settings)
+            self.server_round = start_round
+            self.wait_for_clients()
+            last: dict[str, Any] = {}
+            for rnd in range(start_round, int(settings["num-rounds"]) + 1):
+                self.server_round = rnd
+                self._phases = []
+                r0 = self.clock()
+                self.discover()
+                train = self.strategy.run_round(self)
+                row: dict[str, Any] = {"round": rnd, "train": train}
+                if settings["server-eval"]:
+                    row["server-eval"] = self.strategy.server_evaluate()
+                row["phases"] = self._phases
+                row["seconds"] = round(self.clock() - r0, 4)
+                row["bytes-sent"] = sum(p["bytes-sent"] for p in self._phases)
+                row["bytes-received"] = sum(p["bytes-received"] for p in self._phases)
+                self.results.round(row)
+                self._checkpoint(rnd, settings)
+                log.info("round %s: %s", rnd, _brief(row))
+                last = row
+            final: dict[str, Any] = {}
+            if settings["final-eval"]:
+                self.server_round = int(settings["num-rounds"]) + 1
+                self._phases = []
+                self.discover()
+                final = {"eval": self.strategy.finalize(self), "phases": self._phases}
+                if settings["server-eval"]:
+                    final["server-eval"] = self.strategy.server_evaluate()
+            model = self.strategy.global_arrays()
+            if model is not None:
+                self.results.final_model(model)
+            summary = {
+                "status": "completed",
+                "algorithm": settings["algorithm"],
+                "dataset": settings["dataset"],
+                "rounds": int(settings["num-rounds"]),
+                "last-round": last,
+                "final": final,
+                "seconds": round(self.clock() - t0, 3),
+                "clients": sorted(self._clients),
+            }
+            self.results.summary(summary)
+            return summary
+        except BaseException as exc:
+            self.results.summary({
+                "status": "failed",
+                "reason": f"{type(exc).__name__}: {exc}",
+                "algorithm": settings["algorithm"],
+                "dataset": settings["dataset"],
+                "last-completed-round": self.server_round - 1,
+                "seconds": round(self.clock() - t0, 3),
+            })
+            raise
+
+    def _checkpoint(self, rnd: int, settings: Mapping[str, Any]) -> None:
+        arrays, meta = self.strategy.state()
+        checkpoint.save(
+            Path(self.results.dir),
+            checkpoint.Checkpoint(
+                server_round=rnd,
+                arrays=dict(arrays),
+                strategy_meta=dict(meta),
+                rng_state=dict(self.rng.bit_generator.state),
+                settings=dict(settings),
+            ),
+        )
+
+
+def _brief(row: Mapping[str, Any]) -> str:
+    parts = []
+    for section in ("train", "server-eval"):
+        for key, value in (row.get(section) or {}).items():
+            if isinstance(value, float) and ("accuracy" in key or "loss" in key):
+                parts.append(f"{section}/{key}={value:.4f}")
+    return " ".join(parts) + f" ({row.get('seconds', 0):.1f} s)"

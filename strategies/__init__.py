@@ -1,0 +1,1 @@
+"""Server halves of the algorithms, one per module."""

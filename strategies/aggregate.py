@@ -1,0 +1,87 @@
+"""Aggregation and reply-checking helpers shared by strategies (plain NumPy, no loops over weights)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
+
+from pollen import protocol
+from strategies.base import InvalidReply
+
+
+def weighted_average(
+    models: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float]
+) -> dict[str, np.ndarray]:
+    """Per-tensor weighted mean; accumulates in float64 and returns each tensor's own dtype."""
+    if not models:
+        raise ValueError("nothing to average")
+    w = np.asarray(weights, dtype=np.float64)
+    if w.shape != (len(models),) or not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
+        raise ValueError(f"invalid aggregation weights {weights!r}")
+    w = w / w.sum()
+    out: dict[str, np.ndarray] = {}
+    for key, first in models[0].items():
+        stacked = np.stack([np.asarray(m[key], dtype=np.float64) for m in models])
+        mean = np.tensordot(w, stacked, axes=1)
+        out[key] = mean.astype(first.dtype) if first.dtype.kind == "f" else np.rint(mean).astype(
+            first.dtype
+        )
+    return out
+
+
+def expect_arrays(
+    content: RecordDict, name: str, reference: Mapping[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """The reply's record `name`, checked to have exactly the reference's keys, shapes, dtypes."""
+    record = content.get(name)
+    if not isinstance(record, ArrayRecord):
+        raise InvalidReply(f"missing array record '{name}'")
+    keys = set(record.keys())
+    if keys != set(reference):
+        missing, extra = sorted(set(reference) - keys), sorted(keys - set(reference))
+        raise InvalidReply(f"record '{name}' keys differ (missing {missing}, extra {extra})")
+    out: dict[str, np.ndarray] = {}
+    for key, ref in reference.items():
+        arr = record[key].numpy()
+        if arr.shape != ref.shape:
+            raise InvalidReply(f"{name}.{key} has shape {arr.shape}, expected {ref.shape}")
+        if arr.dtype != ref.dtype:
+            raise InvalidReply(f"{name}.{key} has dtype {arr.dtype}, expected {ref.dtype}")
+        out[key] = arr
+    return out
+
+
+def num_examples(content: RecordDict) -> int:
+    metrics = content[protocol.METRICS]
+    assert isinstance(metrics, MetricRecord)
+    return int(metrics[protocol.NUM_EXAMPLES])  # type: ignore[call-overload]
+
+
+def aggregate_metrics(replies: Mapping[int, RecordDict]) -> dict[str, float]:
+    """Client metrics combined: each `<split>-<name>` metric is weighted by `<split>-examples`
+    (`num-examples` for the rest); accuracies also get the unweighted 10th percentile and min
+    over clients, the figures personalised FL reports."""
+    per_key: dict[str, list[tuple[float, float]]] = {}
+    for content in replies.values():
+        metrics = content[protocol.METRICS]
+        assert isinstance(metrics, MetricRecord)
+        for key, value in metrics.items():
+            if not isinstance(value, int | float) or key.endswith("examples"):
+                continue
+            split = key.split("-", 1)[0]
+            weight = metrics.get(f"{split}-examples", metrics.get(protocol.NUM_EXAMPLES, 1))
+            per_key.setdefault(key, []).append((float(value), float(weight)))  # type: ignore[arg-type]
+    out: dict[str, float] = {}
+    for key, pairs in sorted(per_key.items()):
+        values = np.array([v for v, _ in pairs])
+        weights = np.array([w for _, w in pairs])
+        out[key] = float(np.average(values, weights=weights)) if weights.sum() > 0 else float(
+            values.mean()
+        )
+        if key.endswith("accuracy"):
+            out[f"{key}-p10"] = float(np.percentile(values, 10))
+            out[f"{key}-min"] = float(values.min())
+    out["clients"] = float(len(replies))
+    return out

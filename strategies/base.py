@@ -1,0 +1,88 @@
+"""The server half of an algorithm, and the federation it talks to.
+
+A strategy writes its round as the algorithm's pseudocode reads: it picks clients, builds each
+one's instruction, calls `exchange` once per phase and combines the replies. Messaging, reply
+checks, timeouts, metrics files and checkpoints belong to the engine behind `Federation`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+from flwr.app import RecordDict
+
+from pollen.settings import Scalar
+
+
+class InvalidReply(ValueError):
+    """A client's reply is unusable; it is logged and left out of aggregation."""
+
+
+@dataclass(frozen=True)
+class ClientInfo:
+    """A connected client as the server knows it (from its answer to `query.hello`)."""
+
+    cid: int
+    node_id: int
+    num_train: int
+    num_val: int
+    num_test: int
+
+
+Validator = Callable[[int, RecordDict], None]
+
+
+class Federation(Protocol):
+    """What a strategy may ask of the engine during a round."""
+
+    server_round: int
+    settings: Mapping[str, Scalar]
+
+    def available(self) -> list[ClientInfo]: ...
+
+    def sample(self, clients: Sequence[ClientInfo] | None = None) -> list[ClientInfo]: ...
+
+    def exchange(
+        self,
+        message_type: str,
+        payloads: Mapping[int, RecordDict],
+        validate: Validator | None = None,
+    ) -> dict[int, RecordDict]: ...
+
+
+class Strategy(ABC):
+    """Server side of one algorithm. Its state must round-trip through `state`/`load_state`."""
+
+    def __init__(self, settings: Mapping[str, Scalar]) -> None:
+        self.settings = settings
+
+    @abstractmethod
+    def initialize(self, seed: int) -> None:
+        """Create the initial global state."""
+
+    @abstractmethod
+    def run_round(self, fed: Federation) -> dict[str, float]:
+        """One round: phases, aggregation; returns the round's aggregated client metrics."""
+
+    def finalize(self, fed: Federation) -> dict[str, float]:
+        """Evaluation after the last round; one extra exchange only when the algorithm needs it."""
+        return {}
+
+    def server_evaluate(self) -> dict[str, float]:
+        """Centralized evaluation of the global model, if the algorithm has one."""
+        return {}
+
+    def global_arrays(self) -> dict[str, np.ndarray] | None:
+        """The final model to save, if there is a global one."""
+        return None
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Arrays and JSON-able data that restore this strategy exactly."""
+        return {}, {}
+
+    def load_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
+        """Inverse of `state`."""

@@ -1,0 +1,68 @@
+"""Server-side pieces of algorithms that train one global classifier."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pollen.settings import Scalar
+
+if TYPE_CHECKING:
+    from federated_data import ArrayDataset
+
+
+def initial_weights(settings: Mapping[str, Scalar], seed: int) -> dict[str, np.ndarray]:
+    import torch
+
+    from client.training import get_weights
+    from federated_data.catalog import dataset_info
+    from models import build_model
+
+    info = dataset_info(str(settings["dataset"]))
+    torch.manual_seed(seed)
+    return get_weights(build_model(str(settings["model"]), info.input_shape, info.num_classes))
+
+
+class ServerEvaluator:
+    """Evaluates a global classifier on held-out data the server can load (the dataset's
+    official test split, else the union of the clients' test splits)."""
+
+    def __init__(self, settings: Mapping[str, Scalar]) -> None:
+        self.settings = settings
+
+    @cached_property
+    def data(self) -> ArrayDataset | None:
+        import logging
+
+        from federated_data import load_server_test_data
+        from pollen.dataspec import data_spec
+        from pollen.paths import cache_dir
+
+        try:
+            return load_server_test_data(data_spec(self.settings), cache_dir(self.settings))
+        except Exception as exc:  # the server may hold no data at all
+            logging.getLogger("flwr.pollen").warning(
+                "server-side evaluation disabled: %s", exc
+            )
+            return None
+
+    def __call__(self, weights: Mapping[str, np.ndarray]) -> dict[str, float]:
+        data = self.data
+        if data is None or len(data) == 0:
+            return {}
+        import torch
+
+        from client.training import evaluate_classifier, set_weights
+        from federated_data.catalog import dataset_info
+        from models import build_model
+
+        info = dataset_info(str(self.settings["dataset"]))
+        model = build_model(str(self.settings["model"]), info.input_shape, info.num_classes)
+        set_weights(model, weights)
+        x = torch.from_numpy(data.features())
+        y = torch.from_numpy(data.y).long()
+        loss, acc = evaluate_classifier(model, x, y)
+        return {"test-loss": loss, "test-accuracy": acc, "test-examples": float(len(y))}

@@ -1,0 +1,58 @@
+"""FedAvg (McMahan et al., 2017): sampled clients train the global model locally; the server
+averages their weights, weighted by training examples."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from flwr.app import RecordDict
+
+from pollen import protocol
+from strategies.aggregate import aggregate_metrics, expect_arrays, num_examples, weighted_average
+from strategies.base import Federation, Strategy
+from strategies.classifier import ServerEvaluator, initial_weights
+
+
+class FedAvg(Strategy):
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        super().__init__(settings)
+        self.weights: dict[str, np.ndarray] = {}
+        self._evaluator = ServerEvaluator(settings)
+
+    def initialize(self, seed: int) -> None:
+        self.weights = initial_weights(self.settings, seed)
+
+    def _validate(self, _cid: int, content: RecordDict) -> None:
+        expect_arrays(content, protocol.ARRAYS, self.weights)
+
+    def run_round(self, fed: Federation) -> dict[str, float]:
+        clients = fed.sample()
+        payloads = {
+            c.cid: protocol.instruction(fed.server_round, "train", arrays=self.weights)
+            for c in clients
+        }
+        replies = fed.exchange("train", payloads, self._validate)
+        models = [protocol.from_record(r[protocol.ARRAYS]) for r in replies.values()]  # type: ignore[arg-type]
+        self.weights = weighted_average(models, [num_examples(r) for r in replies.values()])
+        return aggregate_metrics(replies)
+
+    def finalize(self, fed: Federation) -> dict[str, float]:
+        payloads = {
+            c.cid: protocol.instruction(fed.server_round, "evaluate", arrays=self.weights)
+            for c in fed.available()
+        }
+        return aggregate_metrics(fed.exchange("evaluate", payloads))
+
+    def server_evaluate(self) -> dict[str, float]:
+        return self._evaluator(self.weights)
+
+    def global_arrays(self) -> dict[str, np.ndarray]:
+        return self.weights
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        return dict(self.weights), {}
+
+    def load_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
+        self.weights = dict(arrays)

@@ -1,0 +1,27 @@
+"""No-op exchanges, to measure the messaging floor of a runtime.
+
+Setting `noop.payload-kb` makes each instruction carry that many KB of random float32 that the
+client echoes back, to see how time grows with bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pollen import protocol
+from strategies.base import Federation, Strategy
+
+
+class NoOp(Strategy):
+    def initialize(self, seed: int) -> None:
+        kb = int(self.settings.get("noop.payload-kb", 0))
+        rng = np.random.default_rng(seed)
+        self.payload = {"blob": rng.standard_normal(kb * 256).astype(np.float32)} if kb else {}
+
+    def run_round(self, fed: Federation) -> dict[str, float]:
+        arrays = {"arrays": self.payload} if self.payload else {}
+        payloads = {
+            c.cid: protocol.instruction(fed.server_round, "query.noop", **arrays)
+            for c in fed.sample()
+        }
+        replies = fed.exchange("query.noop", payloads)
+        return {"clients": float(len(replies))}

@@ -1,0 +1,104 @@
+"""An in-process Grid that routes messages to a real ClientApp, with fault injection."""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid
+
+# A fault decides, per (node id, message), what happens instead of a normal answer:
+# return "drop" (never answered), "error" (error reply), a RecordDict (replaces the content),
+# or None (answer normally).
+Fault = Callable[[int, Message, RecordDict | None], Any]
+
+
+class FakeGrid(Grid):
+    def __init__(self, client_app: ClientApp, num_nodes: int, run_config: dict[str, Any],
+                 node_config: dict[str, Any] | None = None) -> None:
+        self.client_app = client_app
+        self.run_config = run_config
+        self._replies: dict[str, Message] = {}
+        self.sent: list[tuple[int, str]] = []
+        self.faults: list[Fault] = []
+        self.contexts: dict[int, Context] = {}
+        for i in range(num_nodes):
+            self.add_node(100 + i, i, num_nodes, node_config or {})
+
+    def add_node(self, node_id: int, partition: int, num: int, extra: dict[str, Any]) -> None:
+        self.contexts[node_id] = Context(
+            run_id=1, node_id=node_id,
+            node_config={"partition-id": partition, "num-partitions": num, **extra},
+            state=RecordDict(), run_config=dict(self.run_config),
+        )
+
+    def remove_node(self, node_id: int) -> None:
+        self.contexts.pop(node_id)
+
+    def set_run(self, run_id: int) -> None:
+        self._run_id = run_id
+
+    @property
+    def run(self) -> Any:
+        return None
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
+                       group_id: str, ttl: float | None = None) -> Message:
+        return Message(content, dst_node_id=dst_node_id, message_type=message_type,
+                       group_id=group_id, ttl=ttl)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.contexts)
+
+    def get_nodes(self) -> Iterable[Any]:
+        return []
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        ids = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+            node = msg.metadata.dst_node_id
+            self.sent.append((node, msg.metadata.message_type))
+            ids.append(msg.metadata.message_id)
+            action: Any = None
+            for fault in self.faults:
+                action = fault(node, msg, None)
+                if action is not None:
+                    break
+            if action == "drop" or node not in self.contexts:
+                continue
+            if action == "error":
+                self._replies[msg.metadata.message_id] = Message(
+                    Error(code=5, reason="node unavailable (injected)"), reply_to=msg)
+                continue
+            reply = self.client_app(copy.deepcopy(msg), self.contexts[node])
+            if isinstance(action, RecordDict):
+                reply = Message(action, reply_to=msg)
+            elif callable(action):
+                reply = Message(action(copy.deepcopy(reply.content)), reply_to=msg)
+            self._replies[msg.metadata.message_id] = copy.deepcopy(reply)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return [self._replies.pop(i) for i in list(message_ids) if i in self._replies]
+
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> Iterable[Message]:
+        return self.pull_messages(self.push_messages(messages))
+
+
+class FakeClock:
+    """Time that advances only when the engine sleeps: timeouts without waiting."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += max(seconds, 0.001)

@@ -1,0 +1,106 @@
+"""End to end: `pollen deploy` and `pollen simulate` as a user runs them, real Flower processes
+talking gRPC (deploy) or Ray (simulate) on this machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from server.results import read_jsonl
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+POLLEN = [sys.executable, "-m", "pollen.cli"]
+
+
+def _processes_under(directory: Path) -> list[str]:
+    """Live processes whose environment or command line points into `directory`."""
+    found = []
+    needle = str(directory).encode()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                env = fh.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read()
+            with open(f"/proc/{pid}/stat") as fh:
+                state = fh.read().split(") ")[-1][:1]
+        except OSError:
+            continue
+        if state != "Z" and (needle in env or needle in cmd):
+            found.append(cmd.replace(b"\0", b" ").decode(errors="replace"))
+    return found
+
+
+def _pollen(args: list[str], cache: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, POLLEN_CACHE_DIR=str(cache), FLWR_TELEMETRY_ENABLED="0")
+    return subprocess.run(POLLEN + args, capture_output=True, text=True, timeout=timeout,
+                          env=env, check=False)
+
+
+def test_deploy_two_supernodes_over_grpc(tmp_path: Path, shared_cache: Path) -> None:
+    out = tmp_path / "run"
+    done = _pollen(["deploy", "--algorithm", "fedavg", "--dataset", "mnist-5k", "--clients", "2",
+                    "--rounds", "2", "--out", str(out), "--set", "poll-interval=0.5",
+                    "--set", "lr=0.1"], shared_cache, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [r["round"] for r in rows] == [1, 2]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    start = rows[0]["train"]["test-accuracy"]  # the untrained initial model
+    assert rows[1]["train"]["test-accuracy"] > start + 0.3
+    assert summary["final"]["eval"]["test-accuracy"] > rows[1]["train"]["test-accuracy"] - 0.05
+    assert "round 2" in done.stdout and "valid replies" in done.stdout
+    # the SuperNodes really spoke gRPC to the SuperLink's fleet port
+    superlink_log = (out / "processes" / "superlink.log").read_text()
+    assert "Fleet API (gRPC-rere)" in superlink_log
+    time.sleep(1.0)
+    assert _processes_under(out) == []
+
+
+def test_deploy_exits_nonzero_when_the_run_fails(tmp_path: Path, shared_cache: Path) -> None:
+    out = tmp_path / "failing"
+    done = _pollen(["deploy", "--dataset", "digits", "--clients", "2", "--rounds", "1",
+                    "--out", str(out), "--set", "phase-timeout=0.2"], shared_cache, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "finished:failed" in done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "failed" and "valid replies" in summary["reason"]
+    time.sleep(1.0)
+    assert _processes_under(out) == []
+
+
+def test_bad_settings_fail_before_anything_starts(tmp_path: Path, shared_cache: Path) -> None:
+    for args, message in (
+        (["--algorithm", "fedfoo"], "unknown algorithm"),
+        (["--dataset", "nope"], "nope"),
+        (["--set", "lr=fast"], "setting 'lr'"),
+        (["--set", "partitioner=classes", "--set", "classes-per-client=11"],
+         "classes_per_client"),
+        (["--set", "no-such-key=1"], "unknown setting"),
+    ):
+        done = _pollen(["deploy", "--out", str(tmp_path / "x"), *args], shared_cache, timeout=60)
+        assert done.returncode == 2, (args, done.stderr)
+        assert message in done.stderr, (args, done.stderr)
+        assert not (tmp_path / "x" / "processes").exists()
+
+
+def test_simulate_runs_on_the_simulation_runtime(tmp_path: Path, shared_cache: Path) -> None:
+    out = tmp_path / "sim"
+    done = _pollen(["simulate", "--dataset", "digits", "--clients", "3", "--rounds", "2",
+                    "--out", str(out), "--set", "poll-interval=0.2"], shared_cache, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [r["round"] for r in rows] == [1, 2]
+    assert rows[1]["train"]["clients"] == 3.0
+    assert rows[1]["train"]["test-accuracy"] > rows[0]["train"]["test-accuracy"] + 0.3
+    time.sleep(1.0)
+    assert _processes_under(out) == []

@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from pollen import settings
+from pollen.pyproject_sync import synced
+from pollen.settings import SettingsError, resolve
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_pyproject_declares_exactly_the_settings() -> None:
+    text = (ROOT / "pyproject.toml").read_text()
+    assert synced(text) == text, "run `python -m pollen.pyproject_sync` to update pyproject.toml"
+    config = tomllib.loads(text)["tool"]["flwr"]["app"]["config"]
+
+    def flat(d: dict, prefix: str = "") -> dict:
+        out: dict = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return out
+
+    assert flat(config) == settings.defaults()
+
+
+def test_values_are_coerced_from_text() -> None:
+    cfg = resolve({"num-rounds": "7", "lr": "0.5", "server-eval": "false", "fraction-train": 1})
+    assert cfg["num-rounds"] == 7 and cfg["lr"] == 0.5 and cfg["server-eval"] is False
+    assert cfg["fraction-train"] == 1.0 and isinstance(cfg["fraction-train"], float)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"num-rounds": "2.5"}, "num-rounds"),
+    ({"num-rounds": 0}, "below the minimum"),
+    ({"lr": "nan"}, "setting 'lr'"),
+    ({"fraction-train": 1.5}, "above the maximum"),
+    ({"model": "resnet"}, "not one of"),
+    ({"server-eval": "maybe"}, "expected bool"),
+    ({"algorithm": "nope"}, "unknown algorithm"),
+    ({"rounds": 3}, "unknown setting 'rounds'"),
+    ({"val-fraction": 0.5, "test-fraction": 0.5}, "val-fraction"),
+    ({"min-replies": 9}, "exceeds num-clients"),
+])
+def test_bad_settings_are_named(overrides: dict, message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        resolve(overrides)
+
+
+def test_assignments_parse() -> None:
+    assert settings.parse_assignments(["a=1", " b = x=y "]) == {"a": "1", "b": "x=y"}
+    with pytest.raises(SettingsError):
+        settings.parse_assignments(["novalue"])
