@@ -27,8 +27,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _pollen(args: list[str], cache: Path) -> None:
     env = dict(os.environ, POLLEN_CACHE_DIR=str(cache), FLWR_TELEMETRY_ENABLED="0")
-    done = subprocess.run([sys.executable, "-m", "pollen.cli", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "pollen.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         raise SystemExit(f"pollen {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
 
@@ -42,13 +48,31 @@ def _phases(out: Path) -> dict[str, list[dict[str, Any]]]:
     return by_phase
 
 
-def measure_runtime(mode: str, algorithm: str, rounds: int, clients: int, work: Path,
-                    cache: Path) -> dict[str, Any]:
+def measure_runtime(
+    mode: str, algorithm: str, rounds: int, clients: int, work: Path, cache: Path
+) -> dict[str, Any]:
     out = work / f"{mode}-{algorithm}"
     started = time.monotonic()
-    _pollen([mode, "--algorithm", algorithm, "--dataset", "mnist-5k", "--clients", str(clients),
-             "--rounds", str(rounds), "--out", str(out), "--set", "final-eval=false",
-             "--set", "server-eval=false"], cache)
+    _pollen(
+        [
+            mode,
+            "--algorithm",
+            algorithm,
+            "--dataset",
+            "mnist-5k",
+            "--clients",
+            str(clients),
+            "--rounds",
+            str(rounds),
+            "--out",
+            str(out),
+            "--set",
+            "final-eval=false",
+            "--set",
+            "server-eval=false",
+        ],
+        cache,
+    )
     wall = time.monotonic() - started
     phases = _phases(out)
     main = "query.noop" if algorithm == "noop" else "train"
@@ -88,8 +112,11 @@ def measure_startup(cache: Path, repeats: int) -> dict[str, Any]:
         times = []
         for _ in range(repeats):
             t0 = time.monotonic()
-            argv = ([sys.executable, str(ROOT / "benchmarks" / "startup_probe.py"), code]
-                    if code in ("hello", "train") else [sys.executable, "-c", code])
+            argv = (
+                [sys.executable, str(ROOT / "benchmarks" / "startup_probe.py"), code]
+                if code in ("hello", "train")
+                else [sys.executable, "-c", code]
+            )
             subprocess.run(argv, cwd=ROOT, env=env, check=True, capture_output=True)
             times.append(time.monotonic() - t0)
         results[label] = round(statistics.median(times), 3)
@@ -97,8 +124,9 @@ def measure_startup(cache: Path, repeats: int) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
@@ -108,8 +136,11 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="pollen-bench-"))
     cache = work / "cache"
     report: dict[str, Any] = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "startup-seconds": {},
         "runtimes": [],
@@ -118,11 +149,13 @@ def main() -> int:
         for algorithm in ("noop", "fedavg"):
             row = measure_runtime(mode, algorithm, args.rounds, args.clients, work, cache)
             report["runtimes"].append(row)
-            print(f"{mode:9s} {algorithm:7s} first {row['seconds-per-exchange-first']:6.2f} s  "
-                  f"median {row['seconds-per-exchange-median']:6.2f} s per exchange  "
-                  f"{row['bytes-to-client-per-round']:>9d} B down "
-                  f"{row['bytes-from-client-per-round']:>9d} B up per client per round",
-                  flush=True)
+            print(
+                f"{mode:9s} {algorithm:7s} first {row['seconds-per-exchange-first']:6.2f} s  "
+                f"median {row['seconds-per-exchange-median']:6.2f} s per exchange  "
+                f"{row['bytes-to-client-per-round']:>9d} B down "
+                f"{row['bytes-from-client-per-round']:>9d} B up per client per round",
+                flush=True,
+            )
     report["startup-seconds"] = measure_startup(cache, args.repeats)
     for label, secs in report["startup-seconds"].items():
         print(f"start-up  {label:40s} {secs:6.3f} s")

@@ -19,8 +19,13 @@ def main(kind: str) -> None:
 
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
     cfg = resolve({"dataset": "mnist-5k", "num-clients": 2, "run-name": "probe"})
-    ctx = Context(run_id=1, node_id=1, node_config={"partition-id": 0, "num-partitions": 2},
-                  state=RecordDict(), run_config=dict(cfg))
+    ctx = Context(
+        run_id=1,
+        node_id=1,
+        node_config={"partition-id": 0, "num-partitions": 2},
+        state=RecordDict(),
+        run_config=dict(cfg),
+    )
     if kind == "hello":
         content = protocol.instruction(1, "query.hello")
         message_type = "query.hello"

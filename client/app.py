@@ -23,11 +23,15 @@ app = ClientApp()
 def hello(content: RecordDict, env: ClientEnv) -> RecordDict:
     """Tell the server who this node is and how much data it holds."""
     data = env.data
-    return protocol.reply(content, env.cid, {
-        protocol.NUM_EXAMPLES: len(data.train),
-        "val-examples": len(data.val),
-        "test-examples": len(data.test),
-    })
+    return protocol.reply(
+        content,
+        env.cid,
+        {
+            protocol.NUM_EXAMPLES: len(data.train),
+            "val-examples": len(data.val),
+            "test-examples": len(data.test),
+        },
+    )
 
 
 def handle(msg: Message, context: Context) -> Message:

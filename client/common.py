@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from client.env import ClientEnv
+from client.training import ProximalTerm, evaluate_classifier, train_classifier
 from federated_data import ArrayDataset
 from federated_data.catalog import dataset_info
 from models import build_model
@@ -39,12 +40,51 @@ def generator(env: ClientEnv, server_round: int, tag: str) -> torch.Generator:
     return torch.Generator().manual_seed(env.seed(server_round, tag))
 
 
-def train_settings(env: ClientEnv) -> dict[str, float | int]:
+@dataclass(frozen=True)
+class SGDSettings:
+    epochs: int
+    batch_size: int
+    lr: float
+    momentum: float
+    weight_decay: float
+
+
+def sgd_settings(env: ClientEnv) -> SGDSettings:
     s = env.settings
-    return {
-        "epochs": int(s["local-epochs"]),
-        "batch_size": int(s["batch-size"]),
-        "lr": float(s["lr"]),
-        "momentum": float(s["momentum"]),
-        "weight_decay": float(s["weight-decay"]),
-    }
+    return SGDSettings(
+        epochs=int(s["local-epochs"]),
+        batch_size=int(s["batch-size"]),
+        lr=float(s["lr"]),
+        momentum=float(s["momentum"]),
+        weight_decay=float(s["weight-decay"]),
+    )
+
+
+def train(
+    model: nn.Module,
+    data: Tensors,
+    sgd: SGDSettings,
+    gen: torch.Generator,
+    proximal: ProximalTerm | None = None,
+) -> float:
+    return train_classifier(
+        model,
+        data.x,
+        data.y,
+        epochs=sgd.epochs,
+        batch_size=sgd.batch_size,
+        lr=sgd.lr,
+        momentum=sgd.momentum,
+        weight_decay=sgd.weight_decay,
+        generator=gen,
+        proximal=proximal,
+    )
+
+
+def test_metrics(model: nn.Module, test: Tensors) -> dict[str, int | float]:
+    """Loss and accuracy on the client's test split (only the count when it is empty)."""
+    metrics: dict[str, int | float] = {"test-examples": len(test)}
+    if len(test):
+        loss, acc = evaluate_classifier(model, test.x, test.y)
+        metrics.update({"test-loss": loss, "test-accuracy": acc})
+    return metrics

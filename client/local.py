@@ -6,9 +6,10 @@ import torch
 from flwr.app import RecordDict
 from torch import nn
 
-from client.common import generator, new_model, tensors, train_settings
+from client.common import generator, new_model, sgd_settings, tensors, test_metrics
+from client.common import train as train_locally
 from client.env import ClientEnv
-from client.training import evaluate_classifier, get_weights, set_weights, train_classifier
+from client.training import get_weights, set_weights
 from pollen import protocol
 
 
@@ -23,33 +24,21 @@ def _personal_model(env: ClientEnv, rnd: int) -> nn.Module:
 
 def train(content: RecordDict, env: ClientEnv) -> RecordDict:
     torch.set_num_threads(1)
-    rnd = int(content[protocol.ENVELOPE]["round"])  # type: ignore[call-overload]
+    rnd = protocol.round_of(content)
     model = _personal_model(env, rnd)
-    tr = tensors(env.data.train, env.device)
-    loss = train_classifier(model, tr.x, tr.y, generator=generator(env, rnd, "train"),
-                            **train_settings(env))  # type: ignore[arg-type]
+    data = tensors(env.data.train, env.device)
+    loss = train_locally(model, data, sgd_settings(env), generator(env, rnd, "train"))
     env.state.save(rnd, get_weights(model), {"round": rnd})
-    test = tensors(env.data.test, env.device)
-    test_loss, test_acc = evaluate_classifier(model, test.x, test.y)
-    metrics: dict[str, int | float] = {
-        protocol.NUM_EXAMPLES: len(tr), "train-loss": loss, "test-examples": len(test)
-    }
-    if len(test):
-        metrics.update({"test-loss": test_loss, "test-accuracy": test_acc})
+    metrics = test_metrics(model, tensors(env.data.test, env.device))
+    metrics.update({protocol.NUM_EXAMPLES: len(data), "train-loss": loss})
     return protocol.reply(content, env.cid, metrics)
 
 
 def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
     torch.set_num_threads(1)
-    rnd = int(content[protocol.ENVELOPE]["round"])  # type: ignore[call-overload]
-    model = _personal_model(env, rnd)
-    test = tensors(env.data.test, env.device)
-    loss, acc = evaluate_classifier(model, test.x, test.y)
-    metrics: dict[str, int | float] = {
-        protocol.NUM_EXAMPLES: len(env.data.train), "test-examples": len(test)
-    }
-    if len(test):
-        metrics.update({"test-loss": loss, "test-accuracy": acc})
+    model = _personal_model(env, protocol.round_of(content))
+    metrics = test_metrics(model, tensors(env.data.test, env.device))
+    metrics[protocol.NUM_EXAMPLES] = len(env.data.train)
     return protocol.reply(content, env.cid, metrics)
 
 

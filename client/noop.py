@@ -1,17 +1,20 @@
-"""No-op client: answers at once, so an exchange measures only the runtime's own cost."""
+"""No-op client: answers at once (echoing any arrays), so an exchange measures only the
+runtime's own cost."""
 
 from __future__ import annotations
 
-from flwr.app import RecordDict
+from flwr.app import ArrayRecord, RecordDict
 
 from client.env import ClientEnv
 from pollen import protocol
 
 
 def noop(content: RecordDict, env: ClientEnv) -> RecordDict:
-    return protocol.reply(content, env.cid, {protocol.NUM_EXAMPLES: 0}, **{
-        name: rec for name, rec in content.items() if name == protocol.ARRAYS
-    })
+    echo = content.get(protocol.ARRAYS)
+    metrics = {protocol.NUM_EXAMPLES: 0}
+    if isinstance(echo, ArrayRecord):
+        return protocol.reply(content, env.cid, metrics, arrays=echo)
+    return protocol.reply(content, env.cid, metrics)
 
 
 HANDLERS = {"query.noop": noop}

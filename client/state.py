@@ -43,7 +43,9 @@ class StateStore:
                 found.append((int(match.group(1)), path))
         return sorted(found)
 
-    def save(self, server_round: int, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
+    def save(
+        self, server_round: int, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]
+    ) -> None:
         if _META in arrays:
             raise ValueError(f"array name {_META!r} is reserved")
         buf = io.BytesIO()

@@ -16,9 +16,7 @@ from torch.nn import functional as F  # noqa: N812
 ProximalTerm = Callable[[nn.Module], torch.Tensor]
 
 
-def batches(
-    n: int, batch_size: int, generator: torch.Generator | None
-) -> Iterator[torch.Tensor]:
+def batches(n: int, batch_size: int, generator: torch.Generator | None) -> Iterator[torch.Tensor]:
     order = torch.randperm(n, generator=generator) if generator is not None else torch.arange(n)
     for start in range(0, n, batch_size):
         yield order[start : start + batch_size]
@@ -27,8 +25,13 @@ def batches(
 class SGD:
     """SGD with momentum and L2 weight decay; momentum buffers are kept for the state store."""
 
-    def __init__(self, params: list[nn.Parameter], lr: float, momentum: float = 0.0,
-                 weight_decay: float = 0.0) -> None:
+    def __init__(
+        self,
+        params: list[nn.Parameter],
+        lr: float,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+    ) -> None:
         self.params = params
         self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
         self.buffers: list[torch.Tensor | None] = [None] * len(params)

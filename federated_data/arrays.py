@@ -45,9 +45,7 @@ class ArrayDataset:
                 f"labels must lie in [0, {self.num_classes}), got [{y.min()}, {y.max()}]"
             )
         if len(self.mean) != len(self.std):
-            raise DataConfigError(
-                f"mean has {len(self.mean)} values but std has {len(self.std)}"
-            )
+            raise DataConfigError(f"mean has {len(self.mean)} values but std has {len(self.std)}")
         if self.mean and len(self.mean) not in (1, x.shape[1]):
             raise DataConfigError(
                 f"mean/std need 1 or {x.shape[1]} values (one per channel), got {len(self.mean)}"

@@ -70,9 +70,7 @@ class DataSpec:
         if not isinstance(self.dataset, str) or not self.dataset:
             raise DataConfigError(f"dataset must be a non-empty name, got {self.dataset!r}")
         if not isinstance(self.partitioner, str) or not self.partitioner:
-            raise DataConfigError(
-                f"partitioner must be a non-empty name, got {self.partitioner!r}"
-            )
+            raise DataConfigError(f"partitioner must be a non-empty name, got {self.partitioner!r}")
         for name in ("num_clients", "seed"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | np.integer):
@@ -83,8 +81,10 @@ class DataSpec:
             raise DataConfigError(f"seed must be >= 0, got {self.seed}")
         for name in ("val_fraction", "test_fraction"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not (
-                0.0 <= value < 1.0
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not (0.0 <= value < 1.0)
             ):
                 raise DataConfigError(f"{name} must be a number in [0, 1), got {value!r}")
         if self.val_fraction + self.test_fraction >= 1.0:
@@ -147,11 +147,11 @@ class ClientData:
 
 def validate_spec(spec: DataSpec) -> None:
     """Reject a spec that cannot be partitioned, without loading any data (launcher check)."""
-    coarse_labels_of(spec.dataset)  # unknown dataset -> DataConfigError listing valid names
+    _coarse_map(spec, required=False)  # rejects an unknown dataset, listing the valid names
     info = CATALOG.get(spec.dataset)
     params: dict[str, Any] = dict(spec.params)
     if spec.partitioner == "natural":
-        params["keys"] = np.arange(spec.num_clients)  # real keys come with the data
+        params["keys"] = np.arange(spec.num_clients)  # stand-in: real keys come with the data
     elif spec.partitioner == "pachinko":
         params["coarse_of_fine"] = _coarse_map(spec)
     validate_partition_params(
@@ -177,9 +177,7 @@ def load_server_test_data(spec: DataSpec, cache_dir: str | Path) -> ArrayDataset
     directory = _ensure_cache(spec, root)
     if _read_manifest(directory)["has_official_test"]:
         return load_dataset(spec.dataset, spec.data_dir, spec.download, root).test
-    tests = [
-        _read_client(directory / _client_file(i), i).test for i in range(spec.num_clients)
-    ]
+    tests = [_read_client(directory / _client_file(i), i).test for i in range(spec.num_clients)]
     if sum(len(t) for t in tests) == 0:
         return None
     first = tests[0]
@@ -238,9 +236,9 @@ def _client_file(client_id: int) -> str:
     return f"client-{client_id}.npz"
 
 
-def _coarse_map(spec: DataSpec) -> np.ndarray:
+def _coarse_map(spec: DataSpec, required: bool = True) -> np.ndarray | None:
     cmap = coarse_labels_of(spec.dataset)
-    if cmap is None:
+    if cmap is None and required:
         raise DataConfigError(
             f"partitioner 'pachinko' needs fine and coarse labels (coarse_of_fine); dataset "
             f"{spec.dataset!r} has none (cifar100 has)"

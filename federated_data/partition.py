@@ -19,16 +19,106 @@ from federated_data.errors import DataConfigError
 # Coarse (superclass) label of each CIFAR-100 fine label, indexed by fine label.
 CIFAR100_COARSE_OF_FINE: np.ndarray = np.array(
     [
-        4, 1, 14, 8, 0, 6, 7, 7, 18, 3,
-        3, 14, 9, 18, 7, 11, 3, 9, 7, 11,
-        6, 11, 5, 10, 7, 6, 13, 15, 3, 15,
-        0, 11, 1, 10, 12, 14, 16, 9, 11, 5,
-        5, 19, 8, 8, 15, 13, 14, 17, 18, 10,
-        16, 4, 17, 4, 2, 0, 17, 4, 18, 17,
-        10, 3, 2, 12, 12, 16, 12, 1, 9, 19,
-        2, 10, 0, 1, 16, 12, 9, 13, 15, 13,
-        16, 19, 2, 4, 6, 19, 5, 5, 8, 19,
-        18, 1, 2, 15, 6, 0, 17, 8, 14, 13,
+        4,
+        1,
+        14,
+        8,
+        0,
+        6,
+        7,
+        7,
+        18,
+        3,
+        3,
+        14,
+        9,
+        18,
+        7,
+        11,
+        3,
+        9,
+        7,
+        11,
+        6,
+        11,
+        5,
+        10,
+        7,
+        6,
+        13,
+        15,
+        3,
+        15,
+        0,
+        11,
+        1,
+        10,
+        12,
+        14,
+        16,
+        9,
+        11,
+        5,
+        5,
+        19,
+        8,
+        8,
+        15,
+        13,
+        14,
+        17,
+        18,
+        10,
+        16,
+        4,
+        17,
+        4,
+        2,
+        0,
+        17,
+        4,
+        18,
+        17,
+        10,
+        3,
+        2,
+        12,
+        12,
+        16,
+        12,
+        1,
+        9,
+        19,
+        2,
+        10,
+        0,
+        1,
+        16,
+        12,
+        9,
+        13,
+        15,
+        13,
+        16,
+        19,
+        2,
+        4,
+        6,
+        19,
+        5,
+        5,
+        8,
+        19,
+        18,
+        1,
+        2,
+        15,
+        6,
+        0,
+        17,
+        8,
+        14,
+        13,
     ],
     dtype=np.int64,
 )
@@ -173,9 +263,7 @@ def partition_labels(
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
         raise DataConfigError(f"seed must be an integer >= 0, got {seed!r}")
     classes, by_label = _indices_by_label(labels)
-    resolved = validate_partition_params(
-        scheme, num_clients, len(classes), len(labels), **params
-    )
+    resolved = validate_partition_params(scheme, num_clients, len(classes), len(labels), **params)
     rng = np.random.default_rng(int(seed))
     parts = _SPLITTERS[scheme](labels, classes, by_label, int(num_clients), rng, resolved)
     return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
@@ -366,8 +454,10 @@ def _pachinko(
     parts: list[np.ndarray] = []
     for _ in range(n):
         coarse_w = rng.dirichlet(np.full(num_coarse, alpha))
-        fine_w = [rng.dirichlet(np.full(len(fines), beta)) if fines else np.zeros(0)
-                  for fines in fine_of_coarse]
+        fine_w = [
+            rng.dirichlet(np.full(len(fines), beta)) if fines else np.zeros(0)
+            for fines in fine_of_coarse
+        ]
         coarse_alive = [any(pool[f] for f in fines) for fines in fine_of_coarse]
         coarse_cum = _cumulative(coarse_w, coarse_alive)
         fine_cum: dict[int, list[float]] = {}

@@ -202,19 +202,28 @@ _TRAIN, _TEST = {"train": True}, {"train": False}
 
 TORCHVISION_DATASETS: dict[str, TorchvisionSpec] = {
     "mnist": TorchvisionSpec("MNIST", "hw", 10, MNIST_MEAN, MNIST_STD, _TRAIN, _TEST),
-    "fashion-mnist": TorchvisionSpec(
-        "FashionMNIST", "hw", 10, (0.2860,), (0.3530,), _TRAIN, _TEST
-    ),
+    "fashion-mnist": TorchvisionSpec("FashionMNIST", "hw", 10, (0.2860,), (0.3530,), _TRAIN, _TEST),
     "emnist": TorchvisionSpec(
-        "EMNIST", "hw-transposed", 62, MNIST_MEAN, MNIST_STD,
-        {"split": "byclass", "train": True}, {"split": "byclass", "train": False},
+        "EMNIST",
+        "hw-transposed",
+        62,
+        MNIST_MEAN,
+        MNIST_STD,
+        {"split": "byclass", "train": True},
+        {"split": "byclass", "train": False},
     ),
     "cifar10": TorchvisionSpec("CIFAR10", "hwc", 10, _CIFAR_MEAN, _CIFAR_STD, _TRAIN, _TEST),
     # CIFAR-100 uses CIFAR-10's statistics, as FedEM's code does.
     "cifar100": TorchvisionSpec("CIFAR100", "hwc", 100, _CIFAR_MEAN, _CIFAR_STD, _TRAIN, _TEST),
     "svhn": TorchvisionSpec(
-        "SVHN", "chw", 10, (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970),
-        {"split": "train"}, {"split": "test"}, label_attr="labels",
+        "SVHN",
+        "chw",
+        10,
+        (0.4377, 0.4438, 0.4728),
+        (0.1980, 0.2010, 0.1970),
+        {"split": "train"},
+        {"split": "test"},
+        label_attr="labels",
     ),
 }
 

@@ -34,19 +34,30 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clients", type=int, help="number of clients (data partitions)")
     p.add_argument("--rounds", type=int, help="number of rounds")
     p.add_argument("--out", help="results directory (default: results/<algorithm>-<time>)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any other run setting (see `pollen settings`); repeatable")
-    p.add_argument("--resume", action="store_true",
-                   help="continue the run in --out from its last checkpoint")
-    p.add_argument("--timeout", type=float, default=24 * 3600,
-                   help="stop the run after this many seconds")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other run setting (see `pollen settings`); repeatable",
+    )
+    p.add_argument(
+        "--resume", action="store_true", help="continue the run in --out from its last checkpoint"
+    )
+    p.add_argument(
+        "--timeout", type=float, default=24 * 3600, help="stop the run after this many seconds"
+    )
 
 
 def resolve_run_settings(args: argparse.Namespace) -> dict[str, Scalar]:
     """Settings of a new or resumed run, every value checked before anything starts."""
     overrides: dict[str, Any] = settings_mod.parse_assignments(args.set)
-    for flag, key in (("algorithm", "algorithm"), ("dataset", "dataset"),
-                      ("clients", "num-clients"), ("rounds", "num-rounds")):
+    for flag, key in (
+        ("algorithm", "algorithm"),
+        ("dataset", "dataset"),
+        ("clients", "num-clients"),
+        ("rounds", "num-rounds"),
+    ):
         if getattr(args, flag) is not None:
             overrides[key] = getattr(args, flag)
     base: dict[str, Any] = {}
@@ -61,12 +72,16 @@ def resolve_run_settings(args: argparse.Namespace) -> dict[str, Scalar]:
     else:
         overrides.setdefault("resume", False)
     resolved = settings_mod.resolve(overrides, base)
-    out = Path(args.out) if args.out else Path("results") / (
-        f"{resolved['algorithm']}-{resolved['dataset']}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = (
+        Path(args.out)
+        if args.out
+        else Path("results")
+        / (f"{resolved['algorithm']}-{resolved['dataset']}-{time.strftime('%Y%m%d-%H%M%S')}")
     )
     if not args.resume and (out / "checkpoint").exists():
-        raise SettingsError(f"{out} already holds a run; pass --resume to continue it or choose "
-                            "another --out")
+        raise SettingsError(
+            f"{out} already holds a run; pass --resume to continue it or choose another --out"
+        )
     resolved["out-dir"] = str(out.resolve())
     if not resolved["run-name"]:
         resolved["run-name"] = f"{out.name}-{int(time.time())}"
@@ -97,16 +112,27 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     n = int(resolved["num-clients"])
     tls = TLS.from_dir(args.tls_dir) if args.tls_dir else None
     fed = Federation(out / "processes")
-    print(f"Pollen deploy: {resolved['algorithm']} on {resolved['dataset']}, {n} clients, "
-          f"{resolved['num-rounds']} rounds, gRPC {'with TLS' if tls else 'insecure'}; "
-          f"results in {out}", flush=True)
+    print(
+        f"Pollen deploy: {resolved['algorithm']} on {resolved['dataset']}, {n} clients, "
+        f"{resolved['num-rounds']} rounds, gRPC {'with TLS' if tls else 'insecure'}; "
+        f"results in {out}",
+        flush=True,
+    )
     try:
         _, fleet_port = fed.start_superlink(tls=tls)
         for i in range(n):
-            fed.start_supernode(i, n, f"127.0.0.1:{fleet_port}", tls=tls, node_config={
-                "state-dir": str(out / "client-state"),
-                "cache-dir": str(resolved["cache-dir"] or ""),
-            } if resolved["cache-dir"] else {"state-dir": str(out / "client-state")})
+            fed.start_supernode(
+                i,
+                n,
+                f"127.0.0.1:{fleet_port}",
+                tls=tls,
+                node_config={
+                    "state-dir": str(out / "client-state"),
+                    "cache-dir": str(resolved["cache-dir"] or ""),
+                }
+                if resolved["cache-dir"]
+                else {"state-dir": str(out / "client-state")},
+            )
         fed.wait_nodes(n)
         print(f"SuperLink and {n} SuperNodes up (logs in {fed.workdir})", flush=True)
         return _run_and_report(fed, resolved, args.timeout)
@@ -119,13 +145,24 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     out = Path(str(resolved["out-dir"]))
     n = int(resolved["num-clients"])
     fed = Federation(out / "processes")
-    print(f"Pollen simulate: {resolved['algorithm']} on {resolved['dataset']}, {n} clients, "
-          f"{resolved['num-rounds']} rounds; results in {out}", flush=True)
+    print(
+        f"Pollen simulate: {resolved['algorithm']} on {resolved['dataset']}, {n} clients, "
+        f"{resolved['num-rounds']} rounds; results in {out}",
+        flush=True,
+    )
     try:
         fed.start_superlink(simulation=True)
         cpus = max(1, (os.cpu_count() or 1) // max(1, args.parallel))
-        done = fed.flwr("federation", "simulation-config", "@none/default", fed.connection,
-                        "--num-supernodes", str(n), "--client-resources-num-cpus", str(cpus))
+        done = fed.flwr(
+            "federation",
+            "simulation-config",
+            "@none/default",
+            fed.connection,
+            "--num-supernodes",
+            str(n),
+            "--client-resources-num-cpus",
+            str(cpus),
+        )
         if done.returncode != 0:
             raise LaunchError(f"could not configure the simulation:\n{done.stdout}{done.stderr}")
         return _run_and_report(fed, resolved, args.timeout)
@@ -137,8 +174,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Submit a run to a SuperLink that is already running (multi-machine deployment)."""
     resolved = resolve_run_settings(args)
     fed = Federation(Path(str(resolved["out-dir"])) / "processes")
-    fed.write_connection(args.superlink, Path(args.root_certificates) if args.root_certificates
-                         else None)
+    fed.write_connection(
+        args.superlink, Path(args.root_certificates) if args.root_certificates else None
+    )
     return _run_and_report(fed, resolved, args.timeout)
 
 
@@ -165,8 +203,10 @@ def _run_and_report(fed: Federation, resolved: dict[str, Scalar], timeout: float
         summary = json.loads(summary_path.read_text())
         final = (summary.get("final") or {}).get("eval") or {}
         if "test-accuracy" in final:
-            print(f"final: mean client test-accuracy {final['test-accuracy']:.4f} "
-                  f"(10th percentile {final.get('test-accuracy-p10', float('nan')):.4f})")
+            print(
+                f"final: mean client test-accuracy {final['test-accuracy']:.4f} "
+                f"(10th percentile {final.get('test-accuracy-p10', float('nan')):.4f})"
+            )
     print(f"run {run_id} completed; results in {out}")
     return 0
 
@@ -174,10 +214,19 @@ def _run_and_report(fed: Federation, resolved: dict[str, Scalar], timeout: float
 def cmd_server(args: argparse.Namespace) -> int:
     """Run a SuperLink in the foreground: clients connect to --fleet-port (gRPC)."""
     tls = TLS.from_dir(args.tls_dir) if args.tls_dir else None
-    argv = ["flower-superlink", "--host", args.host, "--port", str(args.port),
-            "--fleet-api-type", "grpc-rere", "--fleet-api-address",
-            f"{args.host}:{args.fleet_port}", "--disable-runtime-dependency-installation",
-            *tls_args_superlink(tls)]
+    argv = [
+        "flower-superlink",
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+        "--fleet-api-type",
+        "grpc-rere",
+        "--fleet-api-address",
+        f"{args.host}:{args.fleet_port}",
+        "--disable-runtime-dependency-installation",
+        *tls_args_superlink(tls),
+    ]
     if args.database:
         argv += ["--database", args.database]
     if args.auth:
@@ -187,16 +236,23 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 def cmd_client(args: argparse.Namespace) -> int:
     """Run a SuperNode in the foreground with this machine's partition, data and state."""
-    node: dict[str, Scalar] = {"partition-id": args.partition_id,
-                               "num-partitions": args.num_partitions,
-                               "state-dir": str(Path(args.state_dir).resolve())}
+    node: dict[str, Scalar] = {
+        "partition-id": args.partition_id,
+        "num-partitions": args.num_partitions,
+        "state-dir": str(Path(args.state_dir).resolve()),
+    }
     if args.data_dir:
         node["data-dir"] = str(Path(args.data_dir).resolve())
     if args.cache_dir:
         node["cache-dir"] = str(Path(args.cache_dir).resolve())
-    argv = supernode_argv(args.superlink, args.port, node,
-                          Path(args.root_certificates) if args.root_certificates else None,
-                          Path(args.auth_key) if args.auth_key else None, host="127.0.0.1")
+    argv = supernode_argv(
+        args.superlink,
+        args.port,
+        node,
+        Path(args.root_certificates) if args.root_certificates else None,
+        Path(args.auth_key) if args.auth_key else None,
+        host="127.0.0.1",
+    )
     return _exec(argv)
 
 
@@ -274,8 +330,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--superlink", required=True, help="SuperLink fleet address HOST:PORT")
     p.add_argument("--partition-id", type=int, required=True)
     p.add_argument("--num-partitions", type=int, required=True)
-    p.add_argument("--state-dir", default="pollen-client-state",
-                   help="where this client's personal state is kept across restarts")
+    p.add_argument(
+        "--state-dir",
+        default="pollen-client-state",
+        help="where this client's personal state is kept across restarts",
+    )
     p.add_argument("--data-dir", help="directory with torchvision datasets")
     p.add_argument("--cache-dir", help="partition cache directory")
     p.add_argument("--port", type=int, default=9094, help="local ClientApp API port")
@@ -288,9 +347,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="where to write (default: the first directory's report/)")
     p.set_defaults(func=cmd_report)
 
-    for name, func, text in (("settings", cmd_settings, "list every run setting"),
-                             ("algorithms", cmd_algorithms, "list algorithms"),
-                             ("datasets", cmd_datasets, "list datasets")):
+    for name, func, text in (
+        ("settings", cmd_settings, "list every run setting"),
+        ("algorithms", cmd_algorithms, "list algorithms"),
+        ("datasets", cmd_datasets, "list datasets"),
+    ):
         p = sub.add_parser(name, help=text)
         p.set_defaults(func=func)
     return parser

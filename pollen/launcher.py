@@ -7,6 +7,7 @@ failure or Ctrl-C) leaves nothing behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -76,8 +77,10 @@ class TLS:
         tls = cls(d / "ca.crt", d / "server.pem", d / "server.key")
         for path in (tls.ca_cert, tls.server_cert, tls.server_key):
             if not path.is_file():
-                raise LaunchError(f"TLS file {path} not found (expected ca.crt, server.pem, "
-                                  "server.key in the certificate directory)")
+                raise LaunchError(
+                    f"TLS file {path} not found (expected ca.crt, server.pem, "
+                    "server.key in the certificate directory)"
+                )
         return tls
 
 
@@ -117,24 +120,41 @@ class Federation:
         log_path = self.workdir / f"{name}.log"
         with open(log_path, "ab") as log:
             popen = subprocess.Popen(
-                list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=dict(env or self.env), start_new_session=True, cwd=self.workdir,
+                list(argv),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=dict(env or self.env),
+                start_new_session=True,
+                cwd=self.workdir,
             )
         proc = Proc(name, popen, log_path)
         self.procs.append(proc)
         return proc
 
-    def start_superlink(self, *, simulation: bool = False, tls: TLS | None = None,
-                        auth: bool = False, host: str = "127.0.0.1") -> tuple[int, int]:
+    def start_superlink(
+        self,
+        *,
+        simulation: bool = False,
+        tls: TLS | None = None,
+        auth: bool = False,
+        host: str = "127.0.0.1",
+    ) -> tuple[int, int]:
         http_port, fleet_port = free_port(), free_port()
-        argv = [_bin("flower-superlink"), "--host", host, "--port", str(http_port),
-                "--disable-runtime-dependency-installation",
-                "--database", str(self.workdir / "superlink.db")]
+        argv = [
+            _bin("flower-superlink"),
+            "--host",
+            host,
+            "--port",
+            str(http_port),
+            "--disable-runtime-dependency-installation",
+            "--database",
+            str(self.workdir / "superlink.db"),
+        ]
         if simulation:
             argv.append("--simulation")
         else:
-            argv += ["--fleet-api-type", "grpc-rere", "--fleet-api-address",
-                     f"{host}:{fleet_port}"]
+            argv += ["--fleet-api-type", "grpc-rere", "--fleet-api-address", f"{host}:{fleet_port}"]
         argv += tls_args_superlink(tls)
         if auth:
             argv.append("--enable-supernode-auth")
@@ -144,14 +164,19 @@ class Federation:
         self.write_connection(f"{host}:{http_port}", tls.ca_cert if tls else None)
         return http_port, fleet_port
 
-    def start_supernode(self, partition_id: int, num_partitions: int, fleet: str, *,
-                        tls: TLS | None = None, auth_key: Path | None = None,
-                        node_config: Mapping[str, Scalar] | None = None) -> Proc:
-        config: dict[str, Scalar] = {"partition-id": partition_id,
-                                     "num-partitions": num_partitions}
+    def start_supernode(
+        self,
+        partition_id: int,
+        num_partitions: int,
+        fleet: str,
+        *,
+        tls: TLS | None = None,
+        auth_key: Path | None = None,
+        node_config: Mapping[str, Scalar] | None = None,
+    ) -> Proc:
+        config: dict[str, Scalar] = {"partition-id": partition_id, "num-partitions": num_partitions}
         config.update(node_config or {})
-        argv = supernode_argv(fleet, free_port(), config, tls.ca_cert if tls else None,
-                              auth_key)
+        argv = supernode_argv(fleet, free_port(), config, tls.ca_cert if tls else None, auth_key)
         env = dict(self.env, FLWR_HOME=str(self.workdir / f"node-{partition_id}"))
         return self.spawn(f"supernode-{partition_id}", argv, env)
 
@@ -162,8 +187,9 @@ class Federation:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if proc.popen.poll() is not None:
-                raise LaunchError(f"{proc.name} exited (code {proc.popen.returncode}):\n"
-                                  f"{proc.tail()}")
+                raise LaunchError(
+                    f"{proc.name} exited (code {proc.popen.returncode}):\n{proc.tail()}"
+                )
             try:
                 with urllib.request.urlopen(url, timeout=2, context=ctx) as resp:
                     if resp.status == 200:
@@ -176,38 +202,36 @@ class Federation:
     def check_alive(self) -> None:
         for proc in self.procs:
             if proc.popen.poll() is not None:
-                raise LaunchError(f"{proc.name} exited (code {proc.popen.returncode}):\n"
-                                  f"{proc.tail()}")
+                raise LaunchError(
+                    f"{proc.name} exited (code {proc.popen.returncode}):\n{proc.tail()}"
+                )
 
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM each process (SuperNodes deregister), then SIGKILL whatever is left."""
         for proc in reversed(self.procs):
             if proc.popen.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     proc.popen.send_signal(signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
         deadline = time.monotonic() + grace
         for proc in self.procs:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
         for proc in self.procs:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.popen.pid, signal.SIGKILL)  # children (superexec, apps) too
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.popen.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
         self.procs.clear()
 
     # ---- the flwr CLI --------------------------------------------------------------------
     def write_connection(self, address: str, ca_cert: Path | None) -> None:
-        lines = ["[superlink]", f'default = "{self.connection}"', "",
-                 f"[superlink.{self.connection}]", f'address = "{address}"']
+        lines = [
+            "[superlink]",
+            f'default = "{self.connection}"',
+            "",
+            f"[superlink.{self.connection}]",
+            f'address = "{address}"',
+        ]
         if ca_cert is None:
             lines.append("insecure = true")
         else:
@@ -215,8 +239,15 @@ class Federation:
         (self.home / "config.toml").write_text("\n".join(lines) + "\n")
 
     def flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([_bin("flwr"), *args], env=self.env, capture_output=True,
-                              text=True, timeout=timeout, cwd=self.workdir, check=False)
+        return subprocess.run(
+            [_bin("flwr"), *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=self.workdir,
+            check=False,
+        )
 
     def online_nodes(self) -> int:
         out = self.flwr("supernode", "ls", self.connection, "--format", "json")
@@ -235,15 +266,25 @@ class Federation:
             time.sleep(1.0)
         raise LaunchError(f"fewer than {count} SuperNodes online after {timeout:g} s")
 
-    def submit(self, settings: Mapping[str, Scalar],
-               federation_config: Mapping[str, Scalar] | None = None) -> str:
+    def submit(
+        self, settings: Mapping[str, Scalar], federation_config: Mapping[str, Scalar] | None = None
+    ) -> str:
         config_file = self.workdir / "run-config.toml"
         config_file.write_text(run_config_toml(settings))
-        args = ["run", str(app_dir()), self.connection, "--run-config", str(config_file),
-                "--format", "json"]
+        args = [
+            "run",
+            str(app_dir()),
+            self.connection,
+            "--run-config",
+            str(config_file),
+            "--format",
+            "json",
+        ]
         if federation_config:
-            args += ["--federation-config",
-                     " ".join(f"{k}={_toml(v)}" for k, v in federation_config.items())]
+            args += [
+                "--federation-config",
+                " ".join(f"{k}={_toml(v)}" for k, v in federation_config.items()),
+            ]
         out = self.flwr(*args, timeout=300)
         try:
             reply = json.loads(out.stdout)
@@ -272,16 +313,36 @@ class Federation:
 def tls_args_superlink(tls: TLS | None) -> list[str]:
     if tls is None:
         return ["--insecure"]
-    return ["--ssl-ca-certfile", str(tls.ca_cert), "--ssl-certfile", str(tls.server_cert),
-            "--ssl-keyfile", str(tls.server_key)]
+    return [
+        "--ssl-ca-certfile",
+        str(tls.ca_cert),
+        "--ssl-certfile",
+        str(tls.server_cert),
+        "--ssl-keyfile",
+        str(tls.server_key),
+    ]
 
 
-def supernode_argv(fleet: str, port: int, node_config: Mapping[str, Scalar],
-                   ca_cert: Path | None, auth_key: Path | None,
-                   host: str = "127.0.0.1") -> list[str]:
-    argv = [_bin("flower-supernode"), "--grpc-rere", "--superlink", fleet,
-            "--host", host, "--port", str(port),
-            "--node-config", " ".join(f"{k}={_toml(v)}" for k, v in node_config.items())]
+def supernode_argv(
+    fleet: str,
+    port: int,
+    node_config: Mapping[str, Scalar],
+    ca_cert: Path | None,
+    auth_key: Path | None,
+    host: str = "127.0.0.1",
+) -> list[str]:
+    argv = [
+        _bin("flower-supernode"),
+        "--grpc-rere",
+        "--superlink",
+        fleet,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--node-config",
+        " ".join(f"{k}={_toml(v)}" for k, v in node_config.items()),
+    ]
     argv += ["--insecure"] if ca_cert is None else ["--root-certificates", str(ca_cert)]
     if auth_key is not None:
         argv += ["--auth-supernode-private-key", str(auth_key)]
@@ -329,8 +390,10 @@ class Progress:
             elif kind == "phase-end":
                 failed = ev.get("failed") or {}
                 extra = f", {len(failed)} skipped" if failed else ""
-                self._say(f"round {ev['round']} {ev['phase']}: {ev['valid']}/{ev['sent']} "
-                          f"valid replies in {ev['seconds']:.1f} s{extra}")
+                self._say(
+                    f"round {ev['round']} {ev['phase']}: {ev['valid']}/{ev['sent']} "
+                    f"valid replies in {ev['seconds']:.1f} s{extra}"
+                )
                 for cid, reason in failed.items():
                     self._say(f"    client {cid}: {reason}")
             elif kind == "clients":
@@ -353,8 +416,9 @@ def format_round(row: Mapping[str, Any]) -> str:
     return "  ".join(parts)
 
 
-def follow(fed: Federation, run_id: str, out_dir: Path, timeout: float,
-           stream: TextIO = sys.stdout) -> dict[str, Any]:
+def follow(
+    fed: Federation, run_id: str, out_dir: Path, timeout: float, stream: TextIO = sys.stdout
+) -> dict[str, Any]:
     """Show progress until the run finishes; returns its final status record."""
     progress = Progress(out_dir, stream)
     deadline = time.monotonic() + timeout

@@ -17,6 +17,7 @@ CONFIG = "config"
 METRICS = "metrics"
 ARRAYS = "arrays"
 NUM_EXAMPLES = "num-examples"
+ROUND = "round"
 
 
 def instruction(
@@ -25,6 +26,7 @@ def instruction(
     config: Mapping[str, int | float | str | bool] | None = None,
     **arrays: Mapping[str, np.ndarray] | ArrayRecord,
 ) -> RecordDict:
+    """An instruction; each keyword becomes a named ArrayRecord."""
     content = RecordDict(
         {ENVELOPE: ConfigRecord({"round": server_round, "message-type": message_type})}
     )
@@ -46,8 +48,8 @@ def reply(
         {
             ENVELOPE: ConfigRecord(
                 {
-                    "round": int(env["round"]),  # type: ignore[call-overload]
-                    "message-type": str(env["message-type"]),
+                    "round": round_of(request),
+                    "message-type": str(env["message-type"]),  # type: ignore[index]
                     "client-id": client_id,
                 }
             ),
@@ -59,12 +61,37 @@ def reply(
     return content
 
 
+def as_int(value: object) -> int:
+    """A record value that must be an integer (records are loosely typed)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+        raise TypeError(f"expected an integer, got {value!r}")
+    return int(value)
+
+
+def round_of(content: RecordDict) -> int:
+    return as_int(content[ENVELOPE][ROUND])  # type: ignore[index]
+
+
+def metrics_of(content: RecordDict) -> MetricRecord:
+    record = content[METRICS]
+    if not isinstance(record, MetricRecord):
+        raise TypeError("'metrics' is not a MetricRecord")
+    return record
+
+
+def arrays_of(content: RecordDict, name: str = ARRAYS) -> dict[str, np.ndarray]:
+    record = content[name]
+    if not isinstance(record, ArrayRecord):
+        raise TypeError(f"'{name}' is not an ArrayRecord")
+    return from_record(record)
+
+
 def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
     return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
 
 
 def from_record(record: ArrayRecord) -> dict[str, np.ndarray]:
-    return {k: record[k].numpy() for k in record.keys()}
+    return {k: record[k].numpy() for k in record}
 
 
 def config_of(content: RecordDict) -> dict[str, int | float | str | bool]:
@@ -78,5 +105,5 @@ def payload_bytes(content: RecordDict) -> int:
     total = 0
     for record in content.values():
         if isinstance(record, ArrayRecord):
-            total += sum(len(record[k].data) for k in record.keys())
+            total += sum(len(record[k].data) for k in record)
     return total

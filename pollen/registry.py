@@ -63,8 +63,9 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             client="client.noop",
             message_types=("query.noop",),
             settings=(
-                Setting("noop.payload-kb", 0, "KB of random data each no-op message carries",
-                        minimum=0),
+                Setting(
+                    "noop.payload-kb", 0, "KB of random data each no-op message carries", minimum=0
+                ),
             ),
         ),
     )
@@ -85,4 +86,6 @@ def get_algorithm(name: str) -> AlgorithmSpec:
     try:
         return ALGORITHMS[name]
     except KeyError:
-        raise KeyError(f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))}") from None
+        raise KeyError(
+            f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))}"
+        ) from None

@@ -280,8 +280,9 @@ def _plot_lines(
             style = style_of.setdefault(metric, styles[len(style_of) % len(styles)])
             xs, ys = zip(*points, strict=True)
             label = f"{run.label} {metric}" if metric else run.label
-            ax.plot(xs, ys, style, marker="o", markersize=3, color=f"C{run_index % 10}",
-                    label=label)
+            ax.plot(
+                xs, ys, style, marker="o", markersize=3, color=f"C{run_index % 10}", label=label
+            )
         ax.set_title(title)
         ax.set_xlabel(xlabel)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -308,13 +309,24 @@ def _plot_client_accuracy(path: Path, runs: Sequence[Run]) -> bool:
     try:
         values = [accs for _, (_, accs) in data]
         positions = list(range(1, len(data) + 1))
-        ax.boxplot(values, positions=positions, widths=0.5, showfliers=False,
-                   medianprops={"color": "black"})
+        ax.boxplot(
+            values,
+            positions=positions,
+            widths=0.5,
+            showfliers=False,
+            medianprops={"color": "black"},
+        )
         for pos, (i, (run, (_, accs))) in zip(positions, enumerate(data), strict=True):
             run_index = runs.index(run)
             spread = [pos + 0.3 * (j / max(1, len(accs) - 1) - 0.5) for j in range(len(accs))]
-            ax.scatter(spread, accs, s=14, color=f"C{run_index % 10}", zorder=3,
-                       label=run.label if i < 10 else None)
+            ax.scatter(
+                spread,
+                accs,
+                s=14,
+                color=f"C{run_index % 10}",
+                zorder=3,
+                label=run.label if i < 10 else None,
+            )
         ax.set_xticks(positions)
         ax.set_xticklabels(
             [f"{run.label}\nround {rnd}, {len(accs)} clients" for run, (rnd, accs) in data],
@@ -362,10 +374,12 @@ def write_plots(runs: Sequence[Run], out: Path) -> list[str]:
 # ---- Markdown ------------------------------------------------------------------------------
 ROUND_COLUMNS: tuple[tuple[str, Callable[[Mapping[str, Any]], Any], int], ...] = (
     ("clients test-accuracy", lambda r: _number(_section(r, "train").get("test-accuracy")), 4),
-    ("clients test-accuracy-p10",
-     lambda r: _number(_section(r, "train").get("test-accuracy-p10")), 4),
-    ("server test-accuracy",
-     lambda r: _number(_section(r, "server-eval").get("test-accuracy")), 4),
+    (
+        "clients test-accuracy-p10",
+        lambda r: _number(_section(r, "train").get("test-accuracy-p10")),
+        4,
+    ),
+    ("server test-accuracy", lambda r: _number(_section(r, "server-eval").get("test-accuracy")), 4),
     ("train-loss", lambda r: _number(_section(r, "train").get("train-loss")), 4),
     ("seconds", lambda r: _number(r.get("seconds")), 1),
     ("MB", _row_mb, 4),
@@ -381,8 +395,11 @@ def _rounds_table(run: Run) -> list[str]:
     ]
     lines = _table(header, body)
     if any(name.startswith("clients test-") for name, _, _ in columns):
-        lines += ["", "Clients' test figures of round r evaluate the model they received at "
-                  "the start of that round (after round r-1's aggregation)."]
+        lines += [
+            "",
+            "Clients' test figures of round r evaluate the model they received at "
+            "the start of that round (after round r-1's aggregation).",
+        ]
     return lines
 
 
@@ -448,22 +465,23 @@ def _comparison(runs: Sequence[Run]) -> list[str]:
     for run in runs:
         final = _section(run.final, "eval")
         seconds = run.total_seconds()
-        body.append([
-            _cell(run.name),
-            _cell(run.algorithm),
-            _cell(run.status.split(" ")[0]),
-            _fmt(_number(final.get("test-accuracy"))),
-            _fmt(_number(final.get("test-accuracy-p10"))),
-            _fmt(seconds, 1) if seconds is not None else MISSING,
-        ])
-    header = ["run", "algorithm", "status", "final mean accuracy", "final p10 accuracy",
-              "seconds"]
+        body.append(
+            [
+                _cell(run.name),
+                _cell(run.algorithm),
+                _cell(run.status.split(" ")[0]),
+                _fmt(_number(final.get("test-accuracy"))),
+                _fmt(_number(final.get("test-accuracy-p10"))),
+                _fmt(seconds, 1) if seconds is not None else MISSING,
+            ]
+        )
+    header = ["run", "algorithm", "status", "final mean accuracy", "final p10 accuracy", "seconds"]
     return ["## Comparison", "", *_table(header, body), ""]
 
 
 PLOT_CAPTIONS = {
     ACCURACY_PNG: "Accuracy per round (clients' test figures placed at the round whose model "
-                  "they evaluate).",
+    "they evaluate).",
     LOSS_PNG: "Loss per round.",
     TIME_PNG: "Seconds per round.",
     BYTES_PNG: "Traffic per round, bytes sent plus received, in MB.",

@@ -72,9 +72,13 @@ class Setting:
             )
         if isinstance(out, int | float) and not isinstance(out, bool):
             if self.minimum is not None and out < self.minimum:
-                raise SettingsError(f"setting '{self.key}': {out} is below the minimum {self.minimum}")
+                raise SettingsError(
+                    f"setting '{self.key}': {out} is below the minimum {self.minimum}"
+                )
             if self.maximum is not None and out > self.maximum:
-                raise SettingsError(f"setting '{self.key}': {out} is above the maximum {self.maximum}")
+                raise SettingsError(
+                    f"setting '{self.key}': {out} is above the maximum {self.maximum}"
+                )
         return out
 
 
@@ -85,19 +89,41 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
     Setting("model", "mlp", "model architecture", choices=("mlp", "cnn")),
     Setting("num-rounds", 3, "number of server rounds", minimum=1),
     Setting("num-clients", 3, "number of data partitions (one per client)", minimum=1),
-    Setting("seed", 0, "seed of partitions, model initialisation, sampling and client RNGs", minimum=0),
+    Setting(
+        "seed", 0, "seed of partitions, model initialisation, sampling and client RNGs", minimum=0
+    ),
     # data
-    Setting("partitioner", "iid", "how data is split over clients",
-            choices=("iid", "dirichlet", "classes", "label-groups", "pachinko", "one-class")),
+    Setting(
+        "partitioner",
+        "iid",
+        "how data is split over clients",
+        choices=("iid", "dirichlet", "classes", "label-groups", "pachinko", "one-class"),
+    ),
     Setting("dirichlet-alpha", 0.5, "concentration of the Dirichlet partitioners", minimum=1e-6),
     Setting("classes-per-client", 2, "labels per client ('classes', 'one-class')", minimum=1),
-    Setting("label-groups", 3, "label groups of the 'label-groups' split (-1: one per label)",
-            minimum=-1),
-    Setting("pachinko-beta", 10.0, "fine-label concentration of the 'pachinko' split", minimum=1e-6),
-    Setting("val-fraction", 0.1, "share of each client's data kept for validation",
-            minimum=0.0, maximum=0.9),
-    Setting("test-fraction", 0.2, "share of each client's data kept for testing",
-            minimum=0.0, maximum=0.9),
+    Setting(
+        "label-groups",
+        3,
+        "label groups of the 'label-groups' split (-1: one per label)",
+        minimum=-1,
+    ),
+    Setting(
+        "pachinko-beta", 10.0, "fine-label concentration of the 'pachinko' split", minimum=1e-6
+    ),
+    Setting(
+        "val-fraction",
+        0.1,
+        "share of each client's data kept for validation",
+        minimum=0.0,
+        maximum=0.9,
+    ),
+    Setting(
+        "test-fraction",
+        0.2,
+        "share of each client's data kept for testing",
+        minimum=0.0,
+        maximum=0.9,
+    ),
     Setting("data-dir", "", "directory holding torchvision datasets"),
     Setting("download", False, "let torchvision download a missing dataset"),
     Setting("cache-dir", "", "partition cache (default: $POLLEN_CACHE_DIR or ~/.cache/pollen)"),
@@ -108,15 +134,23 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
     Setting("local-epochs", 1, "local epochs per round", minimum=1),
     Setting("batch-size", 32, "client mini-batch size", minimum=1),
     # orchestration
-    Setting("fraction-train", 1.0, "fraction of available clients sampled each round",
-            minimum=0.0, maximum=1.0),
+    Setting(
+        "fraction-train",
+        1.0,
+        "fraction of available clients sampled each round",
+        minimum=0.0,
+        maximum=1.0,
+    ),
     Setting("min-train-clients", 1, "clients sampled at least per round", minimum=1),
     Setting("min-replies", 1, "valid replies a phase needs, else the run stops", minimum=1),
-    Setting("min-available-clients", 1, "clients that must be connected before round 1",
-            minimum=1),
+    Setting("min-available-clients", 1, "clients that must be connected before round 1", minimum=1),
     Setting("wait-for-clients", 300.0, "seconds to wait for min-available-clients", minimum=0.0),
-    Setting("phase-timeout", 600.0, "seconds a phase waits for replies (stragglers are dropped)",
-            minimum=0.1),
+    Setting(
+        "phase-timeout",
+        600.0,
+        "seconds a phase waits for replies (stragglers are dropped)",
+        minimum=0.1,
+    ),
     Setting("poll-interval", 1.0, "seconds between reply polls", minimum=0.01, maximum=30.0),
     Setting("max-examples", 100_000_000, "largest example count a reply may claim", minimum=1),
     Setting("max-reply-mb", 2048.0, "largest reply payload accepted, in MB", minimum=0.001),
@@ -154,7 +188,9 @@ def defaults() -> dict[str, Scalar]:
     return {key: s.default for key, s in all_settings().items()}
 
 
-def resolve(overrides: Mapping[str, Any], base: Mapping[str, Any] | None = None) -> dict[str, Scalar]:
+def resolve(
+    overrides: Mapping[str, Any], base: Mapping[str, Any] | None = None
+) -> dict[str, Scalar]:
     """Defaults, then `base`, then `overrides`; every key known, every value checked."""
     declared = all_settings()
     out: dict[str, Scalar] = {k: s.default for k, s in declared.items()}
@@ -205,4 +241,3 @@ def parse_assignments(items: Iterable[str]) -> dict[str, str]:
             raise SettingsError(f"expected key=value, got {item!r}")
         out[key.strip()] = value.strip()
     return out
-

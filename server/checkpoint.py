@@ -44,7 +44,7 @@ def save(out_dir: Path, ckpt: Checkpoint) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     buf = io.BytesIO()
-    np.savez(buf, **ckpt.arrays)
+    np.savez(buf, **ckpt.arrays)  # type: ignore[arg-type]
     blob = buf.getvalue()
     atomic_write_bytes(tmp / "state.npz", blob)
     meta = {
@@ -109,14 +109,26 @@ def _read(path: Path) -> Checkpoint:
 
 # Settings that may differ between the interrupted run and its resumption.
 RESUMABLE_CHANGES = frozenset(
-    {"num-rounds", "resume", "phase-timeout", "poll-interval", "wait-for-clients", "out-dir",
-     "data-dir", "cache-dir", "client-state-dir", "device", "final-eval"}
+    {
+        "num-rounds",
+        "resume",
+        "phase-timeout",
+        "poll-interval",
+        "wait-for-clients",
+        "out-dir",
+        "data-dir",
+        "cache-dir",
+        "client-state-dir",
+        "device",
+        "final-eval",
+    }
 )
 
 
 def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
     changed = sorted(
-        k for k in set(saved) | set(current)
+        k
+        for k in set(saved) | set(current)
         if k not in RESUMABLE_CHANGES and saved.get(k) != current.get(k)
     )
     if changed:

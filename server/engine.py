@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from pollen import protocol
@@ -114,8 +114,9 @@ class Engine:
                     group_id=str(self.server_round),
                 )
             )
-        self.results.event("phase-start", round=self.server_round, phase=message_type,
-                           clients=len(messages))
+        self.results.event(
+            "phase-start", round=self.server_round, phase=message_type, clients=len(messages)
+        )
         message_ids = list(self.grid.push_messages(messages))
         by_message: dict[str, int] = {}
         for mid, msg in zip(message_ids, messages, strict=True):
@@ -153,9 +154,14 @@ class Engine:
                     continue
                 bytes_received += size
                 replies[key] = content
-            self.results.event("phase-progress", round=self.server_round, phase=message_type,
-                               answered=len(replies) + len(failures), total=len(messages),
-                               valid=len(replies))
+            self.results.event(
+                "phase-progress",
+                round=self.server_round,
+                phase=message_type,
+                answered=len(replies) + len(failures),
+                total=len(messages),
+                valid=len(replies),
+            )
             if not pending:
                 break
             if self.clock() >= deadline:
@@ -165,8 +171,9 @@ class Engine:
         for mid in pending:
             failures[targets[by_message[mid]]] = f"no reply within {timeout:g} s"
         for key, reason in sorted(failures.items()):
-            log.warning("round %s %s: client %s skipped: %s", self.server_round, message_type,
-                        key, reason)
+            log.warning(
+                "round %s %s: client %s skipped: %s", self.server_round, message_type, key, reason
+            )
         seconds = self.clock() - started
         report = {
             "phase": message_type,
@@ -181,12 +188,14 @@ class Engine:
         self.results.event("phase-end", round=self.server_round, **report)
         if expect_cid:
             for cid, content in replies.items():
-                self.results.client({
-                    "round": self.server_round,
-                    "client-id": cid,
-                    "phase": message_type,
-                    "metrics": dict(content[protocol.METRICS]),
-                })
+                self.results.client(
+                    {
+                        "round": self.server_round,
+                        "client-id": cid,
+                        "phase": message_type,
+                        "metrics": dict(content[protocol.METRICS]),
+                    }
+                )
         return replies, failures
 
     def _check_reply(
@@ -196,16 +205,18 @@ class Engine:
         if size > limit:
             raise InvalidReply(f"payload of {size} bytes exceeds max-reply-mb")
         envelope = content.get(protocol.ENVELOPE)
-        if envelope is None or not hasattr(envelope, "get"):
+        if not isinstance(envelope, ConfigRecord):
             raise InvalidReply("no 'pollen' envelope")
         if envelope.get("round") != self.server_round:
-            raise InvalidReply(f"reply for round {envelope.get('round')}, expected {self.server_round}")
+            raise InvalidReply(
+                f"reply for round {envelope.get('round')!r}, expected {self.server_round}"
+            )
         if envelope.get("message-type") != message_type:
             raise InvalidReply(
                 f"reply for phase {envelope.get('message-type')!r}, expected {message_type!r}"
             )
         if cid is not None and envelope.get("client-id") != cid:
-            raise InvalidReply(f"reply from client {envelope.get('client-id')}, expected {cid}")
+            raise InvalidReply(f"reply from client {envelope.get('client-id')!r}, expected {cid}")
         metrics = content.get(protocol.METRICS)
         if not isinstance(metrics, MetricRecord):
             raise InvalidReply("no metrics record")
@@ -220,7 +231,7 @@ class Engine:
                 raise InvalidReply(f"metric {key!r} is not finite: {value!r}")
         for name, record in content.items():
             if isinstance(record, ArrayRecord):
-                for key in record.keys():
+                for key in record:
                     arr = record[key].numpy()
                     if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
                         raise InvalidReply(f"array {name}.{key} has NaN or Inf")
@@ -228,9 +239,9 @@ class Engine:
     # ---- clients -------------------------------------------------------------------------
     def _forget_node(self, node_id: int) -> None:
         cid = self._node_to_cid.pop(node_id, None)
-        if cid is not None and self._clients.get(cid, None) is not None:
-            if self._clients[cid].node_id == node_id:
-                del self._clients[cid]
+        info = self._clients.get(cid) if cid is not None else None
+        if info is not None and info.node_id == node_id:
+            del self._clients[info.cid]
 
     def discover(self) -> None:
         """Greet nodes not seen before; drop nodes that left."""
@@ -244,25 +255,29 @@ class Engine:
         hello = {n: protocol.instruction(self.server_round, HELLO) for n in new}
         replies, _ = self._exchange(HELLO, hello, self._check_hello, expect_cid=False)
         for node_id, content in replies.items():
-            cid = int(content[protocol.ENVELOPE]["client-id"])  # type: ignore[call-overload]
-            m = content[protocol.METRICS]
+            cid = protocol.as_int(content[protocol.ENVELOPE]["client-id"])  # type: ignore[index]
+            m = protocol.metrics_of(content)
             old = self._clients.get(cid)
             if old is not None and old.node_id in online and old.node_id != node_id:
-                log.warning("nodes %s and %s both claim client %s; keeping %s",
-                            old.node_id, node_id, cid, old.node_id)
+                log.warning(
+                    "nodes %s and %s both claim client %s; keeping %s",
+                    old.node_id,
+                    node_id,
+                    cid,
+                    old.node_id,
+                )
                 continue
             if old is not None:
                 self._node_to_cid.pop(old.node_id, None)
             self._clients[cid] = ClientInfo(
                 cid=cid,
                 node_id=node_id,
-                num_train=int(m["num-examples"]),  # type: ignore[call-overload]
-                num_val=int(m["val-examples"]),  # type: ignore[call-overload]
-                num_test=int(m["test-examples"]),  # type: ignore[call-overload]
+                num_train=protocol.as_int(m[protocol.NUM_EXAMPLES]),
+                num_val=protocol.as_int(m["val-examples"]),
+                num_test=protocol.as_int(m["test-examples"]),
             )
             self._node_to_cid[node_id] = cid
-        self.results.event("clients", round=self.server_round,
-                           clients=sorted(self._clients))
+        self.results.event("clients", round=self.server_round, clients=sorted(self._clients))
 
     def _check_hello(self, _node: int, content: RecordDict) -> None:
         cid = content[protocol.ENVELOPE].get("client-id")  # type: ignore[union-attr]
@@ -270,10 +285,12 @@ class Engine:
             raise InvalidReply(f"hello without an integer client-id: {cid!r}")
         if not 0 <= cid < int(self.settings["num-clients"]):
             raise InvalidReply(f"client-id {cid} outside [0, num-clients)")
-        m = content[protocol.METRICS]
+        m = protocol.metrics_of(content)
         for key in ("val-examples", "test-examples"):
-            if not isinstance(m.get(key), int | float):  # type: ignore[union-attr]
-                raise InvalidReply(f"hello without {key}")
+            try:
+                protocol.as_int(m.get(key))
+            except TypeError:
+                raise InvalidReply(f"hello without a count {key}") from None
 
     def wait_for_clients(self) -> None:
         need = int(self.settings["min-available-clients"])
@@ -351,14 +368,16 @@ class Engine:
             self.results.summary(summary)
             return summary
         except BaseException as exc:
-            self.results.summary({
-                "status": "failed",
-                "reason": f"{type(exc).__name__}: {exc}",
-                "algorithm": settings["algorithm"],
-                "dataset": settings["dataset"],
-                "last-completed-round": self.server_round - 1,
-                "seconds": round(self.clock() - t0, 3),
-            })
+            self.results.summary(
+                {
+                    "status": "failed",
+                    "reason": f"{type(exc).__name__}: {exc}",
+                    "algorithm": settings["algorithm"],
+                    "dataset": settings["dataset"],
+                    "last-completed-round": self.server_round - 1,
+                    "seconds": round(self.clock() - t0, 3),
+                }
+            )
             raise
 
     def _checkpoint(self, rnd: int, settings: Mapping[str, Any]) -> None:

@@ -89,7 +89,7 @@ class ResultsWriter:
         import io
 
         buf = io.BytesIO()
-        np.savez(buf, **dict(arrays))
+        np.savez(buf, **dict(arrays))  # type: ignore[arg-type]
         atomic_write_bytes(self.dir / FINAL_MODEL, buf.getvalue())
 
     def truncate_after(self, last_round: int) -> None:

@@ -1,4 +1,4 @@
-"""Aggregation and reply-checking helpers shared by strategies (plain NumPy, no loops over weights)."""
+"""Aggregation and reply-checking helpers shared by strategies (vectorized NumPy)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,10 @@ def weighted_average(
     for key, first in models[0].items():
         stacked = np.stack([np.asarray(m[key], dtype=np.float64) for m in models])
         mean = np.tensordot(w, stacked, axes=1)
-        out[key] = mean.astype(first.dtype) if first.dtype.kind == "f" else np.rint(mean).astype(
-            first.dtype
+        out[key] = (
+            mean.astype(first.dtype)
+            if first.dtype.kind == "f"
+            else np.rint(mean).astype(first.dtype)
         )
     return out
 
@@ -54,9 +56,7 @@ def expect_arrays(
 
 
 def num_examples(content: RecordDict) -> int:
-    metrics = content[protocol.METRICS]
-    assert isinstance(metrics, MetricRecord)
-    return int(metrics[protocol.NUM_EXAMPLES])  # type: ignore[call-overload]
+    return protocol.as_int(protocol.metrics_of(content)[protocol.NUM_EXAMPLES])
 
 
 def aggregate_metrics(replies: Mapping[int, RecordDict]) -> dict[str, float]:
@@ -77,8 +77,10 @@ def aggregate_metrics(replies: Mapping[int, RecordDict]) -> dict[str, float]:
     for key, pairs in sorted(per_key.items()):
         values = np.array([v for v, _ in pairs])
         weights = np.array([w for _, w in pairs])
-        out[key] = float(np.average(values, weights=weights)) if weights.sum() > 0 else float(
-            values.mean()
+        out[key] = (
+            float(np.average(values, weights=weights))
+            if weights.sum() > 0
+            else float(values.mean())
         )
         if key.endswith("accuracy"):
             out[f"{key}-p10"] = float(np.percentile(values, 10))

@@ -84,5 +84,7 @@ class Strategy(ABC):
         """Arrays and JSON-able data that restore this strategy exactly."""
         return {}, {}
 
-    def load_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
+    def load_state(  # noqa: B027 (optional: stateless strategies need nothing)
+        self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]
+    ) -> None:
         """Inverse of `state`."""

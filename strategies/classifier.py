@@ -44,9 +44,7 @@ class ServerEvaluator:
         try:
             return load_server_test_data(data_spec(self.settings), cache_dir(self.settings))
         except Exception as exc:  # the server may hold no data at all
-            logging.getLogger("flwr.pollen").warning(
-                "server-side evaluation disabled: %s", exc
-            )
+            logging.getLogger("flwr.pollen").warning("server-side evaluation disabled: %s", exc)
             return None
 
     def __call__(self, weights: Mapping[str, np.ndarray]) -> dict[str, float]:

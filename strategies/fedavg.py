@@ -34,7 +34,7 @@ class FedAvg(Strategy):
             for c in clients
         }
         replies = fed.exchange("train", payloads, self._validate)
-        models = [protocol.from_record(r[protocol.ARRAYS]) for r in replies.values()]  # type: ignore[arg-type]
+        models = [protocol.arrays_of(r) for r in replies.values()]
         self.weights = weighted_average(models, [num_examples(r) for r in replies.values()])
         return aggregate_metrics(replies)
 

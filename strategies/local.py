@@ -12,9 +12,7 @@ class LocalOnly(Strategy):
         """Nothing global to create."""
 
     def run_round(self, fed: Federation) -> dict[str, float]:
-        payloads = {
-            c.cid: protocol.instruction(fed.server_round, "train") for c in fed.sample()
-        }
+        payloads = {c.cid: protocol.instruction(fed.server_round, "train") for c in fed.sample()}
         return aggregate_metrics(fed.exchange("train", payloads))
 
     def finalize(self, fed: Federation) -> dict[str, float]:

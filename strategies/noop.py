@@ -18,9 +18,10 @@ class NoOp(Strategy):
         self.payload = {"blob": rng.standard_normal(kb * 256).astype(np.float32)} if kb else {}
 
     def run_round(self, fed: Federation) -> dict[str, float]:
-        arrays = {"arrays": self.payload} if self.payload else {}
         payloads = {
-            c.cid: protocol.instruction(fed.server_round, "query.noop", **arrays)
+            c.cid: protocol.instruction(fed.server_round, "query.noop", arrays=self.payload)
+            if self.payload
+            else protocol.instruction(fed.server_round, "query.noop")
             for c in fed.sample()
         }
         replies = fed.exchange("query.noop", payloads)

@@ -19,7 +19,7 @@ os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 def task_identity() -> Iterator[None]:
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
     yield
-    TaskIdentity._task_id = TaskIdentity._run_id = TaskIdentity._node_id = None
+    TaskIdentity._task_id = TaskIdentity._run_id = TaskIdentity._node_id = None  # type: ignore[assignment]
 
 
 @pytest.fixture(scope="session")
@@ -32,10 +32,21 @@ def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def run_config(tmp_path: Path, shared_cache: Path) -> dict[str, Any]:
     from pollen.settings import resolve
 
-    return resolve({
-        "dataset": "digits", "model": "mlp", "num-clients": 3, "num-rounds": 3,
-        "lr": 0.1, "batch-size": 16, "local-epochs": 1, "seed": 1,
-        "cache-dir": str(shared_cache), "out-dir": str(tmp_path / "out"),
-        "run-name": "test", "poll-interval": 0.05, "phase-timeout": 30.0,
-        "wait-for-clients": 5.0,
-    })
+    return resolve(
+        {
+            "dataset": "digits",
+            "model": "mlp",
+            "num-clients": 3,
+            "num-rounds": 3,
+            "lr": 0.1,
+            "batch-size": 16,
+            "local-epochs": 1,
+            "seed": 1,
+            "cache-dir": str(shared_cache),
+            "out-dir": str(tmp_path / "out"),
+            "run-name": "test",
+            "poll-interval": 0.05,
+            "phase-timeout": 30.0,
+            "wait-for-clients": 5.0,
+        }
+    )

@@ -18,8 +18,13 @@ Fault = Callable[[int, Message, RecordDict | None], Any]
 
 
 class FakeGrid(Grid):
-    def __init__(self, client_app: ClientApp, num_nodes: int, run_config: dict[str, Any],
-                 node_config: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        client_app: ClientApp,
+        num_nodes: int,
+        run_config: dict[str, Any],
+        node_config: dict[str, Any] | None = None,
+    ) -> None:
         self.client_app = client_app
         self.run_config = run_config
         self._replies: dict[str, Message] = {}
@@ -31,25 +36,34 @@ class FakeGrid(Grid):
 
     def add_node(self, node_id: int, partition: int, num: int, extra: dict[str, Any]) -> None:
         self.contexts[node_id] = Context(
-            run_id=1, node_id=node_id,
+            run_id=1,
+            node_id=node_id,
             node_config={"partition-id": partition, "num-partitions": num, **extra},
-            state=RecordDict(), run_config=dict(self.run_config),
+            state=RecordDict(),
+            run_config=dict(self.run_config),
         )
 
     def remove_node(self, node_id: int) -> None:
         self.contexts.pop(node_id)
 
-    def set_run(self, run_id: int) -> None:
+    def set_run(self, run_id: Any) -> None:
         self._run_id = run_id
 
     @property
     def run(self) -> Any:
         return None
 
-    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int,
-                       group_id: str, ttl: float | None = None) -> Message:
-        return Message(content, dst_node_id=dst_node_id, message_type=message_type,
-                       group_id=group_id, ttl=ttl)
+    def create_message(
+        self,
+        content: RecordDict,
+        message_type: str,
+        dst_node_id: int,
+        group_id: str,
+        ttl: float | None = None,
+    ) -> Message:
+        return Message(
+            content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id, ttl=ttl
+        )
 
     def get_node_ids(self) -> Iterable[int]:
         return list(self.contexts)
@@ -73,7 +87,8 @@ class FakeGrid(Grid):
                 continue
             if action == "error":
                 self._replies[msg.metadata.message_id] = Message(
-                    Error(code=5, reason="node unavailable (injected)"), reply_to=msg)
+                    Error(code=5, reason="node unavailable (injected)"), reply_to=msg
+                )
                 continue
             reply = self.client_app(copy.deepcopy(msg), self.contexts[node])
             if isinstance(action, RecordDict):
@@ -86,9 +101,17 @@ class FakeGrid(Grid):
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return [self._replies.pop(i) for i in list(message_ids) if i in self._replies]
 
-    def send_and_receive(self, messages: Iterable[Message], *,
-                         timeout: float | None = None) -> Iterable[Message]:
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
         return self.pull_messages(self.push_messages(messages))
+
+
+def settings_of(values: dict[str, Any]) -> dict[str, Any]:
+    """Checked run settings, typed loosely for tests."""
+    from pollen.settings import resolve
+
+    return dict(resolve(values))
 
 
 class FakeClock:

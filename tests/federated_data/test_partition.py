@@ -85,7 +85,7 @@ def test_dirichlet_min_size_is_enforced_and_bounded() -> None:
     parts = partition_labels(LABELS, "dirichlet", 20, seed=0, alpha=0.1, min_size=40)
     assert min(len(p) for p in parts) >= 40
     assert len(np.concatenate(parts)) == len(LABELS)
-    with pytest.raises(DataConfigError, match="min_size=140.*max_tries=3"):
+    with pytest.raises(DataConfigError, match=r"min_size=140.*max_tries=3"):
         partition_labels(LABELS, "dirichlet", 20, seed=0, alpha=0.05, min_size=140, max_tries=3)
 
 
@@ -159,8 +159,9 @@ def test_pachinko_sizes_reuse_and_skew() -> None:
         ps = partition_labels(
             FINE, "pachinko", 10, seed=1, coarse_of_fine=CIFAR100_COARSE_OF_FINE, alpha=alpha
         )
-        tops = [np.bincount(CIFAR100_COARSE_OF_FINE[FINE[p]], minlength=20).max() / len(p)
-                for p in ps]
+        tops = [
+            np.bincount(CIFAR100_COARSE_OF_FINE[FINE[p]], minlength=20).max() / len(p) for p in ps
+        ]
         return float(np.mean(tops))
 
     # Small alpha concentrates a client on few superclasses; exhausting labels is handled

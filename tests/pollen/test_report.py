@@ -19,54 +19,104 @@ def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def make_run(root: Path, name: str, algorithm: str, base: float, rounds: int = 3,
-             server_eval: bool = True) -> Path:
+def make_run(
+    root: Path, name: str, algorithm: str, base: float, rounds: int = 3, server_eval: bool = True
+) -> Path:
     """A completed run whose accuracy rises by 0.05 a round from `base`."""
     d = root / name
     d.mkdir(parents=True)
-    (d / "config.json").write_text(json.dumps({
-        "algorithm": algorithm, "dataset": "mnist-5k", "num-clients": 3,
-        "num-rounds": rounds, "seed": 0, "lr": 0.05,
-    }))
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "algorithm": algorithm,
+                "dataset": "mnist-5k",
+                "num-clients": 3,
+                "num-rounds": rounds,
+                "seed": 0,
+                "lr": 0.05,
+            }
+        )
+    )
     metrics, clients = [], []
     for r in range(1, rounds + 1):
         acc = base + 0.05 * r
         row: dict[str, Any] = {
             "round": r,
-            "train": {"test-accuracy": acc, "test-accuracy-p10": acc - 0.07,
-                      "test-accuracy-min": acc - 0.1, "test-loss": 1.0 / r,
-                      "train-loss": 1.5 / r, "clients": 3.0},
-            "phases": [{"phase": "train", "sent": 3, "valid": 3, "failed": {},
-                        "seconds": 10.0 + r, "bytes-sent": 1_500_000, "bytes-received": 500_000}],
+            "train": {
+                "test-accuracy": acc,
+                "test-accuracy-p10": acc - 0.07,
+                "test-accuracy-min": acc - 0.1,
+                "test-loss": 1.0 / r,
+                "train-loss": 1.5 / r,
+                "clients": 3.0,
+            },
+            "phases": [
+                {
+                    "phase": "train",
+                    "sent": 3,
+                    "valid": 3,
+                    "failed": {},
+                    "seconds": 10.0 + r,
+                    "bytes-sent": 1_500_000,
+                    "bytes-received": 500_000,
+                }
+            ],
             "seconds": 10.3 + r,
             "bytes-sent": 1_500_000,
             "bytes-received": 500_000,
         }
-        row["server-eval"] = ({"test-accuracy": acc + 0.02, "test-loss": 0.9 / r,
-                               "test-examples": 1000.0} if server_eval else {})
+        row["server-eval"] = (
+            {"test-accuracy": acc + 0.02, "test-loss": 0.9 / r, "test-examples": 1000.0}
+            if server_eval
+            else {}
+        )
         metrics.append(row)
         for cid in range(3):
-            clients.append({"round": r, "client-id": cid, "phase": "train",
-                            "metrics": {"num-examples": 1000, "test-accuracy": acc + 0.01 * cid}})
+            clients.append(
+                {
+                    "round": r,
+                    "client-id": cid,
+                    "phase": "train",
+                    "metrics": {"num-examples": 1000, "test-accuracy": acc + 0.01 * cid},
+                }
+            )
     _write_jsonl(d / "metrics.jsonl", metrics)
     _write_jsonl(d / "clients.jsonl", clients)
     final_acc = base + 0.05 * (rounds + 1)
-    (d / "summary.json").write_text(json.dumps({
-        "status": "completed", "algorithm": algorithm, "dataset": "mnist-5k", "rounds": rounds,
-        "final": {"eval": {"test-accuracy": final_acc, "test-accuracy-p10": final_acc - 0.07},
-                  "server-eval": {"test-accuracy": final_acc + 0.02}},
-        "seconds": 40.0 + base, "clients": [0, 1, 2],
-    }))
+    (d / "summary.json").write_text(
+        json.dumps(
+            {
+                "status": "completed",
+                "algorithm": algorithm,
+                "dataset": "mnist-5k",
+                "rounds": rounds,
+                "final": {
+                    "eval": {"test-accuracy": final_acc, "test-accuracy-p10": final_acc - 0.07},
+                    "server-eval": {"test-accuracy": final_acc + 0.02},
+                },
+                "seconds": 40.0 + base,
+                "clients": [0, 1, 2],
+            }
+        )
+    )
     return d
 
 
 def make_failed(root: Path, name: str = "broken") -> Path:
     d = root / name
     d.mkdir(parents=True)
-    (d / "summary.json").write_text(json.dumps({
-        "status": "failed", "reason": "RuntimeError: no clients connected within 300 s",
-        "algorithm": "fedem", "dataset": "cifar10", "last-completed-round": 0, "seconds": 301.5,
-    }))
+    (d / "summary.json").write_text(
+        json.dumps(
+            {
+                "status": "failed",
+                "reason": "RuntimeError: no clients connected within 300 s",
+                "algorithm": "fedem",
+                "dataset": "cifar10",
+                "last-completed-round": 0,
+                "seconds": 301.5,
+            }
+        )
+    )
     return d
 
 
@@ -79,8 +129,10 @@ def assert_png(path: Path) -> None:
 
 @pytest.fixture()
 def two_runs(tmp_path: Path) -> list[Path]:
-    return [make_run(tmp_path, "run-avg", "fedavg", 0.60),
-            make_run(tmp_path, "run-prox", "fedprox", 0.70)]
+    return [
+        make_run(tmp_path, "run-avg", "fedavg", 0.60),
+        make_run(tmp_path, "run-prox", "fedprox", 0.70),
+    ]
 
 
 def test_two_runs_report_and_plots(two_runs: list[Path]) -> None:
@@ -161,6 +213,11 @@ def test_importing_does_not_load_pyplot() -> None:
     import subprocess
 
     code = "import sys, pollen.report; print('matplotlib.pyplot' in sys.modules)"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True, cwd=Path(__file__).resolve().parents[2])
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert done.stdout.strip() == "False"

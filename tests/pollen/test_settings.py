@@ -1,9 +1,9 @@
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from pollen import settings
 from pollen.pyproject_sync import synced
@@ -32,18 +32,21 @@ def test_values_are_coerced_from_text() -> None:
     assert cfg["fraction-train"] == 1.0 and isinstance(cfg["fraction-train"], float)
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    ({"num-rounds": "2.5"}, "num-rounds"),
-    ({"num-rounds": 0}, "below the minimum"),
-    ({"lr": "nan"}, "setting 'lr'"),
-    ({"fraction-train": 1.5}, "above the maximum"),
-    ({"model": "resnet"}, "not one of"),
-    ({"server-eval": "maybe"}, "expected bool"),
-    ({"algorithm": "nope"}, "unknown algorithm"),
-    ({"rounds": 3}, "unknown setting 'rounds'"),
-    ({"val-fraction": 0.5, "test-fraction": 0.5}, "val-fraction"),
-    ({"min-replies": 9}, "exceeds num-clients"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"num-rounds": "2.5"}, "num-rounds"),
+        ({"num-rounds": 0}, "below the minimum"),
+        ({"lr": "nan"}, "setting 'lr'"),
+        ({"fraction-train": 1.5}, "above the maximum"),
+        ({"model": "resnet"}, "not one of"),
+        ({"server-eval": "maybe"}, "expected bool"),
+        ({"algorithm": "nope"}, "unknown algorithm"),
+        ({"rounds": 3}, "unknown setting 'rounds'"),
+        ({"val-fraction": 0.5, "test-fraction": 0.5}, "val-fraction"),
+        ({"min-replies": 9}, "exceeds num-clients"),
+    ],
+)
 def test_bad_settings_are_named(overrides: dict, message: str) -> None:
     with pytest.raises(SettingsError, match=message):
         resolve(overrides)

@@ -12,7 +12,6 @@ from flwr.app import Context, Message, RecordDict
 
 from client.app import app as client_app
 from pollen import protocol
-from pollen.settings import resolve
 from server import checkpoint
 from server.app import app as server_app
 from server.engine import Engine, PhaseFailed
@@ -20,19 +19,30 @@ from server.results import ResultsWriter, read_jsonl
 from strategies.base import Federation, Strategy
 from strategies.fedavg import FedAvg
 from strategies.local import LocalOnly
-from tests.fakes import FakeClock, FakeGrid
+from tests.fakes import FakeClock, FakeGrid, settings_of
 
 
 def _run_server_app(grid: FakeGrid, cfg: dict[str, Any]) -> None:
-    server_app(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
-                             run_config=dict(cfg)))
+    server_app(
+        grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=dict(cfg))
+    )
 
 
-def _engine(grid: FakeGrid, cfg: dict[str, Any], strategy: Strategy | None = None,
-            clock: FakeClock | None = None) -> Engine:
+def _engine(
+    grid: FakeGrid,
+    cfg: dict[str, Any],
+    strategy: Strategy | None = None,
+    clock: FakeClock | None = None,
+) -> Engine:
     clock = clock or FakeClock()
-    return Engine(grid, cfg, strategy or FedAvg(cfg), ResultsWriter(cfg["out-dir"]),
-                  clock=clock, sleep=clock.sleep)
+    return Engine(
+        grid,
+        cfg,
+        strategy or FedAvg(cfg),
+        ResultsWriter(cfg["out-dir"]),
+        clock=clock,
+        sleep=clock.sleep,
+    )
 
 
 def test_fedavg_run_learns_and_writes_results(run_config: dict[str, Any]) -> None:
@@ -66,17 +76,20 @@ class EchoPerClient(Strategy):
 
     def run_round(self, fed: Federation) -> dict[str, float]:
         payloads = {
-            c.cid: protocol.instruction(fed.server_round, "query.noop",
-                                        arrays={"x": np.full(3, 10.0 * c.cid + fed.server_round)})
+            c.cid: protocol.instruction(
+                fed.server_round,
+                "query.noop",
+                arrays={"x": np.full(3, 10.0 * c.cid + fed.server_round)},
+            )
             for c in fed.available()
         }
         for cid, content in fed.exchange("query.noop", payloads).items():
-            self.seen[cid] = float(content[protocol.ARRAYS]["x"].numpy()[0])  # type: ignore[index]
+            self.seen[cid] = float(protocol.arrays_of(content)["x"][0])
         return {}
 
 
 def test_each_client_gets_its_own_content(run_config: dict[str, Any]) -> None:
-    cfg = resolve({**run_config, "algorithm": "noop", "num-rounds": 2})
+    cfg = settings_of({**run_config, "algorithm": "noop", "num-rounds": 2})
     strategy = EchoPerClient(cfg)
     grid = FakeGrid(client_app, 3, cfg)
     _engine(grid, cfg, strategy).run()
@@ -84,8 +97,15 @@ def test_each_client_gets_its_own_content(run_config: dict[str, Any]) -> None:
 
 
 def test_sampling_takes_the_configured_fraction_reproducibly(run_config: dict[str, Any]) -> None:
-    cfg = resolve({**run_config, "algorithm": "noop", "num-clients": 5, "num-rounds": 6,
-                   "fraction-train": 0.4})
+    cfg = settings_of(
+        {
+            **run_config,
+            "algorithm": "noop",
+            "num-clients": 5,
+            "num-rounds": 6,
+            "fraction-train": 0.4,
+        }
+    )
 
     def sampled_per_round() -> list[list[int]]:
         grid = FakeGrid(client_app, 5, cfg)
@@ -108,8 +128,11 @@ def _noop(cfg: dict[str, Any]) -> Strategy:
 
 def test_silent_client_times_out_and_round_completes(run_config: dict[str, Any]) -> None:
     grid = FakeGrid(client_app, 3, run_config)
-    grid.faults.append(lambda node, msg, _: "drop" if node == 101 and
-                       msg.metadata.message_type == "train" else None)
+    grid.faults.append(
+        lambda node, msg, _: (
+            "drop" if node == 101 and msg.metadata.message_type == "train" else None
+        )
+    )
     clock = FakeClock()
     summary = _engine(grid, run_config, clock=clock).run()
     assert summary["status"] == "completed"
@@ -160,33 +183,51 @@ def _corrupt(kind: str) -> Any:
         out = RecordDict({k: v for k, v in content.items() if k != protocol.ARRAYS})
         out[protocol.ARRAYS] = protocol.to_record(values)
         if kind == "examples":
-            out[protocol.METRICS]["num-examples"] = 10**12  # type: ignore[index]
+            out[protocol.METRICS]["num-examples"] = 10**12  # type: ignore[index,assignment]
         if kind == "round":
-            out[protocol.ENVELOPE]["round"] = 99  # type: ignore[index]
+            out[protocol.ENVELOPE]["round"] = 99  # type: ignore[index,assignment]
         if kind == "no-metrics":
             del out[protocol.METRICS]
         if kind == "inf-metric":
-            out[protocol.METRICS]["train-loss"] = float("inf")  # type: ignore[index]
+            out[protocol.METRICS]["train-loss"] = float("inf")  # type: ignore[index,assignment]
         return out
 
     return change
 
 
-@pytest.mark.parametrize("kind", ["nan", "shape", "dtype", "missing-key", "extra-key",
-                                  "examples", "round", "no-metrics", "inf-metric"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "nan",
+        "shape",
+        "dtype",
+        "missing-key",
+        "extra-key",
+        "examples",
+        "round",
+        "no-metrics",
+        "inf-metric",
+    ],
+)
 def test_bad_reply_is_skipped_and_never_aggregated(run_config: dict[str, Any], kind: str) -> None:
-    cfg = resolve({**run_config, "num-rounds": 1, "final-eval": False, "server-eval": False})
+    cfg = settings_of({**run_config, "num-rounds": 1, "final-eval": False, "server-eval": False})
     # what the two honest clients alone produce
     honest = FakeGrid(client_app, 3, cfg)
-    honest.faults.append(lambda node, msg, _: "drop" if node == 100 and
-                         msg.metadata.message_type == "train" else None)
+    honest.faults.append(
+        lambda node, msg, _: (
+            "drop" if node == 100 and msg.metadata.message_type == "train" else None
+        )
+    )
     clean = FedAvg(cfg)
     _engine(honest, cfg, clean).run()
 
-    cfg2 = resolve({**cfg, "out-dir": cfg["out-dir"] + "-bad"})
+    cfg2 = settings_of({**cfg, "out-dir": cfg["out-dir"] + "-bad"})
     grid = FakeGrid(client_app, 3, cfg2)
-    grid.faults.append(lambda node, msg, _: _corrupt(kind) if node == 100 and
-                       msg.metadata.message_type == "train" else None)
+    grid.faults.append(
+        lambda node, msg, _: (
+            _corrupt(kind) if node == 100 and msg.metadata.message_type == "train" else None
+        )
+    )
     strategy = FedAvg(cfg2)
     _engine(grid, cfg2, strategy).run()
     row = read_jsonl(Path(cfg2["out-dir"]) / "metrics.jsonl")[0]
@@ -196,10 +237,13 @@ def test_bad_reply_is_skipped_and_never_aggregated(run_config: dict[str, Any], k
 
 
 def test_too_few_replies_stop_the_run_with_a_reason(run_config: dict[str, Any]) -> None:
-    cfg = resolve({**run_config, "min-replies": 3})
+    cfg = settings_of({**run_config, "min-replies": 3})
     grid = FakeGrid(client_app, 3, cfg)
-    grid.faults.append(lambda node, msg, _: "error" if node == 100 and
-                       msg.metadata.message_type == "train" else None)
+    grid.faults.append(
+        lambda node, msg, _: (
+            "error" if node == 100 and msg.metadata.message_type == "train" else None
+        )
+    )
     with pytest.raises(PhaseFailed, match="2 valid replies of 3, at least 3 needed"):
         _engine(grid, cfg).run()
     summary = json.loads(Path(cfg["out-dir"], "summary.json").read_text())
@@ -207,7 +251,7 @@ def test_too_few_replies_stop_the_run_with_a_reason(run_config: dict[str, Any]) 
 
 
 def test_waiting_for_clients_gives_up_clearly(run_config: dict[str, Any]) -> None:
-    cfg = resolve({**run_config, "min-available-clients": 3})
+    cfg = settings_of({**run_config, "min-available-clients": 3})
     grid = FakeGrid(client_app, 2, {**cfg, "num-clients": 3})
     for ctx in grid.contexts.values():
         ctx.node_config["num-partitions"] = 3
@@ -217,15 +261,22 @@ def test_waiting_for_clients_gives_up_clearly(run_config: dict[str, Any]) -> Non
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "local"])
 def test_resume_equals_uninterrupted_run(run_config: dict[str, Any], algorithm: str) -> None:
-    whole = resolve({**run_config, "algorithm": algorithm, "out-dir": run_config["out-dir"] + "-a",
-                     "run-name": "a"})
+    whole = settings_of(
+        {
+            **run_config,
+            "algorithm": algorithm,
+            "out-dir": run_config["out-dir"] + "-a",
+            "run-name": "a",
+        }
+    )
     _run_server_app(FakeGrid(client_app, 3, whole), whole)
 
-    part = resolve({**whole, "out-dir": run_config["out-dir"] + "-b", "run-name": "b",
-                    "num-rounds": 2})
+    part = settings_of(
+        {**whole, "out-dir": run_config["out-dir"] + "-b", "run-name": "b", "num-rounds": 2}
+    )
     _run_server_app(FakeGrid(client_app, 3, part), part)
     # the client answered round 3 before the server stopped: resume must not see that state
-    resumed = resolve({**part, "num-rounds": 3, "resume": True})
+    resumed = settings_of({**part, "num-rounds": 3, "resume": True})
     _run_server_app(FakeGrid(client_app, 3, resumed), resumed)
 
     a = read_jsonl(Path(whole["out-dir"]) / "metrics.jsonl")
@@ -240,22 +291,23 @@ def test_resume_equals_uninterrupted_run(run_config: dict[str, Any], algorithm: 
 
 
 def test_resume_refuses_changed_settings_and_corrupt_checkpoints(
-        run_config: dict[str, Any]) -> None:
-    cfg = resolve({**run_config, "num-rounds": 1})
+    run_config: dict[str, Any],
+) -> None:
+    cfg = settings_of({**run_config, "num-rounds": 1})
     _run_server_app(FakeGrid(client_app, 3, cfg), cfg)
-    changed = resolve({**cfg, "lr": 0.5, "resume": True, "num-rounds": 2})
+    changed = settings_of({**cfg, "lr": 0.5, "resume": True, "num-rounds": 2})
     with pytest.raises(checkpoint.CheckpointError, match="lr"):
         _run_server_app(FakeGrid(client_app, 3, changed), changed)
     npz = Path(cfg["out-dir"], "checkpoint", "state.npz")
     npz.write_bytes(npz.read_bytes()[:100])
-    again = resolve({**cfg, "resume": True, "num-rounds": 2})
+    again = settings_of({**cfg, "resume": True, "num-rounds": 2})
     with pytest.raises(checkpoint.CheckpointError, match="checksum"):
         _run_server_app(FakeGrid(client_app, 3, again), again)
     assert npz.stat().st_size == 100  # nothing overwritten
 
 
 def test_local_only_keeps_personal_models_on_disk(run_config: dict[str, Any]) -> None:
-    cfg = resolve({**run_config, "algorithm": "local"})
+    cfg = settings_of({**run_config, "algorithm": "local"})
     strategy = LocalOnly(cfg)
     _engine(FakeGrid(client_app, 3, cfg), cfg, strategy).run()
     state_dir = Path(cfg["out-dir"]) / "client-state" / "test"

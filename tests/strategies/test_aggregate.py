@@ -11,11 +11,15 @@ from strategies.base import InvalidReply
 
 def test_weighted_average_matches_the_definition() -> None:
     rng = np.random.default_rng(0)
-    models = [{"a": rng.standard_normal((3, 4)).astype(np.float32),
-               "n": np.array(k, dtype=np.int64)} for k in range(3)]
+    models: list[dict[str, np.ndarray]] = [
+        {"a": rng.standard_normal((3, 4)).astype(np.float32), "n": np.array(k, dtype=np.int64)}
+        for k in range(3)
+    ]
     weights = [1.0, 2.0, 5.0]
     out = weighted_average(models, weights)
-    expected = sum(w * m["a"].astype(np.float64) for w, m in zip(weights, models)) / 8.0
+    expected = (
+        sum(w * m["a"].astype(np.float64) for w, m in zip(weights, models, strict=False)) / 8.0
+    )
     np.testing.assert_allclose(out["a"], expected, rtol=1e-6)
     assert out["a"].dtype == np.float32 and out["n"].dtype == np.int64
 
@@ -34,9 +38,11 @@ def _reply(metrics: dict, **arrays: dict) -> RecordDict:
 def test_expect_arrays_checks_keys_shapes_dtypes() -> None:
     ref = {"w": np.zeros((2, 2), np.float32)}
     assert expect_arrays(_reply({}, arrays=ref), "arrays", ref)["w"].shape == (2, 2)
-    for bad, message in (({"w": np.zeros((2, 3), np.float32)}, "shape"),
-                         ({"w": np.zeros((2, 2), np.float64)}, "dtype"),
-                         ({"v": np.zeros((2, 2), np.float32)}, "keys differ")):
+    for bad, message in (
+        ({"w": np.zeros((2, 3), np.float32)}, "shape"),
+        ({"w": np.zeros((2, 2), np.float64)}, "dtype"),
+        ({"v": np.zeros((2, 2), np.float32)}, "keys differ"),
+    ):
         with pytest.raises(InvalidReply, match=message):
             expect_arrays(_reply({}, arrays=bad), "arrays", ref)
     with pytest.raises(InvalidReply, match="missing"):
@@ -45,10 +51,12 @@ def test_expect_arrays_checks_keys_shapes_dtypes() -> None:
 
 def test_metrics_are_weighted_by_their_split() -> None:
     replies = {
-        0: _reply({"num-examples": 10, "train-loss": 1.0, "test-examples": 1,
-                   "test-accuracy": 0.0}),
-        1: _reply({"num-examples": 30, "train-loss": 3.0, "test-examples": 3,
-                   "test-accuracy": 1.0}),
+        0: _reply(
+            {"num-examples": 10, "train-loss": 1.0, "test-examples": 1, "test-accuracy": 0.0}
+        ),
+        1: _reply(
+            {"num-examples": 30, "train-loss": 3.0, "test-examples": 3, "test-accuracy": 1.0}
+        ),
     }
     out = aggregate_metrics(replies)
     assert out["train-loss"] == pytest.approx(2.5)
@@ -62,5 +70,6 @@ def test_reply_echoes_the_instruction() -> None:
     rep = protocol.reply(msg, 7, {"num-examples": 1})
     env = rep[protocol.ENVELOPE]
     assert (env["round"], env["message-type"], env["client-id"]) == (4, "train", 7)
-    assert isinstance(Message(rep, reply_to=Message(msg, dst_node_id=1, message_type="train")),
-                      Message)
+    assert isinstance(
+        Message(rep, reply_to=Message(msg, dst_node_id=1, message_type="train")), Message
+    )
