@@ -20,6 +20,7 @@ from pollen.launcher import (
     TLS,
     Federation,
     LaunchError,
+    bin_path,
     follow,
     supernode_argv,
     tls_args_superlink,
@@ -257,9 +258,13 @@ def cmd_client(args: argparse.Namespace) -> int:
 
 
 def _exec(argv: list[str]) -> NoReturn:
+    """Become the Flower daemon (signals reach it directly); it finds its helpers on PATH."""
     env = dict(os.environ, **FLWR_ENV)
+    bindir = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join([bindir, env.get("PATH", "")])
+    argv = [bin_path(argv[0]), *argv[1:]]
     print("exec:", " ".join(argv), flush=True)
-    os.execvpe(argv[0], argv, env)
+    os.execve(argv[0], argv, env)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -272,6 +277,49 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 2
     print(f"report written to {out}")
     return 0
+
+
+def cmd_data_download(args: argparse.Namespace) -> int:
+    """Fetch a torchvision dataset into a data directory (needs internet)."""
+    from federated_data import DataConfigError, load_dataset
+
+    try:
+        source = load_dataset(args.name, args.data_dir, download=True)
+    except DataConfigError as exc:
+        print(f"pollen: error: {exc}", file=sys.stderr)
+        return 2
+    test = len(source.test) if source.test is not None else 0
+    print(f"{args.name}: {len(source.train)} training and {test} test examples in "
+          f"{args.data_dir}")
+    return 0
+
+
+def cmd_data_summary(args: argparse.Namespace) -> int:
+    """Show how a run's settings split the data: sizes and labels per client."""
+    from federated_data import DataConfigError, partition_summary
+    from pollen.dataspec import data_spec
+    from pollen.paths import cache_dir
+
+    try:
+        resolved = settings_mod.resolve(settings_mod.parse_assignments(args.set))
+        summary = partition_summary(data_spec(resolved), cache_dir(resolved))
+    except (SettingsError, DataConfigError) as exc:
+        print(f"pollen: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary, indent=1 if args.json else None) if args.json
+          else _format_partition(summary))
+    return 0
+
+
+def _format_partition(summary: dict[str, Any]) -> str:
+    lines = []
+    for client in summary.get("clients", []):
+        labels = client.get("train_labels") or []
+        held = [str(i) for i, n in enumerate(labels) if n]
+        lines.append(f"client {client.get('client_id', '?'):>3}: " + ", ".join(
+            f"{k}={client[k]}" for k in ("train", "val", "test") if k in client
+        ) + (f"  labels {' '.join(held)}" if held else ""))
+    return "\n".join(lines) if lines else json.dumps(summary)
 
 
 def cmd_settings(args: argparse.Namespace) -> int:
@@ -346,6 +394,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dirs", nargs="+")
     p.add_argument("--out", help="where to write (default: the first directory's report/)")
     p.set_defaults(func=cmd_report)
+
+    data = sub.add_parser("data", help="datasets: download, partition summary")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    p = data_sub.add_parser("download", help="fetch a torchvision dataset (needs internet)")
+    p.add_argument("name")
+    p.add_argument("--data-dir", required=True)
+    p.set_defaults(func=cmd_data_download)
+    p = data_sub.add_parser("summary", help="per-client sizes and labels of a partition")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_data_summary)
 
     for name, func, text in (
         ("settings", cmd_settings, "list every run setting"),

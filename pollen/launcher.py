@@ -53,7 +53,7 @@ def app_dir() -> Path:
     return PROJECT_DIR
 
 
-def _bin(name: str) -> str:
+def bin_path(name: str) -> str:
     local = Path(sys.executable).parent / name
     if local.exists():
         return str(local)
@@ -142,7 +142,7 @@ class Federation:
     ) -> tuple[int, int]:
         http_port, fleet_port = free_port(), free_port()
         argv = [
-            _bin("flower-superlink"),
+            bin_path("flower-superlink"),
             "--host",
             host,
             "--port",
@@ -240,7 +240,7 @@ class Federation:
 
     def flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [_bin("flwr"), *args],
+            [bin_path("flwr"), *args],
             env=self.env,
             capture_output=True,
             text=True,
@@ -332,7 +332,7 @@ def supernode_argv(
     host: str = "127.0.0.1",
 ) -> list[str]:
     argv = [
-        _bin("flower-supernode"),
+        bin_path("flower-supernode"),
         "--grpc-rere",
         "--superlink",
         fleet,

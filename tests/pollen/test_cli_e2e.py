@@ -157,3 +157,69 @@ def test_simulate_runs_on_the_simulation_runtime(tmp_path: Path, shared_cache: P
     assert rows[1]["train"]["test-accuracy"] > rows[0]["train"]["test-accuracy"] + 0.2
     time.sleep(1.0)
     assert _processes_under(out) == []
+
+
+def test_server_client_and_run_commands(tmp_path: Path, shared_cache: Path) -> None:
+    """The multi-machine path, on loopback: `pollen server`, two `pollen client`, `pollen run`."""
+    from pollen.launcher import free_port
+
+    port, fleet = free_port(), free_port()
+    base = dict(os.environ, POLLEN_CACHE_DIR=str(shared_cache), FLWR_TELEMETRY_ENABLED="0")
+    procs = []
+    try:
+        procs.append(subprocess.Popen(
+            [*POLLEN, "server", "--host", "127.0.0.1", "--port", str(port), "--fleet-port",
+             str(fleet)], env=dict(base, FLWR_HOME=str(tmp_path / "link")),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+        for i in range(2):
+            procs.append(subprocess.Popen(
+                [*POLLEN, "client", "--superlink", f"127.0.0.1:{fleet}", "--partition-id",
+                 str(i), "--num-partitions", "2", "--state-dir", str(tmp_path / f"state{i}"),
+                 "--port", str(free_port())],
+                env=dict(base, FLWR_HOME=str(tmp_path / f"node{i}")),
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+        out = tmp_path / "run"
+        deadline = time.monotonic() + 120
+        while True:  # the SuperLink takes a few seconds to listen
+            done = _pollen(["run", "--superlink", f"127.0.0.1:{port}", "--algorithm", "local",
+                            "--dataset", "digits", "--clients", "2", "--rounds", "2",
+                            "--out", str(out), "--set", "poll-interval=0.5"],
+                           shared_cache, timeout=600)
+            if done.returncode == 0 or time.monotonic() > deadline:
+                break
+            if "flwr run failed" not in done.stderr:
+                break
+            time.sleep(2)
+        assert done.returncode == 0, done.stdout + done.stderr
+        rows = read_jsonl(out / "metrics.jsonl")
+        assert [r["round"] for r in rows] == [1, 2] and rows[1]["train"]["clients"] == 2.0
+        # each client kept its personal model in its own state directory
+        for i in range(2):
+            saved = list((tmp_path / f"state{i}").rglob("state-*.npz"))
+            assert len(saved) == 2, saved
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+
+
+def test_deploy_with_tls(tmp_path: Path, shared_cache: Path) -> None:
+    certs = tmp_path / "certs"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "generate-certs.sh"
+    subprocess.run(["bash", str(script), str(certs)], check=True, capture_output=True)
+    out = tmp_path / "tls"
+    done = _pollen(["deploy", "--dataset", "digits", "--clients", "2", "--rounds", "1",
+                    "--out", str(out), "--tls-dir", str(certs), "--set", "poll-interval=0.5",
+                    "--set", "final-eval=false"], shared_cache, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "with TLS" in done.stdout
+    log = (out / "processes" / "superlink.log").read_text()
+    assert "running on https://" in log and "--insecure" not in log
+    assert read_jsonl(out / "metrics.jsonl")[0]["train"]["clients"] == 2.0
+    missing = _pollen(["deploy", "--out", str(tmp_path / "x"), "--tls-dir", str(tmp_path)],
+                      shared_cache, timeout=60)
+    assert missing.returncode == 2 and "ca.crt" in missing.stderr
