@@ -289,8 +289,7 @@ def cmd_data_download(args: argparse.Namespace) -> int:
         print(f"pollen: error: {exc}", file=sys.stderr)
         return 2
     test = len(source.test) if source.test is not None else 0
-    print(f"{args.name}: {len(source.train)} training and {test} test examples in "
-          f"{args.data_dir}")
+    print(f"{args.name}: {len(source.train)} training and {test} test examples in {args.data_dir}")
     return 0
 
 
@@ -306,8 +305,11 @@ def cmd_data_summary(args: argparse.Namespace) -> int:
     except (SettingsError, DataConfigError) as exc:
         print(f"pollen: error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(summary, indent=1 if args.json else None) if args.json
-          else _format_partition(summary))
+    print(
+        json.dumps(summary, indent=1 if args.json else None)
+        if args.json
+        else _format_partition(summary)
+    )
     return 0
 
 
@@ -316,9 +318,11 @@ def _format_partition(summary: dict[str, Any]) -> str:
     for client in summary.get("clients", []):
         labels = client.get("train_labels") or []
         held = [str(i) for i, n in enumerate(labels) if n]
-        lines.append(f"client {client.get('client_id', '?'):>3}: " + ", ".join(
-            f"{k}={client[k]}" for k in ("train", "val", "test") if k in client
-        ) + (f"  labels {' '.join(held)}" if held else ""))
+        lines.append(
+            f"client {client.get('client_id', '?'):>3}: "
+            + ", ".join(f"{k}={client[k]}" for k in ("train", "val", "test") if k in client)
+            + (f"  labels {' '.join(held)}" if held else "")
+        )
     return "\n".join(lines) if lines else json.dumps(summary)
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from pollen.settings import Scalar
+from pollen.settings import Scalar, toml_value
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 FLWR_ENV = {
@@ -270,7 +270,7 @@ class Federation:
         self, settings: Mapping[str, Scalar], federation_config: Mapping[str, Scalar] | None = None
     ) -> str:
         config_file = self.workdir / "run-config.toml"
-        config_file.write_text(run_config_toml(settings))
+        config_file.write_text(run_configtoml_value(settings))
         args = [
             "run",
             str(app_dir()),
@@ -283,7 +283,7 @@ class Federation:
         if federation_config:
             args += [
                 "--federation-config",
-                " ".join(f"{k}={_toml(v)}" for k, v in federation_config.items()),
+                " ".join(f"{k}={toml_value(v)}" for k, v in federation_config.items()),
             ]
         out = self.flwr(*args, timeout=300)
         try:
@@ -341,7 +341,7 @@ def supernode_argv(
         "--port",
         str(port),
         "--node-config",
-        " ".join(f"{k}={_toml(v)}" for k, v in node_config.items()),
+        " ".join(f"{k}={toml_value(v)}" for k, v in node_config.items()),
     ]
     argv += ["--insecure"] if ca_cert is None else ["--root-certificates", str(ca_cert)]
     if auth_key is not None:
@@ -349,16 +349,8 @@ def supernode_argv(
     return argv
 
 
-def _toml(value: Scalar) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    return json.dumps(value)
-
-
-def run_config_toml(settings: Mapping[str, Scalar]) -> str:
-    return "".join(f"{key} = {_toml(value)}\n" for key, value in settings.items())
+def run_configtoml_value(settings: Mapping[str, Scalar]) -> str:
+    return "".join(f"{key} = {toml_value(value)}\n" for key, value in settings.items())
 
 
 # ---- following a run -------------------------------------------------------------------------

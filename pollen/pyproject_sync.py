@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
-from pollen.settings import Scalar, all_settings
+from pollen.settings import all_settings, toml_value
 
 BEGIN, END = "# BEGIN SETTINGS", "# END SETTINGS"
 
 
-def _toml(value: Scalar) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    return json.dumps(value)
-
-
 def settings_block() -> str:
-    return "\n".join(f"{k} = {_toml(s.default)}" for k, s in all_settings().items())
+    return "\n".join(f"{k} = {toml_value(s.default)}" for k, s in all_settings().items())
 
 
 def synced(text: str) -> str:

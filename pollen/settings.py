@@ -6,6 +6,7 @@ mirrored there; `tests/pollen/test_settings.py` keeps the two identical.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -163,6 +164,15 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
     Setting("client-state-dir", "", "client state directory when a node gives none"),
     Setting("device", "auto", "client device", choices=("auto", "cpu", "cuda")),
 )
+
+
+def toml_value(value: Scalar) -> str:
+    """A setting's value as TOML (for pyproject.toml and Flower's --run-config files)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(value)
 
 
 def _by_key(settings: Iterable[Setting]) -> dict[str, Setting]:

@@ -39,36 +39,22 @@ def _processes_under(directory: Path) -> list[str]:
     return found
 
 
-def _pollen(args: list[str], cache: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+def _pollen(
+    command: str, *extra: str, cache: Path, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """`pollen <command words> <extra>` in a subprocess, as a user would type it."""
     env = dict(os.environ, POLLEN_CACHE_DIR=str(cache), FLWR_TELEMETRY_ENABLED="0")
-    return subprocess.run(
-        POLLEN + args, capture_output=True, text=True, timeout=timeout, env=env, check=False
-    )
+    argv = [*POLLEN, *command.split(), *extra]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def test_deploy_two_supernodes_over_grpc(tmp_path: Path, shared_cache: Path) -> None:
     out = tmp_path / "run"
     done = _pollen(
-        [
-            "deploy",
-            "--algorithm",
-            "fedavg",
-            "--dataset",
-            "mnist-5k",
-            "--clients",
-            "2",
-            "--rounds",
-            "2",
-            "--out",
-            str(out),
-            "--set",
-            "poll-interval=0.5",
-            "--set",
-            "lr=0.1",
-        ],
-        shared_cache,
-        timeout=600,
-    )
+        "deploy --algorithm fedavg --dataset mnist-5k --clients 2 --rounds 2 "
+        "--set poll-interval=0.5 --set lr=0.1",
+        "--out", str(out), cache=shared_cache,
+    )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     rows = read_jsonl(out / "metrics.jsonl")
     assert [r["round"] for r in rows] == [1, 2]
@@ -88,24 +74,10 @@ def test_deploy_two_supernodes_over_grpc(tmp_path: Path, shared_cache: Path) -> 
 def test_deploy_exits_nonzero_when_the_run_fails(tmp_path: Path, shared_cache: Path) -> None:
     out = tmp_path / "failing"
     done = _pollen(
-        [
-            "deploy",
-            "--dataset",
-            "digits",
-            "--clients",
-            "2",
-            "--rounds",
-            "1",
-            "--out",
-            str(out),
-            "--set",
-            "phase-timeout=0.2",
-            "--set",
-            "wait-for-clients=2",
-        ],
-        shared_cache,
-        timeout=300,
-    )
+        "deploy --dataset digits --clients 2 --rounds 1 --set phase-timeout=0.2 "
+        "--set wait-for-clients=2",
+        "--out", str(out), cache=shared_cache, timeout=300,
+    )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
     assert "finished:failed" in done.stderr
     summary = json.loads((out / "summary.json").read_text())
@@ -115,41 +87,30 @@ def test_deploy_exits_nonzero_when_the_run_fails(tmp_path: Path, shared_cache: P
     assert _processes_under(out) == []
 
 
-def test_bad_settings_fail_before_anything_starts(tmp_path: Path, shared_cache: Path) -> None:
-    for args, message in (
-        (["--algorithm", "fedfoo"], "unknown algorithm"),
-        (["--dataset", "nope"], "nope"),
-        (["--set", "lr=fast"], "setting 'lr'"),
-        (["--set", "partitioner=classes", "--set", "classes-per-client=11"], "classes_per_client"),
-        (["--set", "no-such-key=1"], "unknown setting"),
-    ):
-        done = _pollen(["deploy", "--out", str(tmp_path / "x"), *args], shared_cache, timeout=60)
-        assert done.returncode == 2, (args, done.stderr)
-        assert message in done.stderr, (args, done.stderr)
-        assert not (tmp_path / "x" / "processes").exists()
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ("--algorithm fedfoo", "unknown algorithm"),
+        ("--dataset nope", "nope"),
+        ("--set lr=fast", "setting 'lr'"),
+        ("--set partitioner=classes --set classes-per-client=11", "classes_per_client"),
+        ("--set no-such-key=1", "unknown setting"),
+    ],
+)
+def test_bad_settings_fail_before_anything_starts(
+    tmp_path: Path, shared_cache: Path, options: str, message: str
+) -> None:
+    done = _pollen(f"deploy {options}", "--out", str(tmp_path / "x"), cache=shared_cache)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert not (tmp_path / "x" / "processes").exists()
 
 
 def test_simulate_runs_on_the_simulation_runtime(tmp_path: Path, shared_cache: Path) -> None:
     out = tmp_path / "sim"
     done = _pollen(
-        [
-            "simulate",
-            "--dataset",
-            "digits",
-            "--clients",
-            "3",
-            "--rounds",
-            "2",
-            "--out",
-            str(out),
-            "--set",
-            "poll-interval=0.2",
-            "--set",
-            "lr=0.1",
-        ],
-        shared_cache,
-        timeout=600,
-    )
+        "simulate --dataset digits --clients 3 --rounds 2 --set poll-interval=0.2 --set lr=0.1",
+        "--out", str(out), cache=shared_cache,
+    )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     rows = read_jsonl(out / "metrics.jsonl")
     assert [r["round"] for r in rows] == [1, 2]
@@ -165,29 +126,33 @@ def test_server_client_and_run_commands(tmp_path: Path, shared_cache: Path) -> N
 
     port, fleet = free_port(), free_port()
     base = dict(os.environ, POLLEN_CACHE_DIR=str(shared_cache), FLWR_TELEMETRY_ENABLED="0")
-    procs = []
+
+    def start(args: list[str], home: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [*POLLEN, *args], env=dict(base, FLWR_HOME=str(tmp_path / home)),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+
+    procs = [start(["server", "--host", "127.0.0.1", "--port", str(port),
+                    "--fleet-port", str(fleet)], "link")]  # fmt: skip
     try:
-        procs.append(subprocess.Popen(
-            [*POLLEN, "server", "--host", "127.0.0.1", "--port", str(port), "--fleet-port",
-             str(fleet)], env=dict(base, FLWR_HOME=str(tmp_path / "link")),
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
         for i in range(2):
-            procs.append(subprocess.Popen(
-                [*POLLEN, "client", "--superlink", f"127.0.0.1:{fleet}", "--partition-id",
-                 str(i), "--num-partitions", "2", "--state-dir", str(tmp_path / f"state{i}"),
-                 "--port", str(free_port())],
-                env=dict(base, FLWR_HOME=str(tmp_path / f"node{i}")),
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+            procs.append(start([
+                "client", "--superlink", f"127.0.0.1:{fleet}", "--partition-id", str(i),
+                "--num-partitions", "2", "--state-dir", str(tmp_path / f"state{i}"),
+                "--port", str(free_port()),
+            ], f"node{i}"))  # fmt: skip
         out = tmp_path / "run"
         deadline = time.monotonic() + 120
         while True:  # the SuperLink takes a few seconds to listen
-            done = _pollen(["run", "--superlink", f"127.0.0.1:{port}", "--algorithm", "local",
-                            "--dataset", "digits", "--clients", "2", "--rounds", "2",
-                            "--out", str(out), "--set", "poll-interval=0.5"],
-                           shared_cache, timeout=600)
-            if done.returncode == 0 or time.monotonic() > deadline:
+            done = _pollen(
+                "run --algorithm local --dataset digits --clients 2 --rounds 2 "
+                "--set poll-interval=0.5",
+                "--superlink", f"127.0.0.1:{port}", "--out", str(out), cache=shared_cache,
+            )  # fmt: skip
+            if done.returncode == 0 or "flwr run failed" not in done.stderr:
                 break
-            if "flwr run failed" not in done.stderr:
+            if time.monotonic() > deadline:
                 break
             time.sleep(2)
         assert done.returncode == 0, done.stdout + done.stderr
@@ -212,14 +177,17 @@ def test_deploy_with_tls(tmp_path: Path, shared_cache: Path) -> None:
     script = Path(__file__).resolve().parents[2] / "scripts" / "generate-certs.sh"
     subprocess.run(["bash", str(script), str(certs)], check=True, capture_output=True)
     out = tmp_path / "tls"
-    done = _pollen(["deploy", "--dataset", "digits", "--clients", "2", "--rounds", "1",
-                    "--out", str(out), "--tls-dir", str(certs), "--set", "poll-interval=0.5",
-                    "--set", "final-eval=false"], shared_cache, timeout=600)
+    done = _pollen(
+        "deploy --dataset digits --clients 2 --rounds 1 --set poll-interval=0.5 "
+        "--set final-eval=false",
+        "--out", str(out), "--tls-dir", str(certs), cache=shared_cache,
+    )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "with TLS" in done.stdout
     log = (out / "processes" / "superlink.log").read_text()
     assert "running on https://" in log and "--insecure" not in log
     assert read_jsonl(out / "metrics.jsonl")[0]["train"]["clients"] == 2.0
-    missing = _pollen(["deploy", "--out", str(tmp_path / "x"), "--tls-dir", str(tmp_path)],
-                      shared_cache, timeout=60)
+    missing = _pollen(
+        "deploy", "--out", str(tmp_path / "x"), "--tls-dir", str(tmp_path), cache=shared_cache
+    )
     assert missing.returncode == 2 and "ca.crt" in missing.stderr

@@ -314,3 +314,12 @@ def test_local_only_keeps_personal_models_on_disk(run_config: dict[str, Any]) ->
     assert sorted(p.name for p in state_dir.iterdir()) == ["client-0", "client-1", "client-2"]
     rows = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")
     assert rows[-1]["train"]["test-accuracy"] > rows[0]["train"]["test-accuracy"]
+
+
+def test_fedavg_trains_the_cnn_too(run_config: dict[str, Any]) -> None:
+    cfg = settings_of({**run_config, "model": "cnn", "num-rounds": 2, "lr": 0.05})
+    strategy = FedAvg(cfg)
+    _engine(FakeGrid(client_app, 3, cfg), cfg, strategy).run()
+    assert any(w.ndim == 4 for w in strategy.weights.values())  # conv kernels
+    rows = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")
+    assert rows[-1]["server-eval"]["test-accuracy"] > rows[0]["train"]["test-accuracy"]

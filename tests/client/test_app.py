@@ -1,0 +1,78 @@
+"""The ClientApp's routing and the node-configuration checks, called as Flower calls them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flwr.app import Context, Message, RecordDict
+
+from client.app import app
+from client.env import ClientConfigError, ClientEnv
+from pollen import protocol
+
+
+def _context(cfg: dict[str, Any], **node: Any) -> Context:
+    return Context(run_id=7, node_id=1, node_config=node, state=RecordDict(), run_config=dict(cfg))
+
+
+def _send(message_type: str, ctx: Context, **arrays: Any) -> Message:
+    content = protocol.instruction(1, message_type, **arrays)
+    return app(Message(content, dst_node_id=1, message_type=message_type), ctx)
+
+
+def test_hello_reports_identity_and_split_sizes(run_config: dict[str, Any]) -> None:
+    reply = _send("query.hello", _context(run_config, **{"partition-id": 2, "num-partitions": 3}))
+    env: Any = reply.content[protocol.ENVELOPE]
+    metrics: Any = protocol.metrics_of(reply.content)
+    assert env["client-id"] == 2 and env["message-type"] == "query.hello"
+    total = metrics["num-examples"] + metrics["val-examples"] + metrics["test-examples"]
+    assert 550 < total < 650  # a third of the 1,797 digits
+
+
+@pytest.mark.parametrize(
+    ("node", "message"),
+    [
+        ({}, "no partition-id"),
+        ({"partition-id": 3}, "outside"),
+        ({"partition-id": 0, "num-partitions": 5}, "num-partitions=5"),
+    ],
+)
+def test_node_config_must_fit_the_run(
+    run_config: dict[str, Any], node: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ClientConfigError, match=message):
+        ClientEnv.from_context(_context(run_config, **node))
+
+
+def test_state_and_cache_directories_follow_the_node_config(
+    run_config: dict[str, Any], tmp_path: Path
+) -> None:
+    env = ClientEnv.from_context(
+        _context(
+            run_config,
+            **{
+                "partition-id": 1,
+                "state-dir": str(tmp_path / "s"),
+                "cache-dir": str(tmp_path / "c"),
+            },
+        )
+    )
+    assert env.state.dir == tmp_path / "s" / "test" / "client-1"
+    assert env.cache_dir == tmp_path / "c"
+    plain = ClientEnv.from_context(_context({**run_config, "run-name": ""}, **{"partition-id": 1}))
+    assert plain.state.dir == Path(run_config["out-dir"]) / "client-state" / "run-7" / "client-1"
+
+
+def test_seeds_differ_by_client_round_and_purpose(run_config: dict[str, Any]) -> None:
+    a = ClientEnv.from_context(_context(run_config, **{"partition-id": 0}))
+    b = ClientEnv.from_context(_context(run_config, **{"partition-id": 1}))
+    seeds = {a.seed(1, "train"), a.seed(2, "train"), a.seed(1, "init"), b.seed(1, "train")}
+    assert len(seeds) == 4 and a.seed(1, "train") == a.seed(1, "train")
+
+
+def test_unknown_message_type_for_the_algorithm_is_an_error(run_config: dict[str, Any]) -> None:
+    ctx = _context({**run_config, "algorithm": "local"}, **{"partition-id": 0})
+    with pytest.raises(KeyError, match=r"no client handler for 'query\.noop'"):
+        _send("query.noop", ctx)
