@@ -186,7 +186,7 @@ def _run_and_report(fed: Federation, resolved: dict[str, Scalar], timeout: float
     run_id = fed.submit(resolved)
     print(f"run {run_id} submitted", flush=True)
     try:
-        status = follow(fed, run_id, out, timeout)
+        status = follow(fed, run_id, out, timeout, num_rounds=int(resolved["num-rounds"]))
     except KeyboardInterrupt:
         fed.stop_run(run_id)
         raise

@@ -357,9 +357,11 @@ def run_configtoml_value(settings: Mapping[str, Scalar]) -> str:
 class Progress:
     """Prints a run's phases and rounds as the server writes them to its results directory."""
 
-    def __init__(self, out_dir: Path, stream: TextIO = sys.stdout) -> None:
+    def __init__(self, out_dir: Path, stream: TextIO = sys.stdout, num_rounds: int = 0) -> None:
         self.out_dir = out_dir
         self.stream = stream
+        self.num_rounds = num_rounds
+        self._rounds: list[dict[str, Any]] = []
         self._offsets: dict[str, int] = {}
         self._t0 = time.monotonic()
 
@@ -375,23 +377,33 @@ class Progress:
         return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
     def poll(self) -> None:
+        # metrics rows are interleaved with phase events in the order the server wrote them
+        self._rounds.extend(self._new_rows("metrics.jsonl"))
         for ev in self._new_rows("events.jsonl"):
             kind = ev.get("event")
             if kind == "phase-start":
-                self._say(f"round {ev['round']} {ev['phase']}: sent to {ev['clients']} clients")
+                self._flush_rounds(before=int(ev["round"]))
+                self._say(f"{self._label(ev)} {ev['phase']}: sent to {ev['clients']} clients")
             elif kind == "phase-end":
                 failed = ev.get("failed") or {}
                 extra = f", {len(failed)} skipped" if failed else ""
                 self._say(
-                    f"round {ev['round']} {ev['phase']}: {ev['valid']}/{ev['sent']} "
+                    f"{self._label(ev)} {ev['phase']}: {ev['valid']}/{ev['sent']} "
                     f"valid replies in {ev['seconds']:.1f} s{extra}"
                 )
                 for cid, reason in failed.items():
                     self._say(f"    client {cid}: {reason}")
             elif kind == "clients":
                 self._say(f"clients connected: {ev['clients']}")
-        for row in self._new_rows("metrics.jsonl"):
-            self._say(format_round(row))
+        self._flush_rounds(before=None)
+
+    def _flush_rounds(self, before: int | None) -> None:
+        while self._rounds and (before is None or int(self._rounds[0]["round"]) < before):
+            self._say(format_round(self._rounds.pop(0)))
+
+    def _label(self, event: Mapping[str, Any]) -> str:
+        rnd = int(event["round"])
+        return "final" if self.num_rounds and rnd > self.num_rounds else f"round {rnd}"
 
     def _say(self, text: str) -> None:
         print(f"[{time.monotonic() - self._t0:7.1f}s] {text}", file=self.stream, flush=True)
@@ -409,10 +421,15 @@ def format_round(row: Mapping[str, Any]) -> str:
 
 
 def follow(
-    fed: Federation, run_id: str, out_dir: Path, timeout: float, stream: TextIO = sys.stdout
+    fed: Federation,
+    run_id: str,
+    out_dir: Path,
+    timeout: float,
+    stream: TextIO = sys.stdout,
+    num_rounds: int = 0,
 ) -> dict[str, Any]:
     """Show progress until the run finishes; returns its final status record."""
-    progress = Progress(out_dir, stream)
+    progress = Progress(out_dir, stream, num_rounds)
     deadline = time.monotonic() + timeout
     last_status = 0.0
     while True:

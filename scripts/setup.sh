@@ -12,6 +12,8 @@ stamp=.venv/.pollen-install-stamp
 want="$(sha256sum pyproject.toml | cut -c1-32)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "installing Pollen and its dependencies into .venv (torch takes a few minutes)"
-    .venv/bin/python -m pip install --disable-pip-version-check -q -e ".[dev]"
+    # (grep drops pip's notes about unused local package indexes; pipefail keeps pip's status)
+    .venv/bin/python -m pip install --disable-pip-version-check -q -e ".[dev]" 2>&1 \
+        | { grep -v "^WARNING: Location .* is ignored" || true; }
     echo "$want" > "$stamp"
 fi
