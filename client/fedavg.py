@@ -1,46 +1,106 @@
-"""FedAvg client: evaluate the received global model, then train it locally.
+"""FedAvg-family clients: FedAvg, FedProx (proximal term) and FedAvg+ (local fine-tuning
+before evaluation).
 
 Evaluation rides in the training reply (no separate evaluation exchange per round): the reply's
-test metrics describe the global model of the previous round on this client's test split.
+test metrics describe the model the client received this round, before training on it.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import torch
 from flwr.app import RecordDict
+from torch import nn
 
-from client.common import generator, new_model, sgd_settings, tensors, test_metrics
+from client.common import SGDSettings, generator, new_model, sgd_settings, tensors, test_metrics
 from client.common import train as train_locally
 from client.env import ClientEnv
-from client.training import get_weights, set_weights
+from client.training import ProximalTerm, get_weights, set_weights
 from pollen import protocol
 
 
-def train(content: RecordDict, env: ClientEnv) -> RecordDict:
-    torch.set_num_threads(1)
-    rnd = protocol.round_of(content)
-    model = new_model(env)
-    set_weights(model, protocol.arrays_of(content))
-    metrics = test_metrics(model, tensors(env.data.test, env.device))
-    data = tensors(env.data.train, env.device)
+def _sgd(content: RecordDict, env: ClientEnv) -> SGDSettings:
+    """This round's SGD settings; the server's schedule may have changed the learning rate."""
     sgd = sgd_settings(env)
     lr = protocol.config_of(content).get("lr")
     if isinstance(lr, int | float) and not isinstance(lr, bool):
         sgd = dataclasses.replace(sgd, lr=float(lr))
-    metrics["train-loss"] = train_locally(model, data, sgd, generator(env, rnd, "train"))
+    return sgd
+
+
+def _received(content: RecordDict, env: ClientEnv) -> nn.Module:
+    torch.set_num_threads(1)
+    model = new_model(env)
+    set_weights(model, protocol.arrays_of(content))
+    return model
+
+
+def _proximal(center: nn.Module, mu: float) -> ProximalTerm:
+    anchors = [p.detach().clone() for p in center.parameters()]
+
+    def term(model: nn.Module) -> torch.Tensor:
+        total = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchors, strict=True))
+        return 0.5 * mu * total  # type: ignore[return-value]
+
+    return term
+
+
+def _adapted_metrics(model: nn.Module, content: RecordDict, env: ClientEnv) -> dict[str, float]:
+    """FedAvg+: a copy of the model fine-tuned on local data, evaluated; the copy is dropped."""
+    tuned = copy.deepcopy(model)
+    sgd = dataclasses.replace(
+        _sgd(content, env), epochs=int(env.settings["fedavg-plus.adapt-epochs"])
+    )
+    rnd = protocol.round_of(content)
+    train_locally(tuned, tensors(env.data.train, env.device), sgd, generator(env, rnd, "adapt"))
+    return {
+        f"adapted-{k}": v
+        for k, v in test_metrics(tuned, tensors(env.data.test, env.device)).items()
+    }
+
+
+def _train(content: RecordDict, env: ClientEnv, algorithm: str) -> RecordDict:
+    rnd = protocol.round_of(content)
+    model = _received(content, env)
+    metrics = test_metrics(model, tensors(env.data.test, env.device))
+    if algorithm == "fedavg-plus":
+        metrics.update(_adapted_metrics(model, content, env))
+    proximal = (
+        _proximal(model, float(env.settings["fedprox.mu"])) if algorithm == "fedprox" else None
+    )
+    data = tensors(env.data.train, env.device)
+    metrics["train-loss"] = train_locally(
+        model, data, _sgd(content, env), generator(env, rnd, "train"), proximal
+    )
     metrics[protocol.NUM_EXAMPLES] = len(data)
     return protocol.reply(content, env.cid, metrics, arrays=get_weights(model))
 
 
-def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
-    torch.set_num_threads(1)
-    model = new_model(env)
-    set_weights(model, protocol.arrays_of(content))
+def _evaluate(content: RecordDict, env: ClientEnv, algorithm: str) -> RecordDict:
+    model = _received(content, env)
     metrics = test_metrics(model, tensors(env.data.test, env.device))
+    if algorithm == "fedavg-plus":
+        metrics.update(_adapted_metrics(model, content, env))
     metrics[protocol.NUM_EXAMPLES] = len(env.data.train)
     return protocol.reply(content, env.cid, metrics)
 
 
+def train(content: RecordDict, env: ClientEnv) -> RecordDict:
+    return _train(content, env, "fedavg")
+
+
+def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
+    return _evaluate(content, env, "fedavg")
+
+
 HANDLERS = {"train": train, "evaluate": evaluate}
+PROXIMAL_HANDLERS = {
+    "train": lambda content, env: _train(content, env, "fedprox"),
+    "evaluate": evaluate,
+}
+ADAPTING_HANDLERS = {
+    "train": lambda content, env: _train(content, env, "fedavg-plus"),
+    "evaluate": lambda content, env: _evaluate(content, env, "fedavg-plus"),
+}

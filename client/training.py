@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterator, Mapping
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional as F  # noqa: N812
+
+from models.losses import class_probabilities, per_sample_loss
 
 ProximalTerm = Callable[[nn.Module], torch.Tensor]
 
@@ -71,16 +72,26 @@ def train_classifier(
     weight_decay: float = 0.0,
     generator: torch.Generator | None = None,
     proximal: ProximalTerm | None = None,
+    sample_weights: torch.Tensor | None = None,
+    optimizer: SGD | None = None,
 ) -> float:
-    """Cross-entropy SGD for `epochs` passes; returns the mean training loss of the last epoch."""
+    """SGD on the negative log-likelihood for `epochs` passes; returns the last epoch's mean
+    training loss. With `sample_weights` each batch minimises mean_i(w_i * loss_i), weights looked
+    up by example index (FedEM's responsibility-weighted M-step). Pass `optimizer` to keep its
+    momentum buffers across calls."""
     model.train()
-    opt = SGD([p for p in model.parameters() if p.requires_grad], lr, momentum, weight_decay)
+    opt = optimizer or SGD(
+        [p for p in model.parameters() if p.requires_grad], lr, momentum, weight_decay
+    )
     last = float("nan")
     for _ in range(epochs):
         total, count = 0.0, 0
         for idx in batches(len(y), batch_size, generator):
             opt.zero_grad()
-            loss = F.cross_entropy(model(x[idx]), y[idx])
+            losses = per_sample_loss(model(x[idx]), y[idx])
+            if sample_weights is not None:
+                losses = losses * sample_weights[idx]
+            loss = losses.mean()
             objective = loss + proximal(model) if proximal is not None else loss
             objective.backward()
             opt.step()
@@ -102,9 +113,33 @@ def evaluate_classifier(
     for start in range(0, len(y), batch_size):
         logits = model(x[start : start + batch_size])
         target = y[start : start + batch_size]
-        loss_sum += float(F.cross_entropy(logits, target, reduction="sum"))
-        correct += int((logits.argmax(1) == target).sum())
+        loss_sum += float(per_sample_loss(logits, target).sum())
+        correct += int((class_probabilities(logits).argmax(1) == target).sum())
     return loss_sum / len(y), correct / len(y)
+
+
+@torch.no_grad()
+def per_sample_losses(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024
+) -> torch.Tensor:
+    """Loss of every example under `model` in eval mode, shape (n,)."""
+    model.eval()
+    parts = [
+        per_sample_loss(model(x[s : s + batch_size]), y[s : s + batch_size])
+        for s in range(0, len(y), batch_size)
+    ]
+    return torch.cat(parts) if parts else torch.zeros(0)
+
+
+@torch.no_grad()
+def predict_probabilities(
+    model: nn.Module, x: torch.Tensor, batch_size: int = 1024
+) -> torch.Tensor:
+    model.eval()
+    parts = [
+        class_probabilities(model(x[s : s + batch_size])) for s in range(0, len(x), batch_size)
+    ]
+    return torch.cat(parts) if parts else torch.zeros(0, 0)
 
 
 def get_weights(model: nn.Module) -> dict[str, np.ndarray]:

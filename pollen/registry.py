@@ -22,7 +22,7 @@ class AlgorithmSpec:
     name: str
     description: str
     strategy: str  # "module:Class"
-    client: str  # module with HANDLERS: dict[message_type, handler]
+    client: str  # "module" with HANDLERS, or "module:NAME": dict[message_type, handler]
     message_types: tuple[str, ...]
     settings: tuple[Setting, ...] = ()
 
@@ -32,7 +32,8 @@ class AlgorithmSpec:
         return cls
 
     def client_handler(self, message_type: str) -> ClientHandler:
-        handlers: dict[str, Any] = importlib.import_module(self.client).HANDLERS
+        module, _, attr = self.client.partition(":")
+        handlers: dict[str, Any] = getattr(importlib.import_module(module), attr or "HANDLERS")
         if message_type not in handlers:
             raise KeyError(f"algorithm {self.name!r} has no client handler for {message_type!r}")
         handler: ClientHandler = handlers[message_type]
@@ -48,6 +49,74 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.fedavg:FedAvg",
             client="client.fedavg",
             message_types=("train", "evaluate"),
+        ),
+        AlgorithmSpec(
+            name="fedavg-plus",
+            description="FedAvg+: FedAvg whose clients fine-tune the global model locally "
+            "before every evaluation (the global model is unaffected)",
+            strategy="strategies.fedavg:FedAvg",
+            client="client.fedavg:ADAPTING_HANDLERS",
+            message_types=("train", "evaluate"),
+            settings=(
+                Setting(
+                    "fedavg-plus.adapt-epochs",
+                    1,
+                    "local epochs of fine-tuning before evaluation",
+                    minimum=1,
+                ),
+            ),
+        ),
+        AlgorithmSpec(
+            name="fedprox",
+            description="FedProx: FedAvg with a proximal term (mu/2)||w - w_global||^2 on clients",
+            strategy="strategies.fedavg:FedAvg",
+            client="client.fedavg:PROXIMAL_HANDLERS",
+            message_types=("train", "evaluate"),
+            settings=(Setting("fedprox.mu", 0.01, "proximal term strength", minimum=0.0),),
+        ),
+        AlgorithmSpec(
+            name="fedem",
+            description="FedEM: each client a mixture of M shared component models, "
+            "personal mixture weights fitted by EM",
+            strategy="strategies.fedem:FedEM",
+            client="client.fedem",
+            message_types=("train", "evaluate"),
+            settings=(
+                Setting("fedem.components", 3, "number of mixture components M", minimum=1),
+                Setting(
+                    "fedem.aggregation",
+                    "stale",
+                    "under client sampling: 'stale' counts "
+                    "unsampled clients with their copy of the previous model (reference "
+                    "code); 'renormalize' averages sampled clients only",
+                    choices=("stale", "renormalize"),
+                ),
+                Setting(
+                    "fedem.persist-momentum",
+                    True,
+                    "keep each component's momentum buffers on the client between rounds",
+                ),
+                Setting(
+                    "fedem.unseen-fraction",
+                    0.0,
+                    "share of clients (the highest ids) that "
+                    "never train and join at the end, fitting only their mixture weights",
+                    minimum=0.0,
+                    maximum=0.9,
+                ),
+                Setting(
+                    "fedem.em-iterations",
+                    100,
+                    "EM iterations an unseen client runs on its mixture weights",
+                    minimum=1,
+                ),
+                Setting(
+                    "fedem.em-tolerance",
+                    1e-6,
+                    "stop an unseen client's EM when pi changes less than this (L1)",
+                    minimum=0.0,
+                ),
+            ),
         ),
         AlgorithmSpec(
             name="local",

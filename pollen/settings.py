@@ -134,6 +134,12 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
     Setting("weight-decay", 0.0, "client L2 weight decay", minimum=0.0),
     Setting("local-epochs", 1, "local epochs per round", minimum=1),
     Setting("batch-size", 32, "client mini-batch size", minimum=1),
+    Setting(
+        "lr-schedule",
+        "constant",
+        "'multistep' multiplies lr by 0.1 at round num-rounds//2 and again at 3*(num-rounds//4)",
+        choices=("constant", "multistep"),
+    ),
     # orchestration
     Setting(
         "fraction-train",
@@ -152,7 +158,13 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
         "seconds a phase waits for replies (stragglers are dropped)",
         minimum=0.1,
     ),
-    Setting("poll-interval", 1.0, "seconds between reply polls", minimum=0.01, maximum=30.0),
+    Setting(
+        "poll-interval",
+        1.0,
+        "longest wait between reply polls (polling starts at 5 ms and backs off)",
+        minimum=0.01,
+        maximum=30.0,
+    ),
     Setting("max-examples", 100_000_000, "largest example count a reply may claim", minimum=1),
     Setting("max-reply-mb", 2048.0, "largest reply payload accepted, in MB", minimum=0.001),
     Setting("server-eval", True, "evaluate the global model on the server each round"),

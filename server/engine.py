@@ -127,6 +127,7 @@ class Engine:
         bytes_received = 0
         deadline = started + float(self.settings["phase-timeout"])
         poll = float(self.settings["poll-interval"])
+        polls = 0
         while pending:
             for msg in self.grid.pull_messages(list(pending)):
                 mid = msg.metadata.reply_to_message_id
@@ -166,7 +167,10 @@ class Engine:
                 break
             if self.clock() >= deadline:
                 break
-            self.sleep(min(poll, max(0.0, deadline - self.clock())))
+            # poll fast first (in-memory simulation answers in milliseconds), then back off
+            wait = min(poll, 0.005 * 2**polls)
+            polls += 1
+            self.sleep(min(wait, max(0.0, deadline - self.clock())))
         timeout = float(self.settings["phase-timeout"])
         for mid in pending:
             failures[targets[by_message[mid]]] = f"no reply within {timeout:g} s"

@@ -1,5 +1,6 @@
 """FedAvg (McMahan et al., 2017): sampled clients train the global model locally; the server
-averages their weights, weighted by training examples."""
+averages their weights, weighted by training examples. FedProx and FedAvg+ share this server
+side; only their clients differ."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pollen import protocol
 from strategies.aggregate import aggregate_metrics, expect_arrays, num_examples, weighted_average
 from strategies.base import Federation, Strategy
 from strategies.classifier import ServerEvaluator, initial_weights
+from strategies.schedule import learning_rate
 
 
 class FedAvg(Strategy):
@@ -29,8 +31,9 @@ class FedAvg(Strategy):
 
     def run_round(self, fed: Federation) -> dict[str, float]:
         clients = fed.sample()
+        config = {"lr": learning_rate(self.settings, fed.server_round)}
         payloads = {
-            c.cid: protocol.instruction(fed.server_round, "train", arrays=self.weights)
+            c.cid: protocol.instruction(fed.server_round, "train", config, arrays=self.weights)
             for c in clients
         }
         replies = fed.exchange("train", payloads, self._validate)
@@ -39,8 +42,9 @@ class FedAvg(Strategy):
         return aggregate_metrics(replies)
 
     def finalize(self, fed: Federation) -> dict[str, float]:
+        config = {"lr": learning_rate(self.settings, int(self.settings["num-rounds"]))}
         payloads = {
-            c.cid: protocol.instruction(fed.server_round, "evaluate", arrays=self.weights)
+            c.cid: protocol.instruction(fed.server_round, "evaluate", config, arrays=self.weights)
             for c in fed.available()
         }
         return aggregate_metrics(fed.exchange("evaluate", payloads))

@@ -1,0 +1,167 @@
+"""FedEM client: E-step over the local training split, M-step for the mixture weights pi, then a
+responsibility-weighted epoch of each component (Marfoq et al., 2021, Alg. 1-2).
+
+pi (and, behind `fedem.persist-momentum`, each component's momentum buffers) lives in the
+client's state store, so it survives restarts. An unseen client fits only pi, by EM with the
+received components frozen.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from flwr.app import RecordDict
+from torch import nn
+
+from client.common import Tensors, generator, new_model, sgd_settings, tensors
+from client.env import ClientEnv
+from client.training import (
+    SGD,
+    get_weights,
+    per_sample_losses,
+    predict_probabilities,
+    set_weights,
+    train_classifier,
+)
+from models.mixture import (
+    fit_mixture_weights,
+    log_weights,
+    mixture_probabilities,
+    mixture_weights,
+    responsibilities,
+)
+from pollen import protocol
+
+
+def pack(components: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """M models in one flat record: `comp{m}.{state key}`."""
+    return {f"comp{m}.{k}": v for m, comp in enumerate(components) for k, v in comp.items()}
+
+
+def unpack(arrays: dict[str, np.ndarray], num: int) -> list[dict[str, np.ndarray]]:
+    out: list[dict[str, np.ndarray]] = [{} for _ in range(num)]
+    for key, value in arrays.items():
+        head, _, rest = key.partition(".")
+        out[int(head.removeprefix("comp"))][rest] = value
+    return out
+
+
+def _components(content: RecordDict, env: ClientEnv) -> list[nn.Module]:
+    models = []
+    for weights in unpack(protocol.arrays_of(content), int(env.settings["fedem.components"])):
+        model = new_model(env)
+        set_weights(model, weights)
+        models.append(model)
+    return models
+
+
+def _losses(models: list[nn.Module], data: Tensors) -> torch.Tensor:
+    """L[i, m]: loss of example i under component m (eval mode, no gradients)."""
+    if len(data) == 0:
+        return torch.zeros(0, len(models))
+    return torch.stack([per_sample_losses(m, data.x, data.y) for m in models], dim=1).double()
+
+
+def mixture_metrics(
+    models: list[nn.Module], pi: torch.Tensor, data: Tensors, split: str = "test"
+) -> dict[str, int | float]:
+    """Accuracy and log-loss of the personalised predictor sum_m pi_m p_m(y|x)."""
+    metrics: dict[str, int | float] = {f"{split}-examples": len(data)}
+    if len(data) == 0:
+        return metrics
+    probs = torch.stack([predict_probabilities(m, data.x) for m in models]).double()
+    mixed = mixture_probabilities(pi, probs)
+    picked = mixed[torch.arange(len(data)), data.y].clamp_min(1e-12)
+    metrics[f"{split}-loss"] = float(-picked.log().mean())
+    metrics[f"{split}-accuracy"] = float((mixed.argmax(1) == data.y).double().mean())
+    return metrics
+
+
+def _momentum_key(m: int, i: int) -> str:
+    return f"momentum{m}.{i}"
+
+
+def train(content: RecordDict, env: ClientEnv) -> RecordDict:
+    torch.set_num_threads(1)
+    rnd = protocol.round_of(content)
+    num = int(env.settings["fedem.components"])
+    models = _components(content, env)
+    saved = env.state.load(before_round=rnd)
+    stored = saved[0] if saved is not None else {}
+    pi = torch.from_numpy(stored["pi"]) if "pi" in stored else torch.full((num,), 1.0 / num)
+    data = tensors(env.data.train, env.device)
+
+    # E-step with the received components and the stored pi, then the M-step for pi
+    q = responsibilities(log_weights(pi.double()), _losses(models, data))
+    pi = mixture_weights(q)
+    metrics = mixture_metrics(models, pi, tensors(env.data.test, env.device))
+
+    sgd = sgd_settings(env)
+    lr = protocol.config_of(content).get("lr")
+    if isinstance(lr, int | float) and not isinstance(lr, bool):
+        sgd = type(sgd)(sgd.epochs, sgd.batch_size, float(lr), sgd.momentum, sgd.weight_decay)
+    persist = bool(env.settings["fedem.persist-momentum"]) and sgd.momentum > 0
+    state: dict[str, np.ndarray] = {"pi": pi.numpy()}
+    losses = []
+    for m, model in enumerate(models):
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = SGD(params, sgd.lr, sgd.momentum, sgd.weight_decay)
+        if persist:
+            for i in range(len(params)):
+                if _momentum_key(m, i) in stored:
+                    opt.buffers[i] = torch.from_numpy(stored[_momentum_key(m, i)]).to(env.device)
+        # component 0 draws the same batches a single FedAvg model would (M = 1 is FedAvg)
+        tag = "train" if m == 0 else f"train{m}"
+        losses.append(
+            train_classifier(
+                model,
+                data.x,
+                data.y,
+                epochs=sgd.epochs,
+                batch_size=sgd.batch_size,
+                lr=sgd.lr,
+                generator=generator(env, rnd, tag),
+                sample_weights=q[:, m].to(data.x.dtype),
+                optimizer=opt,
+            )
+        )
+        if persist:
+            for i, buf in enumerate(opt.buffers):
+                if buf is not None:
+                    state[_momentum_key(m, i)] = buf.detach().cpu().numpy()
+    env.state.save(rnd, state, {"round": rnd})
+    metrics.update({
+        protocol.NUM_EXAMPLES: len(data),
+        "train-loss": float(np.sum(losses)),
+        "pi-entropy": float(-(pi * log_weights(pi)).nan_to_num().sum()),
+    })  # fmt: skip
+    return protocol.reply(content, env.cid, metrics, arrays=pack([get_weights(m) for m in models]))
+
+
+def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
+    """A training client mixes with its stored pi; an unseen one first fits pi by EM."""
+    torch.set_num_threads(1)
+    rnd = protocol.round_of(content)
+    num = int(env.settings["fedem.components"])
+    models = _components(content, env)
+    train_data = tensors(env.data.train, env.device)
+    metrics: dict[str, int | float] = {protocol.NUM_EXAMPLES: len(train_data)}
+    if protocol.config_of(content).get("unseen"):
+        pi, iterations = fit_mixture_weights(
+            _losses(models, train_data),
+            int(env.settings["fedem.em-iterations"]),
+            float(env.settings["fedem.em-tolerance"]),
+        )
+        metrics["em-iterations"] = iterations
+        metrics.update(mixture_metrics(models, pi, train_data, split="train"))
+    else:
+        saved = env.state.load(before_round=rnd)
+        if saved is None or "pi" not in saved[0]:
+            pi = torch.full((num,), 1.0 / num, dtype=torch.float64)
+        else:
+            pi = torch.from_numpy(saved[0]["pi"])
+    metrics.update(mixture_metrics(models, pi, tensors(env.data.test, env.device)))
+    return protocol.reply(content, env.cid, metrics)
+
+
+HANDLERS = {"train": train, "evaluate": evaluate}

@@ -1,0 +1,118 @@
+"""FedEM server (Marfoq et al., 2021): M component models, each averaged over clients with
+weights n_t/n (training-set sizes), the same weight for every component.
+
+Under client sampling two behaviours exist: 'renormalize' averages the sampled clients only
+(Flower's FedAvg rule); 'stale' is the reference code's rule, in which every training client
+counts and unsampled ones contribute their copy of the previous model, so that
+theta^k = theta^{k-1} + sum_{t in S_k} (n_t/n) (theta_t^k - theta^{k-1}).
+
+Clients with the highest ids (`fedem.unseen-fraction`) never train: after the last round they
+receive the components, fit their own mixture weights by EM and are reported apart.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from flwr.app import RecordDict
+
+from client.fedem import pack, unpack
+from pollen import protocol
+from strategies.aggregate import aggregate_metrics, expect_arrays, num_examples, weighted_average
+from strategies.base import ClientInfo, Federation, Strategy
+from strategies.classifier import initial_weights
+from strategies.schedule import learning_rate
+
+
+class FedEM(Strategy):
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        super().__init__(settings)
+        self.num = int(settings["fedem.components"])
+        self.weights: dict[str, np.ndarray] = {}
+
+    def initialize(self, seed: int) -> None:
+        # components must differ, or the E-step can never tell them apart
+        self.weights = pack([initial_weights(self.settings, seed + m) for m in range(self.num)])
+
+    def components(self) -> list[dict[str, np.ndarray]]:
+        return unpack(self.weights, self.num)
+
+    def first_unseen(self) -> int:
+        total = int(self.settings["num-clients"])
+        return total - math.floor(float(self.settings["fedem.unseen-fraction"]) * total)
+
+    def training_clients(self, fed: Federation) -> list[ClientInfo]:
+        return [c for c in fed.available() if c.cid < self.first_unseen()]
+
+    def _validate(self, _cid: int, content: RecordDict) -> None:
+        expect_arrays(content, protocol.ARRAYS, self.weights)
+
+    def run_round(self, fed: Federation) -> dict[str, float]:
+        pool = self.training_clients(fed)
+        clients = fed.sample(pool)
+        config = {"lr": learning_rate(self.settings, fed.server_round)}
+        payloads = {
+            c.cid: protocol.instruction(fed.server_round, "train", config, arrays=self.weights)
+            for c in clients
+        }
+        replies = fed.exchange("train", payloads, self._validate)
+        models = [protocol.arrays_of(r) for r in replies.values()]
+        counts = [num_examples(r) for r in replies.values()]
+        if self.settings["fedem.aggregation"] == "renormalize":
+            self.weights = weighted_average(models, counts)
+        else:
+            self.weights = stale_average(self.weights, models, counts,
+                                         total=sum(c.num_train for c in pool))  # fmt: skip
+        return aggregate_metrics(replies)
+
+    def finalize(self, fed: Federation) -> dict[str, float]:
+        seen = self.training_clients(fed)
+        unseen = [c for c in fed.available() if c.cid >= self.first_unseen()]
+        payloads = {
+            c.cid: protocol.instruction(fed.server_round, "evaluate", arrays=self.weights)
+            for c in seen
+        }
+        payloads.update({
+            c.cid: protocol.instruction(fed.server_round, "evaluate", {"unseen": True},
+                                        arrays=self.weights)
+            for c in unseen
+        })  # fmt: skip
+        replies = fed.exchange("evaluate", payloads)
+        out = aggregate_metrics({c: r for c, r in replies.items() if c < self.first_unseen()})
+        new = {c: r for c, r in replies.items() if c >= self.first_unseen()}
+        if new:
+            out.update({f"unseen-{k}": v for k, v in aggregate_metrics(new).items()})
+        return out
+
+    def global_arrays(self) -> dict[str, np.ndarray]:
+        return self.weights
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        return dict(self.weights), {}
+
+    def load_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
+        self.weights = dict(arrays)
+
+
+def stale_average(
+    previous: Mapping[str, np.ndarray],
+    models: list[dict[str, np.ndarray]],
+    counts: list[int],
+    total: int,
+) -> dict[str, np.ndarray]:
+    """theta + sum_t (n_t/n)(theta_t - theta) over the replies, n counting every training
+    client; with all clients replying this is the plain n_t-weighted average."""
+    if not models:
+        return dict(previous)
+    if total <= 0 or sum(counts) > total:
+        raise ValueError(f"client counts {counts} do not fit the total {total}")
+    share = sum(counts) / total
+    mean = weighted_average(models, counts)
+    out = {}
+    for key, old in previous.items():
+        value = (1 - share) * old.astype(np.float64) + share * mean[key].astype(np.float64)
+        out[key] = value.astype(old.dtype)
+    return out

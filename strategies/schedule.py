@@ -1,0 +1,19 @@
+"""Learning-rate schedules, computed on the server and sent with each round's instructions."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pollen.settings import Scalar
+
+
+def learning_rate(settings: Mapping[str, Scalar], server_round: int) -> float:
+    """The client learning rate for a round; 'multistep' decays by 10x at K//2 and 3(K//4)
+    (FedEM's reference schedule, counted in server rounds)."""
+    lr = float(settings["lr"])
+    if settings["lr-schedule"] == "multistep":
+        rounds = int(settings["num-rounds"])
+        for milestone in (rounds // 2, 3 * (rounds // 4)):
+            if milestone and server_round > milestone:
+                lr *= 0.1
+    return lr

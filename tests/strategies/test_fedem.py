@@ -1,0 +1,118 @@
+"""FedEM on the engine, in-process: aggregation rules, M = 1 is FedAvg, personal state,
+unseen clients."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from client.app import app as client_app
+from client.state import StateStore
+from server.engine import Engine
+from server.results import ResultsWriter, read_jsonl
+from strategies.base import Strategy
+from strategies.fedavg import FedAvg
+from strategies.fedem import FedEM, stale_average
+from tests.fakes import FakeClock, FakeGrid, settings_of
+
+
+def _run(cfg: dict[str, Any], strategy: Strategy, nodes: int = 3) -> FakeGrid:
+    grid = FakeGrid(client_app, nodes, cfg)
+    clock = FakeClock()
+    Engine(grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock=clock, sleep=clock.sleep).run()
+    return grid
+
+
+def test_stale_average_damps_by_the_sampled_share() -> None:
+    old = {"w": np.zeros(2, np.float32)}
+    models = [{"w": np.ones(2, np.float32)}, {"w": 3 * np.ones(2, np.float32)}]
+    full = stale_average(old, models, [10, 30], total=40)
+    np.testing.assert_allclose(full["w"], [2.5, 2.5])
+    half = stale_average(old, models, [10, 30], total=80)
+    np.testing.assert_allclose(half["w"], [1.25, 1.25])
+    assert half["w"].dtype == np.float32
+    with pytest.raises(ValueError, match="do not fit"):
+        stale_average(old, models, [10, 30], total=20)
+
+
+def test_one_component_is_exactly_fedavg(run_config: dict[str, Any]) -> None:
+    base = {
+        **run_config,
+        "num-rounds": 2,
+        "final-eval": False,
+        "server-eval": False,
+        "momentum": 0.5,
+    }
+    avg_cfg = settings_of({**base, "out-dir": run_config["out-dir"] + "-avg"})
+    em_cfg = settings_of(
+        {
+            **base,
+            "algorithm": "fedem",
+            "fedem.components": 1,
+            "out-dir": run_config["out-dir"] + "-em",
+            "fedem.persist-momentum": False,
+        }
+    )
+    fedavg, fedem = FedAvg(avg_cfg), FedEM(em_cfg)
+    _run(avg_cfg, fedavg)
+    _run(em_cfg, fedem)
+    for key, value in fedavg.weights.items():
+        np.testing.assert_allclose(fedem.weights[f"comp0.{key}"], value, rtol=1e-6, atol=1e-7)
+
+
+def test_fedem_learns_keeps_pi_on_disk_and_serves_unseen_clients(
+    run_config: dict[str, Any],
+) -> None:
+    cfg = settings_of({
+        **run_config, "algorithm": "fedem", "num-clients": 4, "num-rounds": 4,
+        "partitioner": "label-groups", "dirichlet-alpha": 0.4, "fedem.components": 2,
+        "fedem.unseen-fraction": 0.25, "momentum": 0.9, "lr": 0.05,
+    })  # fmt: skip
+    strategy = FedEM(cfg)
+    grid = _run(cfg, strategy, nodes=4)
+    # components start different
+    comps = strategy.components()
+    assert not all(np.allclose(comps[0][k], comps[1][k]) for k in comps[0])
+    # client 3 is unseen: greeted and evaluated, never trained
+    assert (103, "train") not in grid.sent and (103, "evaluate") in grid.sent
+    rows = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")
+    assert rows[-1]["train"]["clients"] == 3.0
+    assert rows[-1]["train"]["test-accuracy"] > rows[0]["train"]["test-accuracy"] + 0.3
+    summary_eval = __import__("json").loads((Path(cfg["out-dir"]) / "summary.json").read_text())[
+        "final"
+    ]["eval"]
+    assert summary_eval["clients"] == 3.0 and summary_eval["unseen-clients"] == 1.0
+    assert 1 <= summary_eval["unseen-em-iterations"] <= 100
+    assert summary_eval["unseen-test-accuracy"] > 0.5
+    # each training client's pi (and momentum) persisted, on the simplex
+    for cid in range(3):
+        arrays, meta = StateStore(
+            Path(cfg["out-dir"]) / "client-state" / "test" / f"client-{cid}"
+        ).load(10)  # type: ignore[misc]
+        assert meta["round"] == 4
+        assert arrays["pi"].shape == (2,) and abs(arrays["pi"].sum() - 1) < 1e-9
+        assert any(k.startswith("momentum1.") for k in arrays)
+
+
+def test_renormalize_and_stale_agree_under_full_participation(run_config: dict[str, Any]) -> None:
+    results = []
+    for rule in ("stale", "renormalize"):
+        cfg = settings_of(
+            {
+                **run_config,
+                "algorithm": "fedem",
+                "num-rounds": 1,
+                "fedem.aggregation": rule,
+                "final-eval": False,
+                "out-dir": f"{run_config['out-dir']}-{rule}",
+                "run-name": rule,
+            }
+        )
+        strategy = FedEM(cfg)
+        _run(cfg, strategy)
+        results.append(strategy.weights)
+    for key, value in results[0].items():
+        np.testing.assert_allclose(results[1][key], value, rtol=1e-5, atol=1e-6)
