@@ -6,20 +6,35 @@ from collections.abc import Callable
 
 from torch import nn
 
+from models.char_lstm import NextCharacterLSTM
 from models.classifiers import MLP, SmallCNN
+from models.femnist import FemnistCNN
+from models.linear import LinearModel
+from models.mobilenet import build_mobilenet_v2
 
+# Each builder raises ValueError for an input shape its model cannot take.
 _BUILDERS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "mlp": MLP,
     "cnn": SmallCNN,
+    "linear": LinearModel,
+    "mobilenet-v2": build_mobilenet_v2,
+    "femnist-cnn": FemnistCNN,
+    "char-lstm": NextCharacterLSTM,
 }
-MODEL_NAMES = tuple(sorted(_BUILDERS))
+ALL_MODEL_NAMES = tuple(sorted(_BUILDERS))
+"""Every name build_model accepts."""
+MODEL_NAMES = ("cnn", "linear", "mlp", "mobilenet-v2")
+"""Models that take any image (C, H, W), whatever its size, and output (batch, classes) logits.
+The others are tied to one kind of input: femnist-cnn needs images of side >= 16, char-lstm
+token sequences (and it outputs per-position logits)."""
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """The named model for inputs of input_shape (no batch dimension) and num_classes classes."""
     try:
         builder = _BUILDERS[name]
     except KeyError:
-        raise ValueError(f"unknown model {name!r}; known: {', '.join(MODEL_NAMES)}") from None
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(ALL_MODEL_NAMES)}") from None
     if name == "cnn" and len(input_shape) != 3:
         raise ValueError(f"model 'cnn' needs image input (C, H, W), got shape {input_shape}")
-    return builder(input_shape, num_classes)
+    return builder(tuple(input_shape), num_classes)

@@ -279,6 +279,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from pollen.experiment import Experiment, run, tabulate
+
+    exp = Experiment.load(Path(args.file))
+    out = Path(args.out) if args.out else Path("results") / exp.name
+    table = tabulate(exp, out) if args.table_only else run(exp, out)
+    print((out / "results.md").read_text())
+    return 0 if table["methods"] else 1
+
+
 def cmd_data_download(args: argparse.Namespace) -> int:
     """Fetch a torchvision dataset into a data directory (needs internet)."""
     from federated_data import DataConfigError, load_dataset
@@ -398,6 +408,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dirs", nargs="+")
     p.add_argument("--out", help="where to write (default: the first directory's report/)")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser(
+        "experiment",
+        help="run a paper experiment file: methods x seeds, then a table of mean ± std",
+    )
+    p.add_argument("file", help="experiment file (see experiments/)")
+    p.add_argument("--out", help="results directory (default: results/<experiment name>)")
+    p.add_argument(
+        "--table-only", action="store_true", help="only tabulate the runs already in --out"
+    )
+    p.set_defaults(func=cmd_experiment)
 
     data = sub.add_parser("data", help="datasets: download, partition summary")
     data_sub = data.add_subparsers(dest="data_command", required=True)

@@ -119,6 +119,23 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             ),
         ),
         AlgorithmSpec(
+            name="d-fedem",
+            description="D-FedEM: decentralised FedEM; clients gossip their components over a "
+            "random graph, no global model (uses the fedem.* settings)",
+            strategy="strategies.dfedem:DFedEM",
+            client="client.fedem",
+            message_types=("train", "evaluate"),
+            settings=(
+                Setting(
+                    "d-fedem.edge-probability",
+                    0.5,
+                    "edge probability of the Erdős–Rényi communication graph",
+                    minimum=1e-6,
+                    maximum=1.0,
+                ),
+            ),
+        ),
+        AlgorithmSpec(
             name="local",
             description="Local training only: each client keeps its own model, nothing is shared",
             strategy="strategies.local:LocalOnly",

@@ -116,3 +116,40 @@ def test_renormalize_and_stale_agree_under_full_participation(run_config: dict[s
         results.append(strategy.weights)
     for key, value in results[0].items():
         np.testing.assert_allclose(results[1][key], value, rtol=1e-5, atol=1e-6)
+
+
+def test_mixing_matrix_is_symmetric_doubly_stochastic_on_a_connected_graph() -> None:
+    from strategies.gossip import erdos_renyi, is_connected, metropolis_hastings
+
+    adjacency = erdos_renyi(30, 0.5, np.random.default_rng(0))
+    assert is_connected(adjacency) and not adjacency.diagonal().any()
+    w = metropolis_hastings(adjacency)
+    np.testing.assert_allclose(w, w.T)
+    np.testing.assert_allclose(w.sum(axis=0), 1.0)
+    assert (w >= 0).all() and ((w > 0) == (adjacency | np.eye(30, dtype=bool))).all()
+    assert not is_connected(np.zeros((3, 3), dtype=bool))
+
+
+def test_d_fedem_gossips_without_a_global_model(run_config: dict[str, Any]) -> None:
+    from strategies.dfedem import DFedEM
+
+    cfg = settings_of({
+        **run_config, "algorithm": "d-fedem", "num-clients": 4, "num-rounds": 4,
+        "partitioner": "label-groups", "fedem.components": 2, "lr": 0.05,
+        "d-fedem.edge-probability": 0.7,
+    })  # fmt: skip
+    strategy = DFedEM(cfg)
+    _run(cfg, strategy, nodes=4)
+    rows = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")
+    # the clients' models differ after local steps, and gossip keeps them close
+    assert all(r["train"]["consensus-distance"] > 0 for r in rows)
+    assert rows[-1]["train"]["test-accuracy"] > rows[0]["train"]["test-accuracy"] + 0.3
+    assert strategy.global_arrays() is None
+    # one client's start is the weighted sum over its neighbourhood only
+    t = 0
+    start = strategy.gossip(t)
+    key = next(iter(start))
+    expected = sum(
+        strategy.mixing[s, t] * strategy.models[s][key].astype(np.float64) for s in range(4)
+    )
+    np.testing.assert_allclose(start[key], expected, rtol=1e-6)

@@ -1,0 +1,186 @@
+"""Paper experiments as files: several methods × seeds, one command, then a table.
+
+An experiment file (TOML) names the runtime, the seeds, the settings every run shares and each
+method's own settings:
+
+    [experiment]
+    name = "fedem-synthetic"
+    mode = "simulate"            # or "deploy"
+    seeds = [0, 1, 2]
+    metrics = ["test-accuracy", "test-accuracy-p10"]
+
+    [common]                     # any run setting (see `pollen settings`)
+    dataset = "fedem-synthetic"
+
+    [methods.fedem]
+    algorithm = "fedem"
+
+    [paper]                      # optional: the paper's figures, shown beside ours
+    fedem = {"test-accuracy" = 0.747}
+
+`pollen experiment FILE --out DIR` runs every (method, seed) that has no completed results in
+DIR yet (so an interrupted experiment continues), then writes DIR/results.md and results.json
+with mean ± std over seeds of each metric of the final evaluation.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from pollen.settings import SettingsError, resolve, toml_value
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    mode: str
+    seeds: tuple[int, ...]
+    metrics: tuple[str, ...]
+    common: dict[str, Any]
+    methods: dict[str, dict[str, Any]]
+    paper: dict[str, dict[str, float]]
+    description: str = ""
+
+    @classmethod
+    def load(cls, path: Path) -> Experiment:
+        try:
+            raw = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise SettingsError(f"experiment file {path}: {exc}") from None
+        head = raw.get("experiment", {})
+        methods = raw.get("methods", {})
+        if not methods:
+            raise SettingsError(f"experiment file {path} has no [methods.*] tables")
+        exp = cls(
+            name=str(head.get("name", path.stem)),
+            mode=str(head.get("mode", "simulate")),
+            seeds=tuple(int(s) for s in head.get("seeds", [0])),
+            metrics=tuple(head.get("metrics", ["test-accuracy", "test-accuracy-p10"])),
+            common=_flat(raw.get("common", {})),
+            methods={name: _flat(cfg) for name, cfg in methods.items()},
+            paper={k: dict(v) for k, v in raw.get("paper", {}).items()},
+            description=str(head.get("description", "")),
+        )
+        if exp.mode not in ("simulate", "deploy"):
+            raise SettingsError(f"experiment mode must be simulate or deploy, not {exp.mode!r}")
+        for method, cfg in exp.methods.items():  # every run's settings checked up front
+            try:
+                resolve({**exp.common, **cfg, "seed": exp.seeds[0]})
+            except SettingsError as exc:
+                raise SettingsError(f"method {method!r}: {exc}") from None
+        return exp
+
+
+def _flat(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def run_dir(out: Path, method: str, seed: int) -> Path:
+    return out / f"{method}-seed{seed}"
+
+
+def completed(directory: Path) -> bool:
+    summary = directory / "summary.json"
+    try:
+        return json.loads(summary.read_text()).get("status") == "completed"
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def run(exp: Experiment, out: Path, extra: Sequence[str] = ()) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    for method, cfg in exp.methods.items():
+        for seed in exp.seeds:
+            target = run_dir(out, method, seed)
+            if completed(target):
+                print(f"== {method} seed {seed}: already done", flush=True)
+                continue
+            if target.exists():  # an interrupted run: start it again from scratch
+                import shutil
+
+                shutil.rmtree(target)
+            settings = {**exp.common, **cfg, "seed": seed}
+            argv = [sys.executable, "-m", "pollen.cli", exp.mode, "--out", str(target)]
+            for key, value in settings.items():
+                text = toml_value(value).strip('"') if isinstance(value, str) else str(value)
+                if isinstance(value, bool):
+                    text = "true" if value else "false"
+                argv += ["--set", f"{key}={text}"]
+            argv += list(extra)
+            print(f"== {method} seed {seed}", flush=True)
+            done = subprocess.run(argv, check=False)
+            if done.returncode != 0:
+                raise SettingsError(f"{method} seed {seed} failed (exit {done.returncode})")
+    return tabulate(exp, out)
+
+
+def tabulate(exp: Experiment, out: Path) -> dict[str, Any]:
+    """Mean ± std over seeds of the final evaluation's metrics; writes results.md/.json."""
+    table: dict[str, Any] = {"experiment": exp.name, "seeds": list(exp.seeds), "methods": {}}
+    for method in exp.methods:
+        per_metric: dict[str, list[float]] = {m: [] for m in exp.metrics}
+        seconds: list[float] = []
+        for seed in exp.seeds:
+            target = run_dir(out, method, seed)
+            if not completed(target):
+                continue
+            summary = json.loads((target / "summary.json").read_text())
+            final = (summary.get("final") or {}).get("eval") or {}
+            for metric in exp.metrics:
+                if metric in final:
+                    per_metric[metric].append(float(final[metric]))
+            seconds.append(float(summary.get("seconds", 0.0)))
+        table["methods"][method] = {
+            metric: {
+                "mean": statistics.fmean(v) if v else None,
+                "std": statistics.stdev(v) if len(v) > 1 else 0.0 if v else None,
+                "values": v,
+            }
+            for metric, v in per_metric.items()
+        } | {"seconds-per-run": statistics.fmean(seconds) if seconds else None}
+    (out / "results.json").write_text(json.dumps(table, indent=2) + "\n")
+    (out / "results.md").write_text(markdown(exp, table))
+    return table
+
+
+def markdown(exp: Experiment, table: Mapping[str, Any]) -> str:
+    head = ["method", *[f"{m} (ours)" for m in exp.metrics]]
+    if exp.paper:
+        head += [f"{m} (paper)" for m in exp.metrics]
+    lines = [f"# {exp.name}", ""]
+    if exp.description:
+        lines += [exp.description, ""]
+    lines += [
+        f"Mean ± std over seeds {list(exp.seeds)}; percentages of the final evaluation.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for method, stats in table["methods"].items():
+        cells = [method]
+        for metric in exp.metrics:
+            s = stats.get(metric) or {}
+            if s.get("mean") is None:
+                cells.append("–")
+            else:
+                cells.append(f"{100 * s['mean']:.1f} ± {100 * s['std']:.1f} (n={len(s['values'])})")
+        if exp.paper:
+            paper = exp.paper.get(method, {})
+            cells += [f"{100 * paper[m]:.1f}" if m in paper else "–" for m in exp.metrics]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

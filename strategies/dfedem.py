@@ -1,0 +1,103 @@
+"""D-FedEM (Marfoq et al., 2021, Alg. 4): FedEM without a global model.
+
+Every client keeps its own M components. Each round a client starts from the gossip average of
+its neighbours' latest models, sum_s w_st theta_s, on a fixed connected Erdős–Rényi graph
+with Metropolis-Hastings weights, then runs the FedEM client step (E-step, pi, weighted
+training). The server is only the medium the gossip travels through: it keeps each client's
+latest models and forms, for each client, the weighted sum over that client's neighbourhood.
+It never averages over all clients and no global model exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from flwr.app import RecordDict
+
+from client.fedem import pack
+from pollen import protocol
+from strategies.aggregate import aggregate_metrics, expect_arrays
+from strategies.base import Federation, Strategy
+from strategies.classifier import initial_weights
+from strategies.gossip import erdos_renyi, metropolis_hastings
+from strategies.schedule import learning_rate
+
+
+class DFedEM(Strategy):
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        super().__init__(settings)
+        self.num_clients = int(settings["num-clients"])
+        self.num = int(settings["fedem.components"])
+        self.models: list[dict[str, np.ndarray]] = []  # client t's latest components
+        self.mixing = np.eye(self.num_clients)
+
+    def initialize(self, seed: int) -> None:
+        start = pack([initial_weights(self.settings, seed + m) for m in range(self.num)])
+        self.models = [dict(start) for _ in range(self.num_clients)]
+        rng = np.random.default_rng([seed, 0xD])
+        adjacency = erdos_renyi(
+            self.num_clients, float(self.settings["d-fedem.edge-probability"]), rng
+        )
+        self.mixing = metropolis_hastings(adjacency)
+
+    def gossip(self, cid: int) -> dict[str, np.ndarray]:
+        """sum_s w_st theta_s over client t's neighbourhood (itself included)."""
+        neighbours = np.flatnonzero(self.mixing[:, cid])
+        out = {}
+        for key in self.models[cid]:
+            stacked = np.stack([self.models[s][key].astype(np.float64) for s in neighbours])
+            mixed = np.tensordot(self.mixing[neighbours, cid], stacked, axes=1)
+            out[key] = mixed.astype(self.models[cid][key].dtype)
+        return out
+
+    def run_round(self, fed: Federation) -> dict[str, float]:
+        config = {"lr": learning_rate(self.settings, fed.server_round)}
+        starts = {c.cid: self.gossip(c.cid) for c in fed.available()}
+        payloads = {
+            cid: protocol.instruction(fed.server_round, "train", config, arrays=start)
+            for cid, start in starts.items()
+        }
+
+        def validate(cid: int, content: RecordDict) -> None:
+            expect_arrays(content, protocol.ARRAYS, starts[cid])
+
+        replies = fed.exchange("train", payloads, validate)
+        for cid, reply in replies.items():
+            self.models[cid] = protocol.arrays_of(reply)
+        # a client that did not answer keeps its gossip start as its latest model
+        for cid, start in starts.items():
+            if cid not in replies:
+                self.models[cid] = start
+        metrics = aggregate_metrics(replies)
+        metrics["consensus-distance"] = self.consensus_distance()
+        return metrics
+
+    def consensus_distance(self) -> float:
+        """mean_t ||theta_t - mean_s theta_s||^2: how far the clients are from agreeing."""
+        keys = list(self.models[0])
+        flat = np.stack(
+            [np.concatenate([m[k].ravel().astype(np.float64) for k in keys]) for m in self.models]
+        )
+        return float(((flat - flat.mean(axis=0)) ** 2).sum(axis=1).mean())
+
+    def finalize(self, fed: Federation) -> dict[str, float]:
+        payloads = {
+            c.cid: protocol.instruction(fed.server_round, "evaluate", arrays=self.gossip(c.cid))
+            for c in fed.available()
+        }
+        return aggregate_metrics(fed.exchange("evaluate", payloads))
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        arrays = {f"client{t}/{k}": v for t, m in enumerate(self.models) for k, v in m.items()}
+        arrays["mixing"] = self.mixing
+        return arrays, {}
+
+    def load_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
+        self.mixing = np.asarray(arrays["mixing"])
+        self.models = [{} for _ in range(self.num_clients)]
+        for key, value in arrays.items():
+            if key.startswith("client"):
+                head, _, rest = key.partition("/")
+                self.models[int(head.removeprefix("client"))][rest] = value

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pollen.experiment import Experiment, run_dir, tabulate
+from pollen.settings import SettingsError
+
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "exp.toml"
+    path.write_text(text)
+    return path
+
+
+def test_every_shipped_experiment_file_is_valid() -> None:
+    files = sorted(EXPERIMENTS.glob("*.toml"))
+    assert files
+    for path in files:
+        exp = Experiment.load(path)
+        assert exp.methods and exp.seeds
+
+
+def test_bad_settings_in_an_experiment_are_named(tmp_path: Path) -> None:
+    path = _write(tmp_path, '[methods.a]\nalgorithm = "fedavg"\nlr = "fast"\n')
+    with pytest.raises(SettingsError, match="method 'a': setting 'lr'"):
+        Experiment.load(path)
+    with pytest.raises(SettingsError, match="no \\[methods"):
+        Experiment.load(_write(tmp_path, "[common]\nlr = 0.1\n"))
+
+
+def test_table_gives_mean_and_std_over_seeds(tmp_path: Path) -> None:
+    exp = Experiment.load(
+        _write(
+            tmp_path,
+            """
+[experiment]
+name = "t"
+seeds = [0, 1]
+metrics = ["test-accuracy"]
+[methods.a]
+algorithm = "fedavg"
+[methods.b]
+algorithm = "local"
+[paper]
+a = {"test-accuracy" = 0.5}
+""",
+        )
+    )
+    out = tmp_path / "out"
+    for seed, acc in ((0, 0.6), (1, 0.8)):
+        d = run_dir(out, "a", seed)
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(
+            json.dumps(
+                {"status": "completed", "final": {"eval": {"test-accuracy": acc}}, "seconds": 2}
+            )
+        )
+    failed = run_dir(out, "b", 0)
+    failed.mkdir(parents=True)
+    (failed / "summary.json").write_text(json.dumps({"status": "failed"}))
+    table = tabulate(exp, out)
+    a = table["methods"]["a"]["test-accuracy"]
+    assert a["mean"] == pytest.approx(0.7) and a["std"] == pytest.approx(0.1414, abs=1e-4)
+    assert table["methods"]["b"]["test-accuracy"]["mean"] is None
+    md = (out / "results.md").read_text()
+    assert "| a | 70.0 ± 14.1 (n=2) | 50.0 |" in md and "| b | – | – |" in md
