@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+from flwr.app import RecordDict
 from torch import nn
 
 from client.env import ClientEnv
-from client.training import ProximalTerm, evaluate_classifier, train_classifier
+from client.training import SGD, ProximalTerm, evaluate_classifier, train_classifier
 from federated_data import ArrayDataset
-from federated_data.catalog import dataset_info
 from models import build_model
+from pollen import protocol
+from pollen.dataspec import model_input
 
 
 @dataclass(frozen=True)
@@ -30,10 +35,8 @@ def tensors(ds: ArrayDataset, device: torch.device) -> Tensors:
 
 
 def new_model(env: ClientEnv) -> nn.Module:
-    info = dataset_info(str(env.settings["dataset"]))
-    return build_model(str(env.settings["model"]), info.input_shape, info.num_classes).to(
-        env.device
-    )
+    shape, classes = model_input(env.settings)
+    return build_model(str(env.settings["model"]), shape, classes).to(env.device)
 
 
 def generator(env: ClientEnv, server_round: int, tag: str) -> torch.Generator:
@@ -60,12 +63,51 @@ def sgd_settings(env: ClientEnv) -> SGDSettings:
     )
 
 
+def sgd_for_round(content: RecordDict, env: ClientEnv) -> SGDSettings:
+    """The run's SGD settings with this round's learning rate (the server's schedule)."""
+    sgd = sgd_settings(env)
+    lr = protocol.config_of(content).get("lr")
+    if isinstance(lr, int | float) and not isinstance(lr, bool):
+        sgd = dataclasses.replace(sgd, lr=float(lr))
+    return sgd
+
+
+def optimizer(
+    model: nn.Module,
+    sgd: SGDSettings,
+    env: ClientEnv,
+    stored: Mapping[str, np.ndarray],
+    prefix: str = "momentum",
+) -> SGD:
+    """SGD over the model's parameters; with `persist-momentum`, its buffers start from the
+    ones stored under `prefix` (see `momentum_arrays`)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = SGD(params, sgd.lr, sgd.momentum, sgd.weight_decay)
+    if env.settings["persist-momentum"] and sgd.momentum > 0:
+        for i in range(len(params)):
+            saved = stored.get(f"{prefix}.{i}")
+            if saved is not None and saved.shape == tuple(params[i].shape):
+                opt.buffers[i] = torch.from_numpy(saved).to(env.device)
+    return opt
+
+
+def momentum_arrays(opt: SGD, env: ClientEnv, prefix: str = "momentum") -> dict[str, np.ndarray]:
+    if not env.settings["persist-momentum"]:
+        return {}
+    return {
+        f"{prefix}.{i}": buf.detach().cpu().numpy()
+        for i, buf in enumerate(opt.buffers)
+        if buf is not None
+    }
+
+
 def train(
     model: nn.Module,
     data: Tensors,
     sgd: SGDSettings,
     gen: torch.Generator,
     proximal: ProximalTerm | None = None,
+    opt: SGD | None = None,
 ) -> float:
     return train_classifier(
         model,
@@ -78,6 +120,7 @@ def train(
         weight_decay=sgd.weight_decay,
         generator=gen,
         proximal=proximal,
+        optimizer=opt,
     )
 
 

@@ -14,20 +14,19 @@ import torch
 from flwr.app import RecordDict
 from torch import nn
 
-from client.common import SGDSettings, generator, new_model, sgd_settings, tensors, test_metrics
+from client.common import (
+    generator,
+    momentum_arrays,
+    new_model,
+    optimizer,
+    sgd_for_round,
+    tensors,
+    test_metrics,
+)
 from client.common import train as train_locally
 from client.env import ClientEnv
 from client.training import ProximalTerm, get_weights, set_weights
 from pollen import protocol
-
-
-def _sgd(content: RecordDict, env: ClientEnv) -> SGDSettings:
-    """This round's SGD settings; the server's schedule may have changed the learning rate."""
-    sgd = sgd_settings(env)
-    lr = protocol.config_of(content).get("lr")
-    if isinstance(lr, int | float) and not isinstance(lr, bool):
-        sgd = dataclasses.replace(sgd, lr=float(lr))
-    return sgd
 
 
 def _received(content: RecordDict, env: ClientEnv) -> nn.Module:
@@ -51,7 +50,7 @@ def _adapted_metrics(model: nn.Module, content: RecordDict, env: ClientEnv) -> d
     """FedAvg+: a copy of the model fine-tuned on local data, evaluated; the copy is dropped."""
     tuned = copy.deepcopy(model)
     sgd = dataclasses.replace(
-        _sgd(content, env), epochs=int(env.settings["fedavg-plus.adapt-epochs"])
+        sgd_for_round(content, env), epochs=int(env.settings["fedavg-plus.adapt-epochs"])
     )
     rnd = protocol.round_of(content)
     train_locally(tuned, tensors(env.data.train, env.device), sgd, generator(env, rnd, "adapt"))
@@ -71,9 +70,14 @@ def _train(content: RecordDict, env: ClientEnv, algorithm: str) -> RecordDict:
         _proximal(model, float(env.settings["fedprox.mu"])) if algorithm == "fedprox" else None
     )
     data = tensors(env.data.train, env.device)
+    sgd = sgd_for_round(content, env)
+    saved = env.state.load(before_round=rnd) if env.settings["persist-momentum"] else None
+    opt = optimizer(model, sgd, env, saved[0] if saved else {})
     metrics["train-loss"] = train_locally(
-        model, data, _sgd(content, env), generator(env, rnd, "train"), proximal
+        model, data, sgd, generator(env, rnd, "train"), proximal, opt
     )
+    if env.settings["persist-momentum"]:
+        env.state.save(rnd, momentum_arrays(opt, env), {"round": rnd})
     metrics[protocol.NUM_EXAMPLES] = len(data)
     return protocol.reply(content, env.cid, metrics, arrays=get_weights(model))
 

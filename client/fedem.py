@@ -1,7 +1,7 @@
 """FedEM client: E-step over the local training split, M-step for the mixture weights pi, then a
 responsibility-weighted epoch of each component (Marfoq et al., 2021, Alg. 1-2).
 
-pi (and, behind `fedem.persist-momentum`, each component's momentum buffers) lives in the
+pi (and, with `persist-momentum`, each component's momentum buffers) lives in the
 client's state store, so it survives restarts. An unseen client fits only pi, by EM with the
 received components frozen.
 """
@@ -13,10 +13,17 @@ import torch
 from flwr.app import RecordDict
 from torch import nn
 
-from client.common import Tensors, generator, new_model, sgd_settings, tensors
+from client.common import (
+    Tensors,
+    generator,
+    momentum_arrays,
+    new_model,
+    optimizer,
+    sgd_for_round,
+    tensors,
+)
 from client.env import ClientEnv
 from client.training import (
-    SGD,
     get_weights,
     per_sample_losses,
     predict_probabilities,
@@ -77,10 +84,6 @@ def mixture_metrics(
     return metrics
 
 
-def _momentum_key(m: int, i: int) -> str:
-    return f"momentum{m}.{i}"
-
-
 def train(content: RecordDict, env: ClientEnv) -> RecordDict:
     torch.set_num_threads(1)
     rnd = protocol.round_of(content)
@@ -96,20 +99,11 @@ def train(content: RecordDict, env: ClientEnv) -> RecordDict:
     pi = mixture_weights(q)
     metrics = mixture_metrics(models, pi, tensors(env.data.test, env.device))
 
-    sgd = sgd_settings(env)
-    lr = protocol.config_of(content).get("lr")
-    if isinstance(lr, int | float) and not isinstance(lr, bool):
-        sgd = type(sgd)(sgd.epochs, sgd.batch_size, float(lr), sgd.momentum, sgd.weight_decay)
-    persist = bool(env.settings["fedem.persist-momentum"]) and sgd.momentum > 0
+    sgd = sgd_for_round(content, env)
     state: dict[str, np.ndarray] = {"pi": pi.numpy()}
     losses = []
     for m, model in enumerate(models):
-        params = [p for p in model.parameters() if p.requires_grad]
-        opt = SGD(params, sgd.lr, sgd.momentum, sgd.weight_decay)
-        if persist:
-            for i in range(len(params)):
-                if _momentum_key(m, i) in stored:
-                    opt.buffers[i] = torch.from_numpy(stored[_momentum_key(m, i)]).to(env.device)
+        opt = optimizer(model, sgd, env, stored, prefix=f"momentum{m}")
         # component 0 draws the same batches a single FedAvg model would (M = 1 is FedAvg)
         tag = "train" if m == 0 else f"train{m}"
         losses.append(
@@ -125,10 +119,7 @@ def train(content: RecordDict, env: ClientEnv) -> RecordDict:
                 optimizer=opt,
             )
         )
-        if persist:
-            for i, buf in enumerate(opt.buffers):
-                if buf is not None:
-                    state[_momentum_key(m, i)] = buf.detach().cpu().numpy()
+        state.update(momentum_arrays(opt, env, prefix=f"momentum{m}"))
     env.state.save(rnd, state, {"round": rnd})
     metrics.update({
         protocol.NUM_EXAMPLES: len(data),

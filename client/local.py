@@ -2,33 +2,51 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from flwr.app import RecordDict
 from torch import nn
 
-from client.common import generator, new_model, sgd_settings, tensors, test_metrics
+from client.common import (
+    generator,
+    momentum_arrays,
+    new_model,
+    optimizer,
+    sgd_for_round,
+    tensors,
+    test_metrics,
+)
 from client.common import train as train_locally
 from client.env import ClientEnv
 from client.training import get_weights, set_weights
 from pollen import protocol
 
 
-def _personal_model(env: ClientEnv, rnd: int) -> nn.Module:
+def _personal_model(env: ClientEnv, rnd: int) -> tuple[nn.Module, dict[str, np.ndarray]]:
+    """The personal model as of before round `rnd` (fresh, seeded, before the first round),
+    and the stored state beside it (momentum buffers)."""
     saved = env.state.load(before_round=rnd)
     torch.manual_seed(env.seed(0, "init"))
     model = new_model(env)
-    if saved is not None:
-        set_weights(model, saved[0])
-    return model
+    if saved is None:
+        return model, {}
+    stored = saved[0]
+    set_weights(
+        model, {k.removeprefix("model."): v for k, v in stored.items() if k.startswith("model.")}
+    )
+    return model, stored
 
 
 def train(content: RecordDict, env: ClientEnv) -> RecordDict:
     torch.set_num_threads(1)
     rnd = protocol.round_of(content)
-    model = _personal_model(env, rnd)
+    model, stored = _personal_model(env, rnd)
     data = tensors(env.data.train, env.device)
-    loss = train_locally(model, data, sgd_settings(env), generator(env, rnd, "train"))
-    env.state.save(rnd, get_weights(model), {"round": rnd})
+    sgd = sgd_for_round(content, env)
+    opt = optimizer(model, sgd, env, stored)
+    loss = train_locally(model, data, sgd, generator(env, rnd, "train"), opt=opt)
+    state = {f"model.{k}": v for k, v in get_weights(model).items()}
+    env.state.save(rnd, {**state, **momentum_arrays(opt, env)}, {"round": rnd})
     metrics = test_metrics(model, tensors(env.data.test, env.device))
     metrics.update({protocol.NUM_EXAMPLES: len(data), "train-loss": loss})
     return protocol.reply(content, env.cid, metrics)
@@ -36,7 +54,7 @@ def train(content: RecordDict, env: ClientEnv) -> RecordDict:
 
 def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
     torch.set_num_threads(1)
-    model = _personal_model(env, protocol.round_of(content))
+    model, _ = _personal_model(env, protocol.round_of(content))
     metrics = test_metrics(model, tensors(env.data.test, env.device))
     metrics[protocol.NUM_EXAMPLES] = len(env.data.train)
     return protocol.reply(content, env.cid, metrics)

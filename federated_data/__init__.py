@@ -25,9 +25,12 @@ from federated_data.registry import (
     DATASET_NAMES,
     SourceData,
     dataset_names,
+    dataset_param_names,
     load_dataset,
     register_dataset,
+    resolve_dataset_params,
 )
+from federated_data.synthetic_fedem import client_sizes, generate_fedem_synthetic
 
 __all__ = [
     "CIFAR100_COARSE_OF_FINE",
@@ -39,14 +42,18 @@ __all__ = [
     "DataSpec",
     "DatasetNotFoundError",
     "SourceData",
+    "client_sizes",
     "dataset_names",
+    "dataset_param_names",
     "default_cache_dir",
+    "generate_fedem_synthetic",
     "load_client_data",
     "load_dataset",
     "load_server_test_data",
     "partition_labels",
     "partition_summary",
     "register_dataset",
+    "resolve_dataset_params",
     "validate_partition_params",
     "validate_spec",
 ]

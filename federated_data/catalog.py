@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from federated_data.errors import DataConfigError
+from federated_data.synthetic_fedem import PARAM_DEFAULTS as _FEDEM_SYNTHETIC
+from federated_data.synthetic_fedem import resolve_params as _resolve_fedem_synthetic
 
 
 @dataclass(frozen=True)
@@ -10,6 +16,15 @@ class DatasetInfo:
     input_shape: tuple[int, ...]
     num_classes: int
 
+
+def _fedem_synthetic_info(params: Mapping[str, Any]) -> DatasetInfo:
+    return DatasetInfo((_resolve_fedem_synthetic(params)["dimension"],), 2)
+
+
+# Datasets whose shapes depend on their parameters; CATALOG lists them with their defaults.
+_SHAPED_BY_PARAMS: dict[str, Callable[[Mapping[str, Any]], DatasetInfo]] = {
+    "fedem-synthetic": _fedem_synthetic_info,
+}
 
 CATALOG: dict[str, DatasetInfo] = {
     "mnist-5k": DatasetInfo((1, 28, 28), 10),
@@ -20,11 +35,21 @@ CATALOG: dict[str, DatasetInfo] = {
     "cifar10": DatasetInfo((3, 32, 32), 10),
     "cifar100": DatasetInfo((3, 32, 32), 100),
     "svhn": DatasetInfo((3, 32, 32), 10),
+    "fedem-synthetic": DatasetInfo((int(_FEDEM_SYNTHETIC["dimension"]),), 2),
 }
 
 
-def dataset_info(name: str) -> DatasetInfo:
+def dataset_info(name: str, params: Mapping[str, Any] | None = None) -> DatasetInfo:
+    """Input shape and class count of `name` built with `params` (its dataset parameters,
+    e.g. a DataSpec's `dataset_params`); bad parameters raise DataConfigError."""
+    if name in _SHAPED_BY_PARAMS:
+        return _SHAPED_BY_PARAMS[name](params or {})
     try:
-        return CATALOG[name]
+        info = CATALOG[name]
     except KeyError:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(sorted(CATALOG))}") from None
+    if params:
+        raise DataConfigError(
+            f"dataset {name!r} takes no parameters, got {', '.join(map(repr, sorted(params)))}"
+        )
+    return info

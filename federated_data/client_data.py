@@ -28,7 +28,17 @@ from federated_data.cachefiles import (
 from federated_data.catalog import CATALOG
 from federated_data.errors import DataConfigError
 from federated_data.partition import partition_labels, validate_partition_params
-from federated_data.registry import SOURCE_FORMAT, SourceData, coarse_labels_of, load_dataset
+from federated_data.registry import (
+    NUM_CLIENTS,
+    SOURCE_FORMAT,
+    ParamValue,
+    SourceData,
+    coarse_labels_of,
+    has_predefined_split,
+    load_dataset,
+    resolve_dataset_params,
+    server_test_per_client,
+)
 
 __all__ = [
     "ClientData",
@@ -45,15 +55,18 @@ CACHE_FORMAT = 1
 MANIFEST = "manifest.json"
 _SPLITS = ("train", "val", "test")
 
-ParamValue = float | int | str
-
 
 @dataclass(frozen=True)
 class DataSpec:
     """Everything that decides which examples each client holds, plus where the data lives.
 
-    `params` are the partitioner's parameters as sorted (name, value) pairs; they are sorted
-    on construction so that equal settings give equal specs and equal cache keys.
+    `params` are the partitioner's parameters and `dataset_params` the dataset's (e.g. a
+    generator's dimension), both as (name, value) pairs sorted on construction so that equal
+    settings give equal specs and equal cache keys. `num_clients` is never a dataset
+    parameter: datasets that need the client count receive this spec's `num_clients`.
+
+    For a dataset with a predefined split (each client's test examples fixed by the data),
+    `test_fraction` is ignored and `val_fraction` is taken from the client's training examples.
     """
 
     dataset: str
@@ -65,6 +78,7 @@ class DataSpec:
     test_fraction: float = 0.2
     data_dir: str | None = None
     download: bool = False
+    dataset_params: tuple[tuple[str, ParamValue], ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.dataset, str) or not self.dataset:
@@ -92,11 +106,22 @@ class DataSpec:
                 f"val_fraction + test_fraction must be < 1 to leave training data, got "
                 f"{self.val_fraction} + {self.test_fraction}"
             )
-        object.__setattr__(self, "params", _normalise_params(self.params))
+        object.__setattr__(self, "params", _normalise_params(self.params, "params"))
+        dataset_params = _normalise_params(self.dataset_params, "dataset_params")
+        if any(name == NUM_CLIENTS for name, _ in dataset_params):
+            raise DataConfigError(
+                "dataset_params: num_clients is the spec's own num_clients field; set that "
+                "instead (datasets that use it receive it from there)"
+            )
+        object.__setattr__(self, "dataset_params", dataset_params)
 
     def identity(self) -> dict[str, Any]:
-        """The fields that change the partition (not where the data is read from)."""
-        return {
+        """The fields that change the partition (not where the data is read from).
+
+        `dataset_params` appear only when given, so specs of datasets without parameters keep
+        the keys (and caches) they had before datasets could take parameters.
+        """
+        out: dict[str, Any] = {
             "format": [CACHE_FORMAT, SOURCE_FORMAT],
             "dataset": self.dataset,
             "num_clients": int(self.num_clients),
@@ -106,6 +131,9 @@ class DataSpec:
             "val_fraction": _canonical(self.val_fraction),
             "test_fraction": _canonical(self.test_fraction),
         }
+        if self.dataset_params:
+            out["dataset_params"] = [[k, _canonical(v)] for k, v in self.dataset_params]
+        return out
 
     def key(self) -> str:
         """Short stable hash of `identity()`: the cache directory name of this partition."""
@@ -123,12 +151,14 @@ class DataSpec:
             "test_fraction": self.test_fraction,
             "data_dir": self.data_dir,
             "download": self.download,
+            "dataset_params": [[k, v] for k, v in self.dataset_params],
         }
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> DataSpec:
         fields = dict(raw)
-        fields["params"] = tuple((str(k), v) for k, v in fields.get("params", ()))
+        for name in ("params", "dataset_params"):
+            fields[name] = tuple((str(k), v) for k, v in fields.get(name, ()))
         try:
             return cls(**fields)
         except TypeError as exc:
@@ -148,6 +178,9 @@ class ClientData:
 def validate_spec(spec: DataSpec) -> None:
     """Reject a spec that cannot be partitioned, without loading any data (launcher check)."""
     _coarse_map(spec, required=False)  # rejects an unknown dataset, listing the valid names
+    _dataset_params(spec)
+    if has_predefined_split(spec.dataset) and spec.partitioner != "natural":
+        raise DataConfigError(_predefined_split_needs_natural(spec))
     info = CATALOG.get(spec.dataset)
     params: dict[str, Any] = dict(spec.params)
     if spec.partitioner == "natural":
@@ -172,12 +205,22 @@ def load_client_data(spec: DataSpec, client_id: int, cache_dir: str | Path) -> C
 
 def load_server_test_data(spec: DataSpec, cache_dir: str | Path) -> ArrayDataset | None:
     """Data for server-side evaluation: the official test split if the dataset has one, else
-    every client's test split together (None when those are all empty)."""
+    every client's test split together (None when those are all empty).
+
+    Datasets registered with `server_test_per_client` (fedem-synthetic: 200) contribute only
+    the first that many of each client's test examples, so the server's set stays small when
+    clients hold large test sets; their test splits are already in random order.
+    """
     root = Path(cache_dir)
     directory = _ensure_cache(spec, root)
     if _read_manifest(directory)["has_official_test"]:
-        return load_dataset(spec.dataset, spec.data_dir, spec.download, root).test
+        return load_dataset(
+            spec.dataset, spec.data_dir, spec.download, root, _dataset_params(spec)
+        ).test
+    cap = server_test_per_client(spec.dataset)
     tests = [_read_client(directory / _client_file(i), i).test for i in range(spec.num_clients)]
+    if cap is not None:
+        tests = [t.subset(np.arange(min(cap, len(t)))) for t in tests]
     if sum(len(t) for t in tests) == 0:
         return None
     first = tests[0]
@@ -195,23 +238,38 @@ def partition_summary(spec: DataSpec, cache_dir: str | Path) -> dict[str, Any]:
     return _read_manifest(_ensure_cache(spec, Path(cache_dir)))
 
 
-def _normalise_params(raw: Any) -> tuple[tuple[str, ParamValue], ...]:
+def _normalise_params(raw: Any, field: str) -> tuple[tuple[str, ParamValue], ...]:
     try:
         pairs = [(name, value) for name, value in raw]
     except (TypeError, ValueError):
-        raise DataConfigError(f"params must be (name, value) pairs, got {raw!r}") from None
+        raise DataConfigError(f"{field} must be (name, value) pairs, got {raw!r}") from None
     seen: set[str] = set()
     for name, value in pairs:
         if not isinstance(name, str):
-            raise DataConfigError(f"params: parameter names must be strings, got {name!r}")
+            raise DataConfigError(f"{field}: parameter names must be strings, got {name!r}")
         if name in seen:
-            raise DataConfigError(f"params: parameter {name!r} given twice")
+            raise DataConfigError(f"{field}: parameter {name!r} given twice")
         seen.add(name)
         if isinstance(value, bool) or not isinstance(value, int | float | str):
             raise DataConfigError(
-                f"params: {name} must be an int, float or str, got {type(value).__name__}"
+                f"{field}: {name} must be an int, float or str, got {type(value).__name__}"
             )
     return tuple(sorted(pairs))
+
+
+def _dataset_params(spec: DataSpec) -> dict[str, Any]:
+    """What the spec's dataset loader receives (checked; DataConfigError names a bad one)."""
+    return resolve_dataset_params(
+        spec.dataset, dict(spec.dataset_params), num_clients=spec.num_clients
+    )
+
+
+def _predefined_split_needs_natural(spec: DataSpec) -> str:
+    return (
+        f"dataset {spec.dataset!r} gives every client its own train and test examples (a "
+        f"predefined split), so it needs partitioner 'natural' (client i = i-th key); got "
+        f"{spec.partitioner!r}"
+    )
 
 
 def _canonical(value: ParamValue) -> ParamValue:
@@ -259,7 +317,11 @@ def _ensure_cache(spec: DataSpec, cache_dir: Path) -> Path:
 
 
 def _build(spec: DataSpec, directory: Path, cache_dir: Path) -> None:
-    source = load_dataset(spec.dataset, spec.data_dir, spec.download, cache_dir)
+    source = load_dataset(
+        spec.dataset, spec.data_dir, spec.download, cache_dir, _dataset_params(spec)
+    )
+    if source.test_mask is not None and spec.partitioner != "natural":
+        raise DataConfigError(_predefined_split_needs_natural(spec))
     parts = partition_labels(
         source.train.y,
         spec.partitioner,
@@ -271,7 +333,9 @@ def _build(spec: DataSpec, directory: Path, cache_dir: Path) -> None:
     for cid, indices in enumerate(parts):
         splits = {
             name: source.train.subset(idx)
-            for name, idx in zip(_SPLITS, _split_client(indices, spec, cid), strict=True)
+            for name, idx in zip(
+                _SPLITS, _split_client(indices, spec, cid, source.test_mask), strict=True
+            )
         }
         arrays: dict[str, np.ndarray] = {
             "num_classes": np.asarray(source.train.num_classes, dtype=np.int64),
@@ -296,6 +360,7 @@ def _build(spec: DataSpec, directory: Path, cache_dir: Path) -> None:
         "std": list(source.train.std),
         "source_train_size": len(source.train),
         "has_official_test": source.test is not None,
+        "predefined_split": source.test_mask is not None,
         "official_test_size": len(source.test) if source.test is not None else None,
         "clients": clients,
     }
@@ -317,10 +382,19 @@ def _partition_params(spec: DataSpec, source: SourceData) -> dict[str, Any]:
 
 
 def _split_client(
-    indices: np.ndarray, spec: DataSpec, client_id: int
+    indices: np.ndarray, spec: DataSpec, client_id: int, test_mask: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(train, val, test) index arrays: test and val carved at random from the partition."""
+    """(train, val, test) index arrays: test and val carved at random from the partition.
+
+    With a `test_mask` (predefined split) the client's marked examples are its test split and
+    val is carved from the rest; `test_fraction` then plays no part.
+    """
     rng = np.random.default_rng([spec.seed, client_id])
+    if test_mask is not None:
+        marked = test_mask[indices]
+        pool = rng.permutation(indices[~marked])
+        n_val = math.floor(spec.val_fraction * len(pool) + 0.5)
+        return np.sort(pool[n_val:]), np.sort(pool[:n_val]), np.sort(indices[marked])
     shuffled = rng.permutation(indices)
     n_test = math.floor(spec.test_fraction * len(indices) + 0.5)
     n_val = math.floor(spec.val_fraction * len(indices) + 0.5)

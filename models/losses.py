@@ -13,7 +13,9 @@ def per_sample_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.binary_cross_entropy_with_logits(
             logits[:, 0], y.to(logits.dtype), reduction="none"
         )
-    return F.cross_entropy(logits, y, reduction="none")
+    losses = F.cross_entropy(logits, y, reduction="none")
+    # sequence models (logits N x C x T): one loss per sequence, the mean over its positions
+    return losses.flatten(1).mean(1) if losses.ndim > 1 else losses
 
 
 def class_probabilities(logits: torch.Tensor) -> torch.Tensor:

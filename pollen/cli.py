@@ -94,14 +94,18 @@ def resolve_run_settings(args: argparse.Namespace) -> dict[str, Scalar]:
 
 def _check_data(resolved: dict[str, Scalar]) -> None:
     """Dataset and partition parameters are checked, and the partition cached, up front."""
-    from federated_data import DataConfigError, load_client_data
-    from federated_data.catalog import dataset_info
-    from pollen.dataspec import data_spec
+    from federated_data import DataConfigError, load_client_data, validate_spec
+    from pollen.dataspec import data_spec, model_input
     from pollen.paths import cache_dir
 
     try:
-        dataset_info(str(resolved["dataset"]))
-        load_client_data(data_spec(resolved), 0, cache_dir(resolved))
+        spec = data_spec(resolved)
+        validate_spec(spec)
+        shape, classes = model_input(resolved)
+        from models import build_model
+
+        build_model(str(resolved["model"]), shape, classes)  # the model fits the data
+        load_client_data(spec, 0, cache_dir(resolved))
     except (DataConfigError, ValueError) as exc:
         raise SettingsError(str(exc)) from None
 
@@ -292,7 +296,11 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 def cmd_data_download(args: argparse.Namespace) -> int:
     """Fetch a torchvision dataset into a data directory (needs internet)."""
     from federated_data import DataConfigError, load_dataset
+    from federated_data.registry import dataset_param_names
 
+    if dataset_param_names(args.name):
+        print(f"{args.name} is generated on the clients from the run settings; nothing to download")
+        return 0
     try:
         source = load_dataset(args.name, args.data_dir, download=True)
     except DataConfigError as exc:

@@ -27,6 +27,19 @@ def partition_params(settings: Mapping[str, Scalar]) -> dict[str, int | float | 
     return {}
 
 
+def dataset_params(settings: Mapping[str, Scalar]) -> dict[str, int | float | str]:
+    """The dataset's own parameters (only generated datasets take any)."""
+    from federated_data.registry import dataset_param_names
+
+    names = set(dataset_param_names(str(settings["dataset"])))
+    out: dict[str, int | float | str] = {}
+    for key, value in settings.items():
+        group, _, name = key.partition(".")
+        if group == "synthetic" and name.replace("-", "_") in names:
+            out[name.replace("-", "_")] = value  # type: ignore[assignment]
+    return out
+
+
 def data_spec(settings: Mapping[str, Scalar], data_dir: str | None = None) -> DataSpec:
     from federated_data import DataSpec
 
@@ -40,4 +53,13 @@ def data_spec(settings: Mapping[str, Scalar], data_dir: str | None = None) -> Da
         test_fraction=float(settings["test-fraction"]),
         data_dir=data_dir or (str(settings["data-dir"]) or None),
         download=bool(settings["download"]),
+        dataset_params=tuple(sorted(dataset_params(settings).items())),
     )
+
+
+def model_input(settings: Mapping[str, Scalar]) -> tuple[tuple[int, ...], int]:
+    """(input shape, number of classes) of the run's dataset, without loading it."""
+    from federated_data.catalog import dataset_info
+
+    info = dataset_info(str(settings["dataset"]), dataset_params(settings) or None)
+    return info.input_shape, info.num_classes

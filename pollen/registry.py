@@ -92,11 +92,6 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
                     choices=("stale", "renormalize"),
                 ),
                 Setting(
-                    "fedem.persist-momentum",
-                    True,
-                    "keep each component's momentum buffers on the client between rounds",
-                ),
-                Setting(
                     "fedem.unseen-fraction",
                     0.0,
                     "share of clients (the highest ids) that "

@@ -87,7 +87,12 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
     # what to run
     Setting("algorithm", "fedavg", "algorithm to run (see `pollen algorithms`)"),
     Setting("dataset", "mnist-5k", "dataset name (see `pollen datasets`)"),
-    Setting("model", "mlp", "model architecture", choices=("mlp", "cnn")),
+    Setting(
+        "model",
+        "mlp",
+        "model architecture",
+        choices=("mlp", "cnn", "linear", "femnist-cnn", "mobilenet-v2", "char-lstm"),
+    ),
     Setting("num-rounds", 3, "number of server rounds", minimum=1),
     Setting("num-clients", 3, "number of data partitions (one per client)", minimum=1),
     Setting(
@@ -98,7 +103,7 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
         "partitioner",
         "iid",
         "how data is split over clients",
-        choices=("iid", "dirichlet", "classes", "label-groups", "pachinko", "one-class"),
+        choices=("iid", "dirichlet", "classes", "label-groups", "pachinko", "one-class", "natural"),
     ),
     Setting("dirichlet-alpha", 0.5, "concentration of the Dirichlet partitioners", minimum=1e-6),
     Setting("classes-per-client", 2, "labels per client ('classes', 'one-class')", minimum=1),
@@ -128,12 +133,35 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
     Setting("data-dir", "", "directory holding torchvision datasets"),
     Setting("download", False, "let torchvision download a missing dataset"),
     Setting("cache-dir", "", "partition cache (default: $POLLEN_CACHE_DIR or ~/.cache/pollen)"),
+    # FedEM's synthetic dataset (dataset=fedem-synthetic, partitioner=natural)
+    Setting("synthetic.dimension", 150, "feature dimension d", minimum=1),
+    Setting("synthetic.components", 3, "true mixture components", minimum=1),
+    Setting("synthetic.alpha", 0.4, "Dirichlet concentration of clients' mixtures", minimum=1e-6),
+    Setting("synthetic.noise", 0.1, "label noise standard deviation", minimum=0.0),
+    Setting("synthetic.test-size", 1000, "test examples per client (paper: 5000)", minimum=1),
+    Setting("synthetic.seed", 1234, "seed of the generated data (paper: 1234)", minimum=0),
+    Setting(
+        "synthetic.mode",
+        "reference",
+        "'reference' reproduces the paper's generator (bugs included); 'clean' fixes it; "
+        "'bernoulli' draws labels as the paper's text says",
+        choices=("reference", "clean", "bernoulli"),
+    ),
+    Setting(
+        "synthetic.train-size", 0, "fixed training examples per client (0: lognormal)", minimum=0
+    ),
     # local training
     Setting("lr", 0.05, "client learning rate", minimum=0.0),
     Setting("momentum", 0.0, "client SGD momentum", minimum=0.0, maximum=1.0),
     Setting("weight-decay", 0.0, "client L2 weight decay", minimum=0.0),
     Setting("local-epochs", 1, "local epochs per round", minimum=1),
     Setting("batch-size", 32, "client mini-batch size", minimum=1),
+    Setting(
+        "persist-momentum",
+        False,
+        "keep each client's SGD momentum buffers between rounds (as the reference codes of "
+        "FedEM and its baselines do); stored in the client state",
+    ),
     Setting(
         "lr-schedule",
         "constant",

@@ -18,12 +18,12 @@ def initial_weights(settings: Mapping[str, Scalar], seed: int) -> dict[str, np.n
     import torch
 
     from client.training import get_weights
-    from federated_data.catalog import dataset_info
     from models import build_model
+    from pollen.dataspec import model_input
 
-    info = dataset_info(str(settings["dataset"]))
+    shape, classes = model_input(settings)
     torch.manual_seed(seed)
-    return get_weights(build_model(str(settings["model"]), info.input_shape, info.num_classes))
+    return get_weights(build_model(str(settings["model"]), shape, classes))
 
 
 class ServerEvaluator:
@@ -54,11 +54,11 @@ class ServerEvaluator:
         import torch
 
         from client.training import evaluate_classifier, set_weights
-        from federated_data.catalog import dataset_info
         from models import build_model
+        from pollen.dataspec import model_input
 
-        info = dataset_info(str(self.settings["dataset"]))
-        model = build_model(str(self.settings["model"]), info.input_shape, info.num_classes)
+        shape, classes = model_input(self.settings)
+        model = build_model(str(self.settings["model"]), shape, classes)
         set_weights(model, weights)
         x = torch.from_numpy(data.features())
         y = torch.from_numpy(data.y).long()

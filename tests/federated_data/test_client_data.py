@@ -430,3 +430,41 @@ def test_cached_mnist_5k_loads_in_a_fresh_interpreter_without_frameworks(
     assert report["heavy"] == []
     assert report["shape"] == [len(expected.train), 1, 28, 28]
     assert report["sum"] == int(expected.train.x.sum())
+
+
+def _split_source() -> SourceData:
+    """Toy rows keyed by row % 3, every fourth row marked as its key's test example."""
+    source = _toy_source()
+    mask = np.arange(N_TOY) % 4 == 0
+    return SourceData(source.train, None, np.arange(N_TOY) % 3, mask)
+
+
+def test_predefined_split_gives_marked_rows_as_test_and_carves_val_from_the_rest(
+    tmp_path: Path,
+) -> None:
+    register_dataset("toy-split", lambda d, dl: _split_source(), predefined_split=True)
+    spec = DataSpec("toy-split", 3, "natural", 4, (), 0.2, 0.5)
+    seen: list[int] = []
+    for cid in range(3):
+        data = load_client_data(spec, cid, tmp_path)
+        test, train, val = _rows(data.test), _rows(data.train), _rows(data.val)
+        own = np.flatnonzero(np.arange(N_TOY) % 3 == cid)
+        assert test.tolist() == [r for r in own.tolist() if r % 4 == 0]  # test_fraction unused
+        rest = [r for r in own.tolist() if r % 4 != 0]
+        assert sorted([*train.tolist(), *val.tolist()]) == rest
+        assert len(val) == int(np.floor(0.2 * len(rest) + 0.5))
+        seen += [*train.tolist(), *val.tolist(), *test.tolist()]
+    assert sorted(seen) == list(range(N_TOY))
+    with pytest.raises(DataConfigError, match=r"predefined split.*needs partitioner 'natural'"):
+        validate_spec(DataSpec("toy-split", 3, "iid"))
+
+
+def test_a_test_mask_without_the_natural_partitioner_is_refused_at_build(
+    tmp_path: Path,
+) -> None:
+    register_dataset("toy-mask", lambda d, dl: _split_source())  # mask not declared up front
+    spec = DataSpec("toy-mask", 3, "iid")
+    validate_spec(spec)
+    with pytest.raises(DataConfigError, match=r"'toy-mask'.*needs partitioner 'natural'"):
+        load_client_data(spec, 0, tmp_path)
+    assert not (tmp_path / spec.key() / "manifest.json").exists()

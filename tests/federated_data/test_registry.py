@@ -26,7 +26,7 @@ TORCHVISION_NAMES = ["mnist", "fashion-mnist", "cifar10", "cifar100", "emnist", 
 
 
 def test_builtin_names_and_catalog_agree() -> None:
-    assert set(DATASET_NAMES) == {"mnist-5k", "digits", *TORCHVISION_NAMES}
+    assert set(DATASET_NAMES) == {"mnist-5k", "digits", "fedem-synthetic", *TORCHVISION_NAMES}
     assert set(DATASET_NAMES) == set(CATALOG)
     for name, spec in registry.TORCHVISION_DATASETS.items():
         assert CATALOG[name].num_classes == spec.num_classes
@@ -263,3 +263,81 @@ def test_unexpected_torchvision_layout_is_reported(
     monkeypatch.setattr("torchvision.datasets.CIFAR10", fake)
     with pytest.raises(DataConfigError, match=r"CIFAR10.data: expected a uint8 array with 4"):
         load_dataset("cifar10", str(tmp_path), cache_dir=tmp_path / "cache")
+
+
+# --- dataset parameters and predefined splits -------------------------------------------------
+
+
+def _counted_generator(calls: list[tuple[int, int]]) -> Any:
+    def loader(data_dir: str | None, download: bool, *, size: int, num_clients: int) -> SourceData:
+        calls.append((size, num_clients))
+        x = np.arange(size * 2, dtype=np.float32).reshape(size, 2)
+        return SourceData(ArrayDataset(x, np.arange(size) % 2, 2))
+
+    return loader
+
+
+def test_declared_params_reach_the_loader_and_each_set_is_cached_apart(tmp_path: Path) -> None:
+    calls: list[tuple[int, int]] = []
+    register_dataset(
+        "gen", _counted_generator(calls), cache=True, params={"size": 4, "num_clients": 1}
+    )
+    assert len(load_dataset("gen", cache_dir=tmp_path).train) == 4
+    assert len(load_dataset("gen", cache_dir=tmp_path, params={"size": 6}).train) == 6
+    assert len(load_dataset("gen", cache_dir=tmp_path, params={"size": 6}).train) == 6
+    assert calls == [(4, 1), (6, 1)]
+    assert len(list((tmp_path / "sources").glob("gen*.npz"))) == 2
+    assert registry.resolve_dataset_params("gen", {"size": 3}, num_clients=7) == {
+        "size": 3,
+        "num_clients": 7,
+    }
+    assert registry.dataset_param_names("gen") == ("size", "num_clients")
+    with pytest.raises(DataConfigError, match="'gen' has no parameter 'sise'; accepted: size"):
+        load_dataset("gen", cache_dir=tmp_path, params={"sise": 3})
+
+
+def test_datasets_without_params_refuse_them_and_keep_the_two_argument_loader(
+    source_cache: Path,
+) -> None:
+    assert registry.dataset_param_names("digits") == ()
+    with pytest.raises(DataConfigError, match="'digits' takes no parameters, got 'size'"):
+        load_dataset("digits", cache_dir=source_cache, params={"size": 3})
+    assert len(load_dataset("digits", cache_dir=source_cache, params={}).train) == 1797
+
+
+def test_register_dataset_checks_its_parameter_declaration() -> None:
+    def loader(data_dir: str | None, download: bool, **params: Any) -> SourceData:
+        raise AssertionError("not called")
+
+    with pytest.raises(DataConfigError, match="check_params needs declared params"):
+        register_dataset("g1", loader, check_params=dict)
+    with pytest.raises(DataConfigError, match="int, float or str defaults"):
+        register_dataset("g2", loader, params={"flag": True})
+    with pytest.raises(DataConfigError, match="server_test_per_client"):
+        register_dataset("g3", loader, server_test_per_client=0)
+
+
+def test_test_mask_survives_the_source_cache(tmp_path: Path, source_cache: Path) -> None:
+    mask = np.array([False, True, False, True])
+
+    def loader(data_dir: str | None, download: bool) -> SourceData:
+        x = np.zeros((4, 3), dtype=np.float32)
+        return SourceData(
+            ArrayDataset(x, np.array([0, 1, 1, 0]), 2), None, np.array([0, 0, 1, 1]), mask
+        )
+
+    register_dataset("split", loader, cache=True)
+    load_dataset("split", cache_dir=tmp_path)
+    cached = load_dataset("split", cache_dir=tmp_path)
+    assert cached.test_mask is not None and cached.test_mask.tolist() == mask.tolist()
+    assert load_dataset("digits", cache_dir=source_cache).test_mask is None
+
+
+def test_test_mask_needs_keys_and_one_bool_per_example() -> None:
+    train = ArrayDataset(np.zeros((3, 2), dtype=np.float32), np.array([0, 1, 0]), 2)
+    with pytest.raises(DataConfigError, match="test_mask needs keys"):
+        SourceData(train, test_mask=np.array([True, False, False]))
+    with pytest.raises(DataConfigError, match="one entry per training example"):
+        SourceData(train, keys=np.arange(3), test_mask=np.array([1, 0, 0]))
+    with pytest.raises(DataConfigError, match="one entry per training example"):
+        SourceData(train, keys=np.arange(3), test_mask=np.array([True, False]))

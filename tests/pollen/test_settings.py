@@ -56,3 +56,9 @@ def test_assignments_parse() -> None:
     assert settings.parse_assignments(["a=1", " b = x=y "]) == {"a": "1", "b": "x=y"}
     with pytest.raises(SettingsError):
         settings.parse_assignments(["novalue"])
+
+
+def test_model_choices_are_the_registered_models() -> None:
+    from models.registry import ALL_MODEL_NAMES
+
+    assert set(settings.all_settings()["model"].choices or ()) == set(ALL_MODEL_NAMES)

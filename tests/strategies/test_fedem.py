@@ -53,7 +53,7 @@ def test_one_component_is_exactly_fedavg(run_config: dict[str, Any]) -> None:
             "algorithm": "fedem",
             "fedem.components": 1,
             "out-dir": run_config["out-dir"] + "-em",
-            "fedem.persist-momentum": False,
+            "persist-momentum": False,
         }
     )
     fedavg, fedem = FedAvg(avg_cfg), FedEM(em_cfg)
@@ -69,7 +69,7 @@ def test_fedem_learns_keeps_pi_on_disk_and_serves_unseen_clients(
     cfg = settings_of({
         **run_config, "algorithm": "fedem", "num-clients": 4, "num-rounds": 4,
         "partitioner": "label-groups", "dirichlet-alpha": 0.4, "fedem.components": 2,
-        "fedem.unseen-fraction": 0.25, "momentum": 0.9, "lr": 0.05,
+        "fedem.unseen-fraction": 0.25, "momentum": 0.9, "lr": 0.05, "persist-momentum": True,
     })  # fmt: skip
     strategy = FedEM(cfg)
     grid = _run(cfg, strategy, nodes=4)
