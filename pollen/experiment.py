@@ -104,8 +104,8 @@ def completed(directory: Path) -> bool:
 
 def run(exp: Experiment, out: Path, extra: Sequence[str] = ()) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
-    for method, cfg in exp.methods.items():
-        for seed in exp.seeds:
+    for seed in exp.seeds:  # seed-major: a partial experiment still compares methods
+        for method, cfg in exp.methods.items():
             target = run_dir(out, method, seed)
             if completed(target):
                 print(f"== {method} seed {seed}: already done", flush=True)
