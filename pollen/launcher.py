@@ -37,6 +37,16 @@ class LaunchError(RuntimeError):
     """A process did not start, a run could not be submitted, or a run failed."""
 
 
+def _die_with_parent() -> None:
+    """Runs in each child before exec: on Linux the child gets SIGTERM if the launcher dies,
+    even by SIGKILL, so no SuperLink or SuperNode outlives it."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -127,6 +137,7 @@ class Federation:
                 env=dict(env or self.env),
                 start_new_session=True,
                 cwd=self.workdir,
+                preexec_fn=_die_with_parent,
             )
         proc = Proc(name, popen, log_path)
         self.procs.append(proc)

@@ -191,3 +191,25 @@ def test_deploy_with_tls(tmp_path: Path, shared_cache: Path) -> None:
         "deploy", "--out", str(tmp_path / "x"), "--tls-dir", str(tmp_path), cache=shared_cache
     )
     assert missing.returncode == 2 and "ca.crt" in missing.stderr
+
+
+def test_killing_the_launcher_leaves_no_process_behind(tmp_path: Path, shared_cache: Path) -> None:
+    out = tmp_path / "killed"
+    env = dict(os.environ, POLLEN_CACHE_DIR=str(shared_cache), FLWR_TELEMETRY_ENABLED="0")
+    proc = subprocess.Popen(
+        [*POLLEN, "deploy", "--dataset", "digits", "--clients", "2", "--rounds", "50",
+         "--out", str(out)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 120
+    for line in proc.stdout:
+        if "submitted" in line or time.monotonic() > deadline:
+            break
+    assert _processes_under(out), "the federation should be running"
+    proc.kill()  # SIGKILL: no chance to clean up by itself
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while _processes_under(out) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert _processes_under(out) == []
