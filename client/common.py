@@ -124,10 +124,10 @@ def train(
     )
 
 
-def test_metrics(model: nn.Module, test: Tensors) -> dict[str, int | float]:
-    """Loss and accuracy on the client's test split (only the count when it is empty)."""
-    metrics: dict[str, int | float] = {"test-examples": len(test)}
-    if len(test):
-        loss, acc = evaluate_classifier(model, test.x, test.y)
-        metrics.update({"test-loss": loss, "test-accuracy": acc})
+def test_metrics(model: nn.Module, data: Tensors, split: str = "test") -> dict[str, int | float]:
+    """Loss and accuracy on one of the client's splits (only the count when it is empty)."""
+    metrics: dict[str, int | float] = {f"{split}-examples": len(data)}
+    if len(data):
+        loss, acc = evaluate_classifier(model, data.x, data.y)
+        metrics.update({f"{split}-loss": loss, f"{split}-accuracy": acc})
     return metrics

@@ -46,26 +46,29 @@ def _proximal(center: nn.Module, mu: float) -> ProximalTerm:
     return term
 
 
-def _adapted_metrics(model: nn.Module, content: RecordDict, env: ClientEnv) -> dict[str, float]:
-    """FedAvg+: a copy of the model fine-tuned on local data, evaluated; the copy is dropped."""
+def _model_metrics(
+    model: nn.Module, content: RecordDict, env: ClientEnv, algorithm: str, split: str = "test"
+) -> dict[str, int | float]:
+    """Metrics of the client's model on a split. For FedAvg+ that model is a copy of the
+    received one fine-tuned on local data (the copy is then dropped); the received model's
+    figures are kept as global-*."""
+    data = tensors(env.data.test if split == "test" else env.data.train, env.device)
+    received = test_metrics(model, data, split)
+    if algorithm != "fedavg-plus":
+        return received
     tuned = copy.deepcopy(model)
     sgd = dataclasses.replace(
         sgd_for_round(content, env), epochs=int(env.settings["fedavg-plus.adapt-epochs"])
     )
     rnd = protocol.round_of(content)
     train_locally(tuned, tensors(env.data.train, env.device), sgd, generator(env, rnd, "adapt"))
-    return {
-        f"adapted-{k}": v
-        for k, v in test_metrics(tuned, tensors(env.data.test, env.device)).items()
-    }
+    return {**test_metrics(tuned, data, split), **{f"global-{k}": v for k, v in received.items()}}
 
 
 def _train(content: RecordDict, env: ClientEnv, algorithm: str) -> RecordDict:
     rnd = protocol.round_of(content)
     model = _received(content, env)
-    metrics = test_metrics(model, tensors(env.data.test, env.device))
-    if algorithm == "fedavg-plus":
-        metrics.update(_adapted_metrics(model, content, env))
+    metrics = _model_metrics(model, content, env, algorithm)
     proximal = (
         _proximal(model, float(env.settings["fedprox.mu"])) if algorithm == "fedprox" else None
     )
@@ -84,9 +87,9 @@ def _train(content: RecordDict, env: ClientEnv, algorithm: str) -> RecordDict:
 
 def _evaluate(content: RecordDict, env: ClientEnv, algorithm: str) -> RecordDict:
     model = _received(content, env)
-    metrics = test_metrics(model, tensors(env.data.test, env.device))
-    if algorithm == "fedavg-plus":
-        metrics.update(_adapted_metrics(model, content, env))
+    metrics = _model_metrics(model, content, env, algorithm)
+    if protocol.config_of(content).get("unseen"):  # the paper reports their train split too
+        metrics.update(_model_metrics(model, content, env, algorithm, split="train"))
     metrics[protocol.NUM_EXAMPLES] = len(env.data.train)
     return protocol.reply(content, env.cid, metrics)
 

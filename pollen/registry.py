@@ -92,14 +92,6 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
                     choices=("stale", "renormalize"),
                 ),
                 Setting(
-                    "fedem.unseen-fraction",
-                    0.0,
-                    "share of clients (the highest ids) that "
-                    "never train and join at the end, fitting only their mixture weights",
-                    minimum=0.0,
-                    maximum=0.9,
-                ),
-                Setting(
                     "fedem.em-iterations",
                     100,
                     "EM iterations an unseen client runs on its mixture weights",

@@ -195,6 +195,14 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
     ),
     Setting("max-examples", 100_000_000, "largest example count a reply may claim", minimum=1),
     Setting("max-reply-mb", 2048.0, "largest reply payload accepted, in MB", minimum=0.001),
+    Setting(
+        "unseen-fraction",
+        0.0,
+        "share of clients (the highest ids) that never train; the final evaluation serves them "
+        "the trained model(s) and reports them apart as unseen-*",
+        minimum=0.0,
+        maximum=0.9,
+    ),
     Setting("server-eval", True, "evaluate the global model on the server each round"),
     Setting("final-eval", True, "evaluate the final model on every client after the last round"),
     # results and state

@@ -57,8 +57,16 @@ class Engine:
         self._phases: list[dict[str, Any]] = []
 
     # ---- what strategies use -------------------------------------------------------------
+    @property
+    def first_unseen(self) -> int:
+        total = int(self.settings["num-clients"])
+        return total - math.floor(float(self.settings["unseen-fraction"]) * total)
+
     def available(self) -> list[ClientInfo]:
-        return [self._clients[c] for c in sorted(self._clients)]
+        return [self._clients[c] for c in sorted(self._clients) if c < self.first_unseen]
+
+    def unseen(self) -> list[ClientInfo]:
+        return [self._clients[c] for c in sorted(self._clients) if c >= self.first_unseen]
 
     def sample(self, clients: Sequence[ClientInfo] | None = None) -> list[ClientInfo]:
         pool = list(self.available() if clients is None else clients)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
 from pollen import protocol
-from strategies.base import InvalidReply
+from strategies.base import ClientInfo, Federation, InvalidReply
 
 
 def weighted_average(
@@ -59,9 +59,38 @@ def num_examples(content: RecordDict) -> int:
     return protocol.as_int(protocol.metrics_of(content)[protocol.NUM_EXAMPLES])
 
 
+def final_evaluation(
+    fed: Federation, instruction: Callable[[ClientInfo, bool], RecordDict]
+) -> dict[str, float]:
+    """One evaluation exchange with every connected client; unseen clients (`unseen=True`
+    in `instruction`) are reported apart, as `unseen-<metric>`."""
+    seen, unseen = fed.available(), fed.unseen()
+    payloads = {c.cid: instruction(c, False) for c in seen}
+    payloads.update({c.cid: instruction(c, True) for c in unseen})
+    replies = fed.exchange("evaluate", payloads)
+    held_out = {c.cid for c in unseen}
+    out = aggregate_metrics({c: r for c, r in replies.items() if c not in held_out})
+    new = {c: r for c, r in replies.items() if c in held_out}
+    if new:
+        out.update({f"unseen-{k}": v for k, v in aggregate_metrics(new).items()})
+    return out
+
+
+def _weight(metrics: MetricRecord, key: str) -> object:
+    """The count a metric is averaged with: `<prefix>-examples` for the longest prefix of the
+    metric's name that has one (global-test-accuracy -> global-test-examples, test-examples),
+    else num-examples."""
+    parts = key.split("-")
+    for i in range(len(parts) - 1, 0, -1):
+        count = metrics.get("-".join(parts[:i]) + "-examples")
+        if count is not None:
+            return count
+    return metrics.get(protocol.NUM_EXAMPLES, 1)
+
+
 def aggregate_metrics(replies: Mapping[int, RecordDict]) -> dict[str, float]:
-    """Client metrics combined: each `<split>-<name>` metric is weighted by `<split>-examples`
-    (`num-examples` for the rest); accuracies also get the unweighted 10th percentile and min
+    """Client metrics combined: each metric weighted by its split's example count (see
+    `_weight`); accuracies also get the unweighted 10th percentile and min
     over clients, the figures personalised FL reports."""
     per_key: dict[str, list[tuple[float, float]]] = {}
     for content in replies.values():
@@ -70,8 +99,7 @@ def aggregate_metrics(replies: Mapping[int, RecordDict]) -> dict[str, float]:
         for key, value in metrics.items():
             if not isinstance(value, int | float) or key.endswith("examples"):
                 continue
-            split = key.split("-", 1)[0]
-            weight = metrics.get(f"{split}-examples", metrics.get(protocol.NUM_EXAMPLES, 1))
+            weight = _weight(metrics, key)
             per_key.setdefault(key, []).append((float(value), float(weight)))  # type: ignore[arg-type]
     out: dict[str, float] = {}
     for key, pairs in sorted(per_key.items()):

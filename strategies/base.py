@@ -42,7 +42,13 @@ class Federation(Protocol):
     server_round: int
     settings: Mapping[str, Scalar]
 
-    def available(self) -> list[ClientInfo]: ...
+    def available(self) -> list[ClientInfo]:
+        """Connected clients that train (unseen clients excluded)."""
+        ...
+
+    def unseen(self) -> list[ClientInfo]:
+        """Connected clients held out of training (`unseen-fraction`)."""
+        ...
 
     def sample(self, clients: Sequence[ClientInfo] | None = None) -> list[ClientInfo]: ...
 

@@ -11,7 +11,13 @@ import numpy as np
 from flwr.app import RecordDict
 
 from pollen import protocol
-from strategies.aggregate import aggregate_metrics, expect_arrays, num_examples, weighted_average
+from strategies.aggregate import (
+    aggregate_metrics,
+    expect_arrays,
+    final_evaluation,
+    num_examples,
+    weighted_average,
+)
 from strategies.base import Federation, Strategy
 from strategies.classifier import ServerEvaluator, initial_weights
 from strategies.schedule import learning_rate
@@ -43,11 +49,12 @@ class FedAvg(Strategy):
 
     def finalize(self, fed: Federation) -> dict[str, float]:
         config = {"lr": learning_rate(self.settings, int(self.settings["num-rounds"]))}
-        payloads = {
-            c.cid: protocol.instruction(fed.server_round, "evaluate", config, arrays=self.weights)
-            for c in fed.available()
-        }
-        return aggregate_metrics(fed.exchange("evaluate", payloads))
+        return final_evaluation(
+            fed,
+            lambda c, new: protocol.instruction(
+                fed.server_round, "evaluate", {**config, "unseen": new}, arrays=self.weights
+            ),
+        )
 
     def server_evaluate(self) -> dict[str, float]:
         return self._evaluator(self.weights)

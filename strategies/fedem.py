@@ -6,13 +6,12 @@ Under client sampling two behaviours exist: 'renormalize' averages the sampled c
 counts and unsampled ones contribute their copy of the previous model, so that
 theta^k = theta^{k-1} + sum_{t in S_k} (n_t/n) (theta_t^k - theta^{k-1}).
 
-Clients with the highest ids (`fedem.unseen-fraction`) never train: after the last round they
-receive the components, fit their own mixture weights by EM and are reported apart.
+Unseen clients (`unseen-fraction`) never train: after the last round they receive the
+components, fit their own mixture weights by EM and are reported apart.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,8 +20,14 @@ from flwr.app import RecordDict
 
 from client.fedem import pack, unpack
 from pollen import protocol
-from strategies.aggregate import aggregate_metrics, expect_arrays, num_examples, weighted_average
-from strategies.base import ClientInfo, Federation, Strategy
+from strategies.aggregate import (
+    aggregate_metrics,
+    expect_arrays,
+    final_evaluation,
+    num_examples,
+    weighted_average,
+)
+from strategies.base import Federation, Strategy
 from strategies.classifier import initial_weights
 from strategies.schedule import learning_rate
 
@@ -40,18 +45,11 @@ class FedEM(Strategy):
     def components(self) -> list[dict[str, np.ndarray]]:
         return unpack(self.weights, self.num)
 
-    def first_unseen(self) -> int:
-        total = int(self.settings["num-clients"])
-        return total - math.floor(float(self.settings["fedem.unseen-fraction"]) * total)
-
-    def training_clients(self, fed: Federation) -> list[ClientInfo]:
-        return [c for c in fed.available() if c.cid < self.first_unseen()]
-
     def _validate(self, _cid: int, content: RecordDict) -> None:
         expect_arrays(content, protocol.ARRAYS, self.weights)
 
     def run_round(self, fed: Federation) -> dict[str, float]:
-        pool = self.training_clients(fed)
+        pool = fed.available()
         clients = fed.sample(pool)
         config = {"lr": learning_rate(self.settings, fed.server_round)}
         payloads = {
@@ -69,23 +67,12 @@ class FedEM(Strategy):
         return aggregate_metrics(replies)
 
     def finalize(self, fed: Federation) -> dict[str, float]:
-        seen = self.training_clients(fed)
-        unseen = [c for c in fed.available() if c.cid >= self.first_unseen()]
-        payloads = {
-            c.cid: protocol.instruction(fed.server_round, "evaluate", arrays=self.weights)
-            for c in seen
-        }
-        payloads.update({
-            c.cid: protocol.instruction(fed.server_round, "evaluate", {"unseen": True},
-                                        arrays=self.weights)
-            for c in unseen
-        })  # fmt: skip
-        replies = fed.exchange("evaluate", payloads)
-        out = aggregate_metrics({c: r for c, r in replies.items() if c < self.first_unseen()})
-        new = {c: r for c, r in replies.items() if c >= self.first_unseen()}
-        if new:
-            out.update({f"unseen-{k}": v for k, v in aggregate_metrics(new).items()})
-        return out
+        return final_evaluation(
+            fed,
+            lambda c, new: protocol.instruction(
+                fed.server_round, "evaluate", {"unseen": new}, arrays=self.weights
+            ),
+        )
 
     def global_arrays(self) -> dict[str, np.ndarray]:
         return self.weights

@@ -73,3 +73,29 @@ def test_reply_echoes_the_instruction() -> None:
     assert isinstance(
         Message(rep, reply_to=Message(msg, dst_node_id=1, message_type="train")), Message
     )
+
+
+def test_metric_weights_follow_the_longest_matching_prefix() -> None:
+    replies = {
+        0: _reply(
+            {
+                "num-examples": 1,
+                "test-examples": 1,
+                "global-test-examples": 1,
+                "global-test-accuracy": 0.0,
+                "test-accuracy": 0.0,
+            }
+        ),
+        1: _reply(
+            {
+                "num-examples": 1,
+                "test-examples": 3,
+                "global-test-examples": 9,
+                "global-test-accuracy": 1.0,
+                "test-accuracy": 1.0,
+            }
+        ),
+    }
+    out = aggregate_metrics(replies)
+    assert out["test-accuracy"] == pytest.approx(0.75)
+    assert out["global-test-accuracy"] == pytest.approx(0.9)

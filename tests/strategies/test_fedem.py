@@ -69,7 +69,7 @@ def test_fedem_learns_keeps_pi_on_disk_and_serves_unseen_clients(
     cfg = settings_of({
         **run_config, "algorithm": "fedem", "num-clients": 4, "num-rounds": 4,
         "partitioner": "label-groups", "dirichlet-alpha": 0.4, "fedem.components": 2,
-        "fedem.unseen-fraction": 0.25, "momentum": 0.9, "lr": 0.05, "persist-momentum": True,
+        "unseen-fraction": 0.25, "momentum": 0.9, "lr": 0.05, "persist-momentum": True,
     })  # fmt: skip
     strategy = FedEM(cfg)
     grid = _run(cfg, strategy, nodes=4)
@@ -153,3 +153,17 @@ def test_d_fedem_gossips_without_a_global_model(run_config: dict[str, Any]) -> N
         strategy.mixing[s, t] * strategy.models[s][key].astype(np.float64) for s in range(4)
     )
     np.testing.assert_allclose(start[key], expected, rtol=1e-6)
+
+
+def test_fedavg_serves_unseen_clients_the_global_model(run_config: dict[str, Any]) -> None:
+    cfg = settings_of(
+        {**run_config, "num-clients": 4, "unseen-fraction": 0.25, "algorithm": "fedavg-plus"}
+    )
+    grid = _run(cfg, FedAvg(cfg), nodes=4)
+    assert (103, "train") not in grid.sent and (103, "evaluate") in grid.sent
+    final = __import__("json").loads((Path(cfg["out-dir"]) / "summary.json").read_text())["final"][
+        "eval"
+    ]
+    assert final["clients"] == 3.0 and final["unseen-clients"] == 1.0
+    assert "unseen-global-test-accuracy" in final and "unseen-test-accuracy" in final
+    assert "unseen-train-accuracy" in final
