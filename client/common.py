@@ -108,6 +108,7 @@ def train(
     gen: torch.Generator,
     proximal: ProximalTerm | None = None,
     opt: SGD | None = None,
+    sample_weights: torch.Tensor | None = None,
 ) -> float:
     return train_classifier(
         model,
@@ -121,6 +122,7 @@ def train(
         generator=gen,
         proximal=proximal,
         optimizer=opt,
+        sample_weights=sample_weights,
     )
 
 

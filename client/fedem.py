@@ -22,13 +22,13 @@ from client.common import (
     sgd_for_round,
     tensors,
 )
+from client.common import train as train_locally
 from client.env import ClientEnv
 from client.training import (
     get_weights,
     per_sample_losses,
     predict_probabilities,
     set_weights,
-    train_classifier,
 )
 from models.mixture import (
     fit_mixture_weights,
@@ -84,14 +84,22 @@ def mixture_metrics(
     return metrics
 
 
+def _stored(env: ClientEnv, rnd: int) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
+    """The client's pi as of before round `rnd` (uniform before its first round) and the rest
+    of its stored state."""
+    num = int(env.settings["fedem.components"])
+    saved = env.state.load(before_round=rnd)
+    stored = saved[0] if saved is not None else {}
+    if "pi" in stored:
+        return torch.from_numpy(stored["pi"]), stored
+    return torch.full((num,), 1.0 / num, dtype=torch.float64), stored
+
+
 def train(content: RecordDict, env: ClientEnv) -> RecordDict:
     torch.set_num_threads(1)
     rnd = protocol.round_of(content)
-    num = int(env.settings["fedem.components"])
     models = _components(content, env)
-    saved = env.state.load(before_round=rnd)
-    stored = saved[0] if saved is not None else {}
-    pi = torch.from_numpy(stored["pi"]) if "pi" in stored else torch.full((num,), 1.0 / num)
+    pi, stored = _stored(env, rnd)
     data = tensors(env.data.train, env.device)
 
     # E-step with the received components and the stored pi, then the M-step for pi
@@ -106,17 +114,10 @@ def train(content: RecordDict, env: ClientEnv) -> RecordDict:
         opt = optimizer(model, sgd, env, stored, prefix=f"momentum{m}")
         # component 0 draws the same batches a single FedAvg model would (M = 1 is FedAvg)
         tag = "train" if m == 0 else f"train{m}"
+        weights = q[:, m].to(data.x.dtype)
         losses.append(
-            train_classifier(
-                model,
-                data.x,
-                data.y,
-                epochs=sgd.epochs,
-                batch_size=sgd.batch_size,
-                lr=sgd.lr,
-                generator=generator(env, rnd, tag),
-                sample_weights=q[:, m].to(data.x.dtype),
-                optimizer=opt,
+            train_locally(
+                model, data, sgd, generator(env, rnd, tag), opt=opt, sample_weights=weights
             )
         )
         state.update(momentum_arrays(opt, env, prefix=f"momentum{m}"))
@@ -133,7 +134,6 @@ def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
     """A training client mixes with its stored pi; an unseen one first fits pi by EM."""
     torch.set_num_threads(1)
     rnd = protocol.round_of(content)
-    num = int(env.settings["fedem.components"])
     models = _components(content, env)
     train_data = tensors(env.data.train, env.device)
     metrics: dict[str, int | float] = {protocol.NUM_EXAMPLES: len(train_data)}
@@ -146,11 +146,7 @@ def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
         metrics["em-iterations"] = iterations
         metrics.update(mixture_metrics(models, pi, train_data, split="train"))
     else:
-        saved = env.state.load(before_round=rnd)
-        if saved is None or "pi" not in saved[0]:
-            pi = torch.full((num,), 1.0 / num, dtype=torch.float64)
-        else:
-            pi = torch.from_numpy(saved[0]["pi"])
+        pi, _ = _stored(env, rnd)
     metrics.update(mixture_metrics(models, pi, tensors(env.data.test, env.device)))
     return protocol.reply(content, env.cid, metrics)
 

@@ -126,18 +126,11 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     try:
         _, fleet_port = fed.start_superlink(tls=tls)
         for i in range(n):
+            # the partition cache follows the run's cache-dir setting, which nodes also read
             fed.start_supernode(
-                i,
-                n,
-                f"127.0.0.1:{fleet_port}",
-                tls=tls,
-                node_config={
-                    "state-dir": str(out / "client-state"),
-                    "cache-dir": str(resolved["cache-dir"] or ""),
-                }
-                if resolved["cache-dir"]
-                else {"state-dir": str(out / "client-state")},
-            )
+                i, n, f"127.0.0.1:{fleet_port}", tls=tls,
+                node_config={"state-dir": str(out / "client-state")},
+            )  # fmt: skip
         fed.wait_nodes(n)
         print(f"SuperLink and {n} SuperNodes up (logs in {fed.workdir})", flush=True)
         return _run_and_report(fed, resolved, args.timeout)

@@ -26,10 +26,11 @@ with mean ± std over seeds of each metric of the final evaluation.
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,7 +103,7 @@ def completed(directory: Path) -> bool:
         return False
 
 
-def run(exp: Experiment, out: Path, extra: Sequence[str] = ()) -> dict[str, Any]:
+def run(exp: Experiment, out: Path) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     for seed in exp.seeds:  # seed-major: a partial experiment still compares methods
         for method, cfg in exp.methods.items():
@@ -111,17 +112,12 @@ def run(exp: Experiment, out: Path, extra: Sequence[str] = ()) -> dict[str, Any]
                 print(f"== {method} seed {seed}: already done", flush=True)
                 continue
             if target.exists():  # an interrupted run: start it again from scratch
-                import shutil
-
                 shutil.rmtree(target)
             settings = {**exp.common, **cfg, "seed": seed}
             argv = [sys.executable, "-m", "pollen.cli", exp.mode, "--out", str(target)]
             for key, value in settings.items():
-                text = toml_value(value).strip('"') if isinstance(value, str) else str(value)
-                if isinstance(value, bool):
-                    text = "true" if value else "false"
+                text = value if isinstance(value, str) else toml_value(value)
                 argv += ["--set", f"{key}={text}"]
-            argv += list(extra)
             print(f"== {method} seed {seed}", flush=True)
             done = subprocess.run(argv, check=False)
             if done.returncode != 0:

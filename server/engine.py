@@ -89,7 +89,7 @@ class Engine:
     ) -> dict[int, RecordDict]:
         needed = int(self.settings["min-replies"]) if min_replies is None else min_replies
         replies, failures = self._exchange(message_type, payloads, validate)
-        if len(replies) < min(needed, len(payloads)) or (payloads and not replies and needed):
+        if len(replies) < min(needed, len(payloads)):
             reasons = "; ".join(f"client {c}: {r}" for c, r in sorted(failures.items()))
             raise PhaseFailed(
                 f"round {self.server_round}, phase {message_type}: {len(replies)} valid "

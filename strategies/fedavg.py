@@ -7,33 +7,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-from flwr.app import RecordDict
-
 from pollen import protocol
 from strategies.aggregate import (
     aggregate_metrics,
-    expect_arrays,
     final_evaluation,
     num_examples,
     weighted_average,
 )
-from strategies.base import Federation, Strategy
+from strategies.base import Federation, GlobalModelStrategy
 from strategies.classifier import ServerEvaluator, initial_weights
 from strategies.schedule import learning_rate
 
 
-class FedAvg(Strategy):
+class FedAvg(GlobalModelStrategy):
     def __init__(self, settings: Mapping[str, Any]) -> None:
         super().__init__(settings)
-        self.weights: dict[str, np.ndarray] = {}
         self._evaluator = ServerEvaluator(settings)
 
     def initialize(self, seed: int) -> None:
         self.weights = initial_weights(self.settings, seed)
-
-    def _validate(self, _cid: int, content: RecordDict) -> None:
-        expect_arrays(content, protocol.ARRAYS, self.weights)
 
     def run_round(self, fed: Federation) -> dict[str, float]:
         clients = fed.sample()
@@ -42,7 +34,7 @@ class FedAvg(Strategy):
             c.cid: protocol.instruction(fed.server_round, "train", config, arrays=self.weights)
             for c in clients
         }
-        replies = fed.exchange("train", payloads, self._validate)
+        replies = fed.exchange("train", payloads, self.validate)
         models = [protocol.arrays_of(r) for r in replies.values()]
         self.weights = weighted_average(models, [num_examples(r) for r in replies.values()])
         return aggregate_metrics(replies)
@@ -58,12 +50,3 @@ class FedAvg(Strategy):
 
     def server_evaluate(self) -> dict[str, float]:
         return self._evaluator(self.weights)
-
-    def global_arrays(self) -> dict[str, np.ndarray]:
-        return self.weights
-
-    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        return dict(self.weights), {}
-
-    def load_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
-        self.weights = dict(arrays)

@@ -16,27 +16,24 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from flwr.app import RecordDict
 
 from client.fedem import pack, unpack
 from pollen import protocol
 from strategies.aggregate import (
     aggregate_metrics,
-    expect_arrays,
     final_evaluation,
     num_examples,
     weighted_average,
 )
-from strategies.base import Federation, Strategy
+from strategies.base import Federation, GlobalModelStrategy
 from strategies.classifier import initial_weights
 from strategies.schedule import learning_rate
 
 
-class FedEM(Strategy):
+class FedEM(GlobalModelStrategy):
     def __init__(self, settings: Mapping[str, Any]) -> None:
         super().__init__(settings)
         self.num = int(settings["fedem.components"])
-        self.weights: dict[str, np.ndarray] = {}
 
     def initialize(self, seed: int) -> None:
         # components must differ, or the E-step can never tell them apart
@@ -44,9 +41,6 @@ class FedEM(Strategy):
 
     def components(self) -> list[dict[str, np.ndarray]]:
         return unpack(self.weights, self.num)
-
-    def _validate(self, _cid: int, content: RecordDict) -> None:
-        expect_arrays(content, protocol.ARRAYS, self.weights)
 
     def run_round(self, fed: Federation) -> dict[str, float]:
         pool = fed.available()
@@ -56,7 +50,7 @@ class FedEM(Strategy):
             c.cid: protocol.instruction(fed.server_round, "train", config, arrays=self.weights)
             for c in clients
         }
-        replies = fed.exchange("train", payloads, self._validate)
+        replies = fed.exchange("train", payloads, self.validate)
         models = [protocol.arrays_of(r) for r in replies.values()]
         counts = [num_examples(r) for r in replies.values()]
         if self.settings["fedem.aggregation"] == "renormalize":
@@ -73,15 +67,6 @@ class FedEM(Strategy):
                 fed.server_round, "evaluate", {"unseen": new}, arrays=self.weights
             ),
         )
-
-    def global_arrays(self) -> dict[str, np.ndarray]:
-        return self.weights
-
-    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        return dict(self.weights), {}
-
-    def load_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
-        self.weights = dict(arrays)
 
 
 def stale_average(
