@@ -38,13 +38,15 @@ class LaunchError(RuntimeError):
 
 
 def _die_with_parent() -> None:
-    """Runs in each child before exec: on Linux the child gets SIGTERM if the launcher dies,
-    even by SIGKILL, so no SuperLink or SuperNode outlives it."""
+    """Runs in each child before exec: on Linux the child is killed if the launcher dies (even
+    by SIGKILL), so no SuperLink or SuperNode outlives it. SIGKILL, not SIGTERM: a SuperNode's
+    graceful shutdown keeps retrying to deregister from a SuperLink that died with the launcher;
+    the processes they started exit by watching their parent's pid."""
     if sys.platform.startswith("linux"):
         import ctypes
 
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def free_port() -> int:
