@@ -4,6 +4,7 @@ and read results (report)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -280,6 +281,16 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     from pollen.experiment import Experiment, run, tabulate
 
     exp = Experiment.load(Path(args.file))
+    if args.seeds:
+        try:
+            seeds = tuple(int(s) for s in args.seeds.split(","))
+        except ValueError:
+            print(
+                f"pollen: error: --seeds takes integers like 0,1,2, not {args.seeds!r}",
+                file=sys.stderr,
+            )
+            return 2
+        exp = dataclasses.replace(exp, seeds=seeds)
     out = Path(args.out) if args.out else Path("results") / exp.name
     table = tabulate(exp, out) if args.table_only else run(exp, out)
     print((out / "results.md").read_text())
@@ -419,6 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--table-only", action="store_true", help="only tabulate the runs already in --out"
     )
+    p.add_argument("--seeds", help="run these seeds instead of the file's, e.g. 0 or 0,1")
     p.set_defaults(func=cmd_experiment)
 
     data = sub.add_parser("data", help="datasets: download, partition summary")
