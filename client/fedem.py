@@ -53,13 +53,18 @@ def unpack(arrays: dict[str, np.ndarray], num: int) -> list[dict[str, np.ndarray
     return out
 
 
-def _components(content: RecordDict, env: ClientEnv) -> list[nn.Module]:
+def packed_models(content: RecordDict, num: int, env: ClientEnv) -> list[nn.Module]:
+    """The `num` models packed in an instruction's arrays, as modules."""
     models = []
-    for weights in unpack(protocol.arrays_of(content), int(env.settings["fedem.components"])):
+    for weights in unpack(protocol.arrays_of(content), num):
         model = new_model(env)
         set_weights(model, weights)
         models.append(model)
     return models
+
+
+def _components(content: RecordDict, env: ClientEnv) -> list[nn.Module]:
+    return packed_models(content, int(env.settings["fedem.components"]), env)
 
 
 def _losses(models: list[nn.Module], data: Tensors) -> torch.Tensor:

@@ -48,7 +48,9 @@ def bipartition(similarities: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
     n = similarities.shape[0]
     if n < 2 or similarities.shape != (n, n):
-        raise ValueError(f"need a square similarity matrix of at least 2 rows, got {similarities.shape}")
+        raise ValueError(
+            f"need a square similarity matrix of at least 2 rows, got {similarities.shape}"
+        )
     distances = 1.0 - np.asarray(similarities, np.float64)
     distances = np.maximum((distances + distances.T) / 2, 0.0)
     np.fill_diagonal(distances, 0.0)

@@ -123,6 +123,42 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             ),
         ),
         AlgorithmSpec(
+            name="clustered",
+            description="Clustered FL: one model per cluster of clients; a cluster is split in "
+            "two by the cosine similarity of its members' updates once they cancel on average",
+            strategy="strategies.clustered:Clustered",
+            client="client.clustered",
+            message_types=("train", "evaluate"),
+            settings=(
+                Setting(
+                    "clustered.tol1",
+                    0.4,
+                    "split a cluster only while the norm of its mean update is below this",
+                    minimum=0.0,
+                ),
+                Setting(
+                    "clustered.tol2",
+                    1.6,
+                    "split a cluster only while some member's update norm is above this",
+                    minimum=0.0,
+                ),
+                Setting(
+                    "clustered.max-norm",
+                    "l2",
+                    "the member update norm compared with tol2: 'l2' (official code) or "
+                    "'coordinate', the largest absolute entry (FedEM's reference code)",
+                    choices=("l2", "coordinate"),
+                ),
+                Setting(
+                    "clustered.warmup-rounds",
+                    0,
+                    "rounds before any split is allowed (FedEM's reference: 0; the official "
+                    "code's example: 20)",
+                    minimum=0,
+                ),
+            ),
+        ),
+        AlgorithmSpec(
             name="local",
             description="Local training only: each client keeps its own model, nothing is shared",
             strategy="strategies.local:LocalOnly",

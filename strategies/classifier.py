@@ -11,19 +11,32 @@ import numpy as np
 from pollen.settings import Scalar
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from federated_data import ArrayDataset
+
+
+def _model(settings: Mapping[str, Scalar]) -> nn.Module:
+    from models import build_model
+    from pollen.dataspec import model_input
+
+    shape, classes = model_input(settings)
+    return build_model(str(settings["model"]), shape, classes)
 
 
 def initial_weights(settings: Mapping[str, Scalar], seed: int) -> dict[str, np.ndarray]:
     import torch
 
     from client.training import get_weights
-    from models import build_model
-    from pollen.dataspec import model_input
 
-    shape, classes = model_input(settings)
     torch.manual_seed(seed)
-    return get_weights(build_model(str(settings["model"]), shape, classes))
+    return get_weights(_model(settings))
+
+
+def parameter_keys(settings: Mapping[str, Scalar]) -> list[str]:
+    """Names of the model's trainable tensors among its weights (buffers such as batch-norm
+    statistics excluded)."""
+    return [name for name, p in _model(settings).named_parameters() if p.requires_grad]
 
 
 class ServerEvaluator:
@@ -54,11 +67,8 @@ class ServerEvaluator:
         import torch
 
         from client.training import evaluate_classifier, set_weights
-        from models import build_model
-        from pollen.dataspec import model_input
 
-        shape, classes = model_input(self.settings)
-        model = build_model(str(self.settings["model"]), shape, classes)
+        model = _model(self.settings)
         set_weights(model, weights)
         x = torch.from_numpy(data.features())
         y = torch.from_numpy(data.y).long()

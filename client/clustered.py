@@ -1,0 +1,34 @@
+"""Clustered FL client: trains whatever model the server sends (its cluster's) exactly as a
+FedAvg client does. Only the final evaluation of an unseen client differs: it never trained, so
+no cluster holds it; it receives every cluster's model and keeps the one with the lowest loss
+on its own training split.
+"""
+
+from __future__ import annotations
+
+import torch
+from flwr.app import RecordDict
+
+from client import fedavg
+from client.common import tensors, test_metrics
+from client.env import ClientEnv
+from client.fedem import packed_models
+from pollen import protocol
+
+
+def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
+    config = protocol.config_of(content)
+    if not config.get("unseen"):
+        return fedavg.evaluate(content, env)
+    torch.set_num_threads(1)
+    models = packed_models(content, protocol.as_int(config["clusters"]), env)
+    train = tensors(env.data.train, env.device)
+    fits = [test_metrics(m, train, "train") for m in models]
+    # with no training data there is nothing to choose by: the first (largest) cluster
+    best = min(range(len(models)), key=lambda k: fits[k].get("train-loss", 0.0))
+    metrics = {**test_metrics(models[best], tensors(env.data.test, env.device)), **fits[best]}
+    metrics[protocol.NUM_EXAMPLES] = len(train)
+    return protocol.reply(content, env.cid, metrics)
+
+
+HANDLERS = {"train": fedavg.train, "evaluate": evaluate}

@@ -1,0 +1,139 @@
+"""Clustered FL (Sattler et al., 2020), as FedEM's reference code runs it as a baseline.
+
+The server keeps a list of clusters of client ids, one model each; it starts with one cluster
+holding every training client. Each round every client trains its cluster's model (the
+FedAvg client, unchanged: each client's instruction carries its own cluster's weights). From
+the updates dtheta_t = theta_t - theta_cluster the server splits every cluster that meets the
+criterion (models/clustered.py), then averages each cluster's returned models with weights
+n_t. A cluster with a member missing this round is not split (the member could not be placed).
+
+Clients that connect after round 1 join the largest cluster. Unseen clients
+(`unseen-fraction`) receive every cluster's model at the end and keep the one with the lowest
+loss on their own training split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from flwr.app import RecordDict
+
+from client.fedem import pack, unpack
+from models.clustered import flat_update, split_clusters, update_norms
+from pollen import protocol
+from strategies.aggregate import (
+    aggregate_metrics,
+    expect_arrays,
+    final_evaluation,
+    num_examples,
+    weighted_average,
+)
+from strategies.base import ClientInfo, Federation, Strategy
+from strategies.classifier import initial_weights, parameter_keys
+from strategies.schedule import learning_rate
+
+
+class Clustered(Strategy):
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        super().__init__(settings)
+        self.tol1 = float(settings["clustered.tol1"])
+        self.tol2 = float(settings["clustered.tol2"])
+        self.max_norm = str(settings["clustered.max-norm"])
+        self.warmup = int(settings["clustered.warmup-rounds"])
+        self.clusters: list[list[int]] = []
+        self.models: list[dict[str, np.ndarray]] = []
+        self._keys: list[str] | None = None
+
+    def initialize(self, seed: int) -> None:
+        self.clusters = [[]]
+        self.models = [initial_weights(self.settings, seed)]
+
+    def keys(self) -> list[str]:
+        """The tensors an update is measured on: the trainable parameters."""
+        if self._keys is None:
+            self._keys = parameter_keys(self.settings)
+        return self._keys
+
+    def cluster_of(self, cid: int) -> int:
+        return next(k for k, members in enumerate(self.clusters) if cid in members)
+
+    def admit(self, clients: list[ClientInfo]) -> None:
+        """Clients in no cluster yet join the largest one (all of them in round 1)."""
+        known = {c for members in self.clusters for c in members}
+        largest = max(range(len(self.clusters)), key=lambda k: len(self.clusters[k]))
+        self.clusters[largest] += [c.cid for c in clients if c.cid not in known]
+
+    def run_round(self, fed: Federation) -> dict[str, float]:
+        self.admit(fed.available())
+        config = {"lr": learning_rate(self.settings, fed.server_round)}
+        sent = {c.cid: self.models[self.cluster_of(c.cid)] for c in fed.sample()}
+        payloads = {
+            cid: protocol.instruction(fed.server_round, "train", config, arrays=model)
+            for cid, model in sent.items()
+        }
+
+        def validate(cid: int, content: RecordDict) -> None:
+            expect_arrays(content, protocol.ARRAYS, sent[cid])
+
+        replies = fed.exchange("train", payloads, validate)
+        trained = {cid: protocol.arrays_of(r) for cid, r in replies.items()}
+        updates = {cid: flat_update(sent[cid], m, self.keys()) for cid, m in trained.items()}
+
+        before = self.clusters
+        if fed.server_round > self.warmup:
+            self.clusters = split_clusters(before, updates, self.tol1, self.tol2, self.max_norm)
+        parent = {cid: k for k, members in enumerate(before) for cid in members}
+        models = []
+        for members in self.clusters:
+            got = [c for c in members if c in trained]
+            if got:
+                models.append(
+                    weighted_average(
+                        [trained[c] for c in got], [num_examples(replies[c]) for c in got]
+                    )
+                )
+            else:  # nobody of this cluster answered: its model stays
+                models.append(self.models[parent[members[0]]])
+        self.models = models
+
+        metrics = aggregate_metrics(replies)
+        flat = np.stack(list(updates.values())) if updates else np.zeros((0, 0))
+        mean, largest = update_norms(flat, self.max_norm)
+        metrics.update({
+            "clusters": float(len(self.clusters)),
+            "splits": float(len(self.clusters) - len(before)),
+            "mean-update-norm": mean,
+            "max-update-norm": largest,
+        })  # fmt: skip
+        return metrics
+
+    def finalize(self, fed: Federation) -> dict[str, float]:
+        self.admit(fed.available())
+        by_size = sorted(range(len(self.models)), key=lambda k: -len(self.clusters[k]))
+        every = pack([self.models[k] for k in by_size])
+
+        def instruction(client: ClientInfo, unseen: bool) -> RecordDict:
+            if unseen:
+                config = {"unseen": True, "clusters": len(by_size)}
+                return protocol.instruction(fed.server_round, "evaluate", config, arrays=every)
+            model = self.models[self.cluster_of(client.cid)]
+            return protocol.instruction(
+                fed.server_round, "evaluate", {"unseen": False}, arrays=model
+            )
+
+        out = final_evaluation(fed, instruction)
+        out["clusters"] = float(len(self.clusters))
+        return out
+
+    def global_arrays(self) -> dict[str, np.ndarray]:
+        """Every cluster's model, packed as `comp{k}.<key>` in cluster order."""
+        return pack(self.models)
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        return pack(self.models), {"clusters": self.clusters}
+
+    def load_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
+        self.clusters = [[int(c) for c in members] for members in meta["clusters"]]
+        self.models = unpack(dict(arrays), len(self.clusters))
