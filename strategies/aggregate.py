@@ -55,6 +55,24 @@ def expect_arrays(
     return out
 
 
+def train_from(
+    fed: Federation,
+    starts: Mapping[int, Mapping[str, np.ndarray]],
+    config: Mapping[str, int | float | str | bool],
+) -> dict[int, RecordDict]:
+    """One "train" exchange in which each client starts from its own arrays; a reply must
+    carry arrays with the keys, shapes and dtypes of what that client was sent."""
+    payloads = {
+        cid: protocol.instruction(fed.server_round, "train", config, arrays=start)
+        for cid, start in starts.items()
+    }
+
+    def validate(cid: int, content: RecordDict) -> None:
+        expect_arrays(content, protocol.ARRAYS, starts[cid])
+
+    return fed.exchange("train", payloads, validate)
+
+
 def num_examples(content: RecordDict) -> int:
     return protocol.as_int(protocol.metrics_of(content)[protocol.NUM_EXAMPLES])
 

@@ -25,9 +25,9 @@ from models.clustered import flat_update, split_clusters, update_norms
 from pollen import protocol
 from strategies.aggregate import (
     aggregate_metrics,
-    expect_arrays,
     final_evaluation,
     num_examples,
+    train_from,
     weighted_average,
 )
 from strategies.base import ClientInfo, Federation, Strategy
@@ -69,15 +69,7 @@ class Clustered(Strategy):
         self.admit(fed.available())
         config = {"lr": learning_rate(self.settings, fed.server_round)}
         sent = {c.cid: self.models[self.cluster_of(c.cid)] for c in fed.sample()}
-        payloads = {
-            cid: protocol.instruction(fed.server_round, "train", config, arrays=model)
-            for cid, model in sent.items()
-        }
-
-        def validate(cid: int, content: RecordDict) -> None:
-            expect_arrays(content, protocol.ARRAYS, sent[cid])
-
-        replies = fed.exchange("train", payloads, validate)
+        replies = train_from(fed, sent, config)
         trained = {cid: protocol.arrays_of(r) for cid, r in replies.items()}
         updates = {cid: flat_update(sent[cid], m, self.keys()) for cid, m in trained.items()}
 

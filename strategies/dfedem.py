@@ -14,11 +14,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from flwr.app import RecordDict
 
 from client.fedem import pack
 from pollen import protocol
-from strategies.aggregate import aggregate_metrics, expect_arrays
+from strategies.aggregate import aggregate_metrics, train_from
 from strategies.base import Federation, Strategy
 from strategies.classifier import initial_weights
 from strategies.gossip import erdos_renyi, metropolis_hastings
@@ -55,15 +54,7 @@ class DFedEM(Strategy):
     def run_round(self, fed: Federation) -> dict[str, float]:
         config = {"lr": learning_rate(self.settings, fed.server_round)}
         starts = {c.cid: self.gossip(c.cid) for c in fed.available()}
-        payloads = {
-            cid: protocol.instruction(fed.server_round, "train", config, arrays=start)
-            for cid, start in starts.items()
-        }
-
-        def validate(cid: int, content: RecordDict) -> None:
-            expect_arrays(content, protocol.ARRAYS, starts[cid])
-
-        replies = fed.exchange("train", payloads, validate)
+        replies = train_from(fed, starts, config)
         for cid, reply in replies.items():
             self.models[cid] = protocol.arrays_of(reply)
         # a client that did not answer keeps its gossip start as its latest model
