@@ -63,3 +63,13 @@ def model_input(settings: Mapping[str, Scalar]) -> tuple[tuple[int, ...], int]:
 
     info = dataset_info(str(settings["dataset"]), dataset_params(settings) or None)
     return info.input_shape, info.num_classes
+
+
+def class_weights(settings: Mapping[str, Scalar]) -> tuple[float, ...] | None:
+    """The run's per-class loss weights (None: unweighted), without loading the data."""
+    from federated_data.catalog import dataset_info
+
+    if settings["class-weights"] == "none":
+        return None
+    info = dataset_info(str(settings["dataset"]), dataset_params(settings) or None)
+    return info.class_weights
