@@ -14,11 +14,13 @@ from federated_data.synthetic_fedem import resolve_params as _resolve_fedem_synt
 
 @dataclass(frozen=True)
 class DatasetInfo:
-    """`class_weights`: the per-class loss weights the dataset's reference training uses
-    (None: every class weighs 1)."""
+    """`tokens`: examples are token sequences (next-token data, see ArrayDataset).
+    `class_weights`: the per-class loss weights the dataset's reference training uses (None:
+    every class weighs 1)."""
 
     input_shape: tuple[int, ...]
     num_classes: int
+    tokens: bool = False
     class_weights: tuple[float, ...] | None = None
 
 
@@ -42,7 +44,7 @@ CATALOG: dict[str, DatasetInfo] = {
     "svhn": DatasetInfo((3, 32, 32), 10),
     "fedem-synthetic": DatasetInfo((int(_FEDEM_SYNTHETIC["dimension"]),), 2),
     "shakespeare": DatasetInfo(
-        (SEQUENCE_LENGTH,), len(VOCABULARY), class_weights=reference_class_weights()
+        (SEQUENCE_LENGTH,), len(VOCABULARY), tokens=True, class_weights=reference_class_weights()
     ),
 }
 

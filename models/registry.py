@@ -26,6 +26,8 @@ _BUILDERS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
 }
 ALL_MODEL_NAMES = tuple(sorted(_BUILDERS))
 """Every name build_model accepts."""
+SEQUENCE_MODEL_NAMES = ("char-lstm", "char-lstm-small")
+"""Models that read token sequences (and only those)."""
 MODEL_NAMES = ("cnn", "linear", "mlp", "mobilenet-v2")
 """Models that take any image (C, H, W), whatever its size, and output (batch, classes) logits.
 The others are tied to one kind of input: femnist-cnn needs images of side >= 16, char-lstm
