@@ -32,16 +32,16 @@ def write_leaf(
         (data_dir / SUBDIR / split).mkdir(parents=True, exist_ok=True)
     for f in range(files):
         mine = users[f::files]
-        payload: dict[str, dict[str, object]] = {"train": {}, "test": {}}
-        for user in mine:
-            x, y = windows(texts[user])
-            cut = int(train_fraction * len(x))
-            payload["train"][user] = {"x": x[:cut], "y": y[:cut]}
-            payload["test"][user] = {"x": x[cut:], "y": y[cut:]}
-        for split, user_data in payload.items():
+        samples = {user: windows(texts[user]) for user in mine}
+        for split in ("train", "test"):
+            user_data = {}
+            for user, (x, y) in samples.items():
+                cut = int(train_fraction * len(x))
+                keep = slice(None, cut) if split == "train" else slice(cut, None)
+                user_data[user] = {"x": x[keep], "y": y[keep]}
             doc = {
                 "users": mine,
-                "num_samples": [len(d["x"]) for d in user_data.values()],  # type: ignore[arg-type]
+                "num_samples": [len(d["x"]) for d in user_data.values()],
                 "user_data": user_data,
             }
             path = data_dir / SUBDIR / split / f"all_data_{f}_{split}.json"

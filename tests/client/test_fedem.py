@@ -4,19 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 from client.common import Tensors
 from client.fedem import mixture_metrics
-
-
-class _Fixed(nn.Module):
-    def __init__(self, logits: torch.Tensor) -> None:
-        super().__init__()
-        self.logits = logits
-
-    def forward(self, index: torch.Tensor) -> torch.Tensor:
-        return self.logits[index]
+from tests.fakes import FixedLogits
 
 
 @pytest.mark.parametrize("weighted", [False, True])
@@ -27,7 +18,7 @@ def test_sequence_mixture_metrics_mix_each_token(weighted: bool) -> None:
     weights = torch.rand(5, generator=gen) * 8 if weighted else None
     pi = torch.tensor([0.3, 0.7], dtype=torch.float64)
     data = Tensors(torch.arange(7), y, weights)
-    metrics = mixture_metrics([_Fixed(lg) for lg in logits], pi, data, batch_size=3)
+    metrics = mixture_metrics([FixedLogits(lg) for lg in logits], pi, data, batch_size=3)
 
     mixed = sum(p * torch.softmax(lg.double(), 1) for p, lg in zip(pi, logits, strict=True))
     assert isinstance(mixed, torch.Tensor)

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from client.training import SGD, evaluate_classifier, get_weights, set_weights, train_classifier
+from tests.fakes import FixedLogits
 
 
 @pytest.mark.parametrize(("momentum", "weight_decay"), [(0.0, 0.0), (0.9, 0.0), (0.9, 1e-2)])
@@ -61,23 +62,12 @@ def test_weights_round_trip_and_empty_split() -> None:
     assert np.isnan(loss) and np.isnan(acc)
 
 
-class _Fixed(nn.Module):
-    """A 'model' that returns preset logits for the examples whose index it is given."""
-
-    def __init__(self, logits: torch.Tensor) -> None:
-        super().__init__()
-        self.logits = logits
-
-    def forward(self, index: torch.Tensor) -> torch.Tensor:
-        return self.logits[index]
-
-
 def test_sequences_score_accuracy_over_tokens_and_loss_per_sequence() -> None:
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(5, 4, 3, generator=gen)  # 5 sequences, 4 classes, 3 positions
     y = torch.randint(0, 4, (5, 3), generator=gen)
     weights = torch.tensor([0.5, 1.0, 2.0, 8.0])
-    model, index = _Fixed(logits), torch.arange(5)
+    model, index = FixedLogits(logits), torch.arange(5)
     tokens = nn.functional.cross_entropy(logits, y, reduction="none")  # 5 x 3
     right = (logits.argmax(1) == y).float().mean()
     for w, token_losses in ((None, tokens), (weights, tokens * weights[y])):
