@@ -89,12 +89,11 @@ def load_leaf_shakespeare(
             f"splits (e.g. {only[0]!r}); one client per user needs both (LEAF's '-t sample' split)"
         )
     users = sorted(train)
-    parts = [(train[u], False, k) for k, u in enumerate(users)]
-    parts += [(test[u], True, k) for k, u in enumerate(users)]
-    x = np.concatenate([p[0][0] for p in parts])
-    y = np.concatenate([p[0][1] for p in parts])
-    keys = np.concatenate([np.full(len(p[0][1]), p[2], dtype=np.int64) for p in parts])
-    test_mask = np.concatenate([np.full(len(p[0][1]), p[1]) for p in parts])
+    blocks = [(split[u], k, split is test) for split in (train, test) for k, u in enumerate(users)]
+    x = np.concatenate([xy[0] for xy, _, _ in blocks])
+    y = np.concatenate([xy[1] for xy, _, _ in blocks])
+    keys = np.concatenate([np.full(len(xy[1]), k, dtype=np.int64) for xy, k, _ in blocks])
+    test_mask = np.concatenate([np.full(len(xy[1]), is_test) for xy, _, is_test in blocks])
     return ArrayDataset(x, y, len(VOCABULARY)), keys, test_mask
 
 
@@ -130,9 +129,9 @@ def _encode_user(entry: Any, where: str) -> tuple[np.ndarray, np.ndarray]:
         xs, ys = entry["x"], entry["y"]
     except (KeyError, TypeError):
         raise DataConfigError(f"dataset 'shakespeare': {where} needs 'x' and 'y' lists") from None
-    if not isinstance(xs, list) or not isinstance(ys, list) or len(xs) != len(ys) or not xs:
+    if not isinstance(xs, list) or not isinstance(ys, list) or len(xs) != len(ys):
         raise DataConfigError(
-            f"dataset 'shakespeare': {where}: 'x' and 'y' must be non-empty lists of equal length"
+            f"dataset 'shakespeare': {where}: 'x' and 'y' must be lists of equal length"
         )
     for i, (text, nxt) in enumerate(zip(xs, ys, strict=True)):
         if not isinstance(text, str) or len(text) != SEQUENCE_LENGTH:

@@ -153,7 +153,7 @@ def _user(doc: dict[str, object]) -> dict[str, list[str]]:
         ("train", lambda d: d["user_data"].pop(SORTED[0]), "has no user_data entry"),
         ("train", lambda d: _user(d)["x"].__setitem__(2, "too short"), r"x\[2\] must be a string"),
         ("train", lambda d: _user(d)["y"].__setitem__(0, "ab"), r"y\[0\] must be one character"),
-        ("train", lambda d: _user(d)["y"].pop(), "non-empty lists of equal length"),
+        ("train", lambda d: _user(d)["y"].pop(), "lists of equal length"),
         ("test", lambda d: _user(d).pop("y"), "needs 'x' and 'y'"),
         ("train", lambda d: _user(d)["y"].__setitem__(1, "é"), "'é' is not in Python's"),
         ("train", lambda d: _user(d)["y"].__setitem__(1, "\u2014"), "'\u2014' is not in"),
@@ -176,3 +176,11 @@ def test_a_user_in_two_files_is_refused(tmp_path: Path) -> None:
     (first.parent / "copy.json").write_text(first.read_text())
     with pytest.raises(DataConfigError, match="appears in two files"):
         load_dataset("shakespeare", str(tmp_path))
+
+
+def test_a_user_without_test_samples_gets_an_empty_test_split(tmp_path: Path) -> None:
+    write_leaf(tmp_path, TEXTS)
+    _edit(tmp_path, "test", lambda d: _user(d).update(x=[], y=[]))
+    client = load_client_data(_spec(tmp_path), 0, tmp_path / "cache")
+    assert len(client.test) == 0 and client.test.x.shape == (0, 80)
+    assert len(client.train) == int(0.8 * len(windows(TEXTS[SORTED[0]])[0]))
