@@ -16,21 +16,39 @@ from client.training import SGD, ProximalTerm, evaluate_classifier, train_classi
 from federated_data import ArrayDataset
 from models import build_model
 from pollen import protocol
-from pollen.dataspec import model_input
+from pollen.dataspec import class_weights, model_input
 
 
 @dataclass(frozen=True)
 class Tensors:
+    """A split as model input and targets (labels, or next tokens for sequences), with the
+    per-class loss weights every loss on it uses (None: unweighted)."""
+
     x: torch.Tensor
     y: torch.Tensor
+    class_weights: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.y)
 
 
-def tensors(ds: ArrayDataset, device: torch.device) -> Tensors:
+def tensors(
+    ds: ArrayDataset, device: torch.device, class_weights: torch.Tensor | None = None
+) -> Tensors:
     return Tensors(
-        torch.from_numpy(ds.features()).to(device), torch.from_numpy(ds.y).long().to(device)
+        torch.from_numpy(ds.features()).to(device),
+        torch.from_numpy(ds.targets()).long().to(device),
+        class_weights,
+    )
+
+
+def split_tensors(env: ClientEnv, split: str) -> Tensors:
+    """The client's "train", "val" or "test" split with the run's class weights."""
+    weights = class_weights(env.settings)
+    return tensors(
+        getattr(env.data, split),
+        env.device,
+        None if weights is None else torch.tensor(weights, dtype=torch.float32, device=env.device),
     )
 
 
@@ -123,6 +141,7 @@ def train(
         proximal=proximal,
         optimizer=opt,
         sample_weights=sample_weights,
+        class_weights=data.class_weights,
     )
 
 
@@ -130,6 +149,6 @@ def test_metrics(model: nn.Module, data: Tensors, split: str = "test") -> dict[s
     """Loss and accuracy on one of the client's splits (only the count when it is empty)."""
     metrics: dict[str, int | float] = {f"{split}-examples": len(data)}
     if len(data):
-        loss, acc = evaluate_classifier(model, data.x, data.y)
+        loss, acc = evaluate_classifier(model, data.x, data.y, class_weights=data.class_weights)
         metrics.update({f"{split}-loss": loss, f"{split}-accuracy": acc})
     return metrics

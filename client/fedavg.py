@@ -20,7 +20,7 @@ from client.common import (
     new_model,
     optimizer,
     sgd_for_round,
-    tensors,
+    split_tensors,
     test_metrics,
 )
 from client.common import train as train_locally
@@ -52,7 +52,7 @@ def _model_metrics(
     """Metrics of the client's model on a split. For FedAvg+ that model is a copy of the
     received one fine-tuned on local data (the copy is then dropped); the received model's
     figures are kept as global-*."""
-    data = tensors(env.data.test if split == "test" else env.data.train, env.device)
+    data = split_tensors(env, split)
     received = test_metrics(model, data, split)
     if algorithm != "fedavg-plus":
         return received
@@ -61,7 +61,7 @@ def _model_metrics(
         sgd_for_round(content, env), epochs=int(env.settings["fedavg-plus.adapt-epochs"])
     )
     rnd = protocol.round_of(content)
-    train_locally(tuned, tensors(env.data.train, env.device), sgd, generator(env, rnd, "adapt"))
+    train_locally(tuned, split_tensors(env, "train"), sgd, generator(env, rnd, "adapt"))
     return {**test_metrics(tuned, data, split), **{f"global-{k}": v for k, v in received.items()}}
 
 
@@ -72,7 +72,7 @@ def _train(content: RecordDict, env: ClientEnv, algorithm: str) -> RecordDict:
     proximal = (
         _proximal(model, float(env.settings["fedprox.mu"])) if algorithm == "fedprox" else None
     )
-    data = tensors(env.data.train, env.device)
+    data = split_tensors(env, "train")
     sgd = sgd_for_round(content, env)
     saved = env.state.load(before_round=rnd) if env.settings["persist-momentum"] else None
     opt = optimizer(model, sgd, env, saved[0] if saved else {})

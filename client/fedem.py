@@ -20,7 +20,7 @@ from client.common import (
     new_model,
     optimizer,
     sgd_for_round,
-    tensors,
+    split_tensors,
 )
 from client.common import train as train_locally
 from client.env import ClientEnv
@@ -30,6 +30,7 @@ from client.training import (
     predict_probabilities,
     set_weights,
 )
+from models.losses import correct_predictions, probability_loss
 from models.mixture import (
     fit_mixture_weights,
     log_weights,
@@ -71,21 +72,34 @@ def _losses(models: list[nn.Module], data: Tensors) -> torch.Tensor:
     """L[i, m]: loss of example i under component m (eval mode, no gradients)."""
     if len(data) == 0:
         return torch.zeros(0, len(models))
-    return torch.stack([per_sample_losses(m, data.x, data.y) for m in models], dim=1).double()
+    return torch.stack(
+        [per_sample_losses(m, data.x, data.y, class_weights=data.class_weights) for m in models],
+        dim=1,
+    ).double()
 
 
 def mixture_metrics(
-    models: list[nn.Module], pi: torch.Tensor, data: Tensors, split: str = "test"
+    models: list[nn.Module],
+    pi: torch.Tensor,
+    data: Tensors,
+    split: str = "test",
+    batch_size: int = 1024,
 ) -> dict[str, int | float]:
-    """Accuracy and log-loss of the personalised predictor sum_m pi_m p_m(y|x)."""
+    """Accuracy and log-loss of the personalised predictor sum_m pi_m p_m(y|x) (for sequences,
+    per position: accuracy over tokens, loss per sequence), computed batch by batch."""
     metrics: dict[str, int | float] = {f"{split}-examples": len(data)}
     if len(data) == 0:
         return metrics
-    probs = torch.stack([predict_probabilities(m, data.x) for m in models]).double()
-    mixed = mixture_probabilities(pi, probs)
-    picked = mixed[torch.arange(len(data)), data.y].clamp_min(1e-12)
-    metrics[f"{split}-loss"] = float(-picked.log().mean())
-    metrics[f"{split}-accuracy"] = float((mixed.argmax(1) == data.y).double().mean())
+    losses, correct, made = [], 0, 0
+    for start in range(0, len(data), batch_size):
+        x, y = data.x[start : start + batch_size], data.y[start : start + batch_size]
+        probs = torch.stack([predict_probabilities(m, x, batch_size) for m in models]).double()
+        mixed = mixture_probabilities(pi, probs)
+        losses.append(probability_loss(mixed, y, data.class_weights))
+        right, count = correct_predictions(mixed, y)
+        correct, made = correct + right, made + count
+    metrics[f"{split}-loss"] = float(torch.cat(losses).mean())
+    metrics[f"{split}-accuracy"] = correct / made
     return metrics
 
 
@@ -105,12 +119,12 @@ def train(content: RecordDict, env: ClientEnv) -> RecordDict:
     rnd = protocol.round_of(content)
     models = _components(content, env)
     pi, stored = _stored(env, rnd)
-    data = tensors(env.data.train, env.device)
+    data = split_tensors(env, "train")
 
     # E-step with the received components and the stored pi, then the M-step for pi
     q = responsibilities(log_weights(pi.double()), _losses(models, data))
     pi = mixture_weights(q)
-    metrics = mixture_metrics(models, pi, tensors(env.data.test, env.device))
+    metrics = mixture_metrics(models, pi, split_tensors(env, "test"))
 
     sgd = sgd_for_round(content, env)
     state: dict[str, np.ndarray] = {"pi": pi.numpy()}
@@ -119,7 +133,7 @@ def train(content: RecordDict, env: ClientEnv) -> RecordDict:
         opt = optimizer(model, sgd, env, stored, prefix=f"momentum{m}")
         # component 0 draws the same batches a single FedAvg model would (M = 1 is FedAvg)
         tag = "train" if m == 0 else f"train{m}"
-        weights = q[:, m].to(data.x.dtype)
+        weights = q[:, m].float()
         losses.append(
             train_locally(
                 model, data, sgd, generator(env, rnd, tag), opt=opt, sample_weights=weights
@@ -140,7 +154,7 @@ def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
     torch.set_num_threads(1)
     rnd = protocol.round_of(content)
     models = _components(content, env)
-    train_data = tensors(env.data.train, env.device)
+    train_data = split_tensors(env, "train")
     metrics: dict[str, int | float] = {protocol.NUM_EXAMPLES: len(train_data)}
     if protocol.config_of(content).get("unseen"):
         pi, iterations = fit_mixture_weights(
@@ -152,7 +166,7 @@ def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
         metrics.update(mixture_metrics(models, pi, train_data, split="train"))
     else:
         pi, _ = _stored(env, rnd)
-    metrics.update(mixture_metrics(models, pi, tensors(env.data.test, env.device)))
+    metrics.update(mixture_metrics(models, pi, split_tensors(env, "test")))
     return protocol.reply(content, env.cid, metrics)
 
 

@@ -13,7 +13,7 @@ from client.common import (
     new_model,
     optimizer,
     sgd_for_round,
-    tensors,
+    split_tensors,
     test_metrics,
 )
 from client.common import train as train_locally
@@ -41,13 +41,13 @@ def train(content: RecordDict, env: ClientEnv) -> RecordDict:
     torch.set_num_threads(1)
     rnd = protocol.round_of(content)
     model, stored = _personal_model(env, rnd)
-    data = tensors(env.data.train, env.device)
+    data = split_tensors(env, "train")
     sgd = sgd_for_round(content, env)
     opt = optimizer(model, sgd, env, stored)
     loss = train_locally(model, data, sgd, generator(env, rnd, "train"), opt=opt)
     state = {f"model.{k}": v for k, v in get_weights(model).items()}
     env.state.save(rnd, {**state, **momentum_arrays(opt, env)}, {"round": rnd})
-    metrics = test_metrics(model, tensors(env.data.test, env.device))
+    metrics = test_metrics(model, split_tensors(env, "test"))
     metrics.update({protocol.NUM_EXAMPLES: len(data), "train-loss": loss})
     return protocol.reply(content, env.cid, metrics)
 
@@ -55,7 +55,7 @@ def train(content: RecordDict, env: ClientEnv) -> RecordDict:
 def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
     torch.set_num_threads(1)
     model, _ = _personal_model(env, protocol.round_of(content))
-    metrics = test_metrics(model, tensors(env.data.test, env.device))
+    metrics = test_metrics(model, split_tensors(env, "test"))
     metrics[protocol.NUM_EXAMPLES] = len(env.data.train)
     return protocol.reply(content, env.cid, metrics)
 

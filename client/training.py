@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.losses import class_probabilities, per_sample_loss
+from models.losses import class_probabilities, correct_predictions, per_sample_loss
 
 ProximalTerm = Callable[[nn.Module], torch.Tensor]
 
@@ -74,11 +74,13 @@ def train_classifier(
     proximal: ProximalTerm | None = None,
     sample_weights: torch.Tensor | None = None,
     optimizer: SGD | None = None,
+    class_weights: torch.Tensor | None = None,
 ) -> float:
     """SGD on the negative log-likelihood for `epochs` passes; returns the last epoch's mean
     training loss. With `sample_weights` each batch minimises mean_i(w_i * loss_i), weights looked
     up by example index (FedEM's responsibility-weighted M-step). Pass `optimizer` to keep its
-    momentum buffers across calls."""
+    momentum buffers across calls. Sequence targets (n, T) and `class_weights`: see
+    models.losses."""
     model.train()
     opt = optimizer or SGD(
         [p for p in model.parameters() if p.requires_grad], lr, momentum, weight_decay
@@ -88,7 +90,7 @@ def train_classifier(
         total, count = 0.0, 0
         for idx in batches(len(y), batch_size, generator):
             opt.zero_grad()
-            losses = per_sample_loss(model(x[idx]), y[idx])
+            losses = per_sample_loss(model(x[idx]), y[idx], class_weights)
             if sample_weights is not None:
                 losses = losses * sample_weights[idx]
             loss = losses.mean()
@@ -103,29 +105,39 @@ def train_classifier(
 
 @torch.no_grad()
 def evaluate_classifier(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_size: int = 1024,
+    class_weights: torch.Tensor | None = None,
 ) -> tuple[float, float]:
-    """(mean cross-entropy, accuracy); (nan, nan) on an empty split."""
+    """(mean cross-entropy per example, accuracy over predicted labels, i.e. tokens for
+    sequences); (nan, nan) on an empty split."""
     if len(y) == 0:
         return float("nan"), float("nan")
     model.eval()
-    loss_sum, correct = 0.0, 0
+    loss_sum, correct, made = 0.0, 0, 0
     for start in range(0, len(y), batch_size):
         logits = model(x[start : start + batch_size])
         target = y[start : start + batch_size]
-        loss_sum += float(per_sample_loss(logits, target).sum())
-        correct += int((class_probabilities(logits).argmax(1) == target).sum())
-    return loss_sum / len(y), correct / len(y)
+        loss_sum += float(per_sample_loss(logits, target, class_weights).sum())
+        right, count = correct_predictions(class_probabilities(logits), target)
+        correct, made = correct + right, made + count
+    return loss_sum / len(y), correct / made
 
 
 @torch.no_grad()
 def per_sample_losses(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_size: int = 1024,
+    class_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Loss of every example under `model` in eval mode, shape (n,)."""
+    """Loss of every example (sequence) under `model` in eval mode, shape (n,)."""
     model.eval()
     parts = [
-        per_sample_loss(model(x[s : s + batch_size]), y[s : s + batch_size])
+        per_sample_loss(model(x[s : s + batch_size]), y[s : s + batch_size], class_weights)
         for s in range(0, len(y), batch_size)
     ]
     return torch.cat(parts) if parts else torch.zeros(0)

@@ -7,14 +7,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from federated_data.errors import DataConfigError
+from federated_data.shakespeare import SEQUENCE_LENGTH, VOCABULARY, reference_class_weights
 from federated_data.synthetic_fedem import PARAM_DEFAULTS as _FEDEM_SYNTHETIC
 from federated_data.synthetic_fedem import resolve_params as _resolve_fedem_synthetic
 
 
 @dataclass(frozen=True)
 class DatasetInfo:
+    """`tokens`: examples are token sequences (next-token data, see ArrayDataset).
+    `class_weights`: the per-class loss weights the dataset's reference training uses (None:
+    every class weighs 1)."""
+
     input_shape: tuple[int, ...]
     num_classes: int
+    tokens: bool = False
+    class_weights: tuple[float, ...] | None = None
 
 
 def _fedem_synthetic_info(params: Mapping[str, Any]) -> DatasetInfo:
@@ -36,6 +43,9 @@ CATALOG: dict[str, DatasetInfo] = {
     "cifar100": DatasetInfo((3, 32, 32), 100),
     "svhn": DatasetInfo((3, 32, 32), 10),
     "fedem-synthetic": DatasetInfo((int(_FEDEM_SYNTHETIC["dimension"]),), 2),
+    "shakespeare": DatasetInfo(
+        (SEQUENCE_LENGTH,), len(VOCABULARY), tokens=True, class_weights=reference_class_weights()
+    ),
 }
 
 

@@ -25,6 +25,7 @@ from federated_data.arrays import ArrayDataset
 from federated_data.cachefiles import default_cache_dir, exclusive_lock, save_npz_atomic
 from federated_data.errors import DataConfigError, DatasetNotFoundError
 from federated_data.partition import CIFAR100_COARSE_OF_FINE
+from federated_data.shakespeare import load_leaf_shakespeare
 from federated_data.synthetic_fedem import PARAM_DEFAULTS as FEDEM_SYNTHETIC_PARAMS
 from federated_data.synthetic_fedem import FedEMSynthetic
 from federated_data.synthetic_fedem import check_params as check_fedem_synthetic_params
@@ -340,6 +341,18 @@ def _load_fedem_synthetic(data_dir: str | None, download: bool, **params: Any) -
     return SourceData(ArrayDataset(x, y, 2), keys=keys, test_mask=test_mask)
 
 
+# --- text datasets (read from data_dir, never downloaded) -----------------------------------
+
+# Each client's first test sequences (consecutive windows of its text) for the server's test set.
+SHAKESPEARE_SERVER_TEST_PER_CLIENT = 100
+
+
+def _load_shakespeare(data_dir: str | None, download: bool) -> SourceData:
+    """LEAF's Shakespeare output: one key per user, LEAF's test samples marked."""
+    data, keys, test_mask = load_leaf_shakespeare(data_dir, download)
+    return SourceData(data, keys=keys, test_mask=test_mask)
+
+
 # --- torchvision datasets (read from data_dir) -----------------------------------------------
 
 
@@ -480,6 +493,14 @@ register_dataset(
     check_params=check_fedem_synthetic_params,
     predefined_split=True,
     server_test_per_client=FEDEM_SYNTHETIC_SERVER_TEST_PER_CLIENT,
+)
+
+# Not source-cached either: LEAF's JSON is read once per partition, whose client files are cached.
+register_dataset(
+    "shakespeare",
+    _load_shakespeare,
+    predefined_split=True,
+    server_test_per_client=SHAKESPEARE_SERVER_TEST_PER_CLIENT,
 )
 
 DATASET_NAMES: tuple[str, ...] = dataset_names()

@@ -58,5 +58,6 @@ def fit_mixture_weights(
 
 
 def mixture_probabilities(pi: torch.Tensor, probabilities: torch.Tensor) -> torch.Tensor:
-    """sum_m pi_m p_m(y | x) for component probabilities of shape (M, n, C)."""
-    return torch.einsum("m,mnc->nc", pi.to(probabilities.dtype), probabilities)
+    """sum_m pi_m p_m(y | x) for component probabilities of shape (M, n, C), or (M, n, C, T)
+    for sequences (each position's next-token distribution mixed with the same pi)."""
+    return torch.einsum("m,m...->...", pi.to(probabilities.dtype), probabilities)

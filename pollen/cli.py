@@ -96,12 +96,13 @@ def resolve_run_settings(args: argparse.Namespace) -> dict[str, Scalar]:
 def _check_data(resolved: dict[str, Scalar]) -> None:
     """Dataset and partition parameters are checked, and the partition cached, up front."""
     from federated_data import DataConfigError, load_client_data, validate_spec
-    from pollen.dataspec import data_spec, model_input
+    from pollen.dataspec import check_model_fits, data_spec, model_input
     from pollen.paths import cache_dir
 
     try:
         spec = data_spec(resolved)
         validate_spec(spec)
+        check_model_fits(resolved)
         shape, classes = model_input(resolved)
         from models import build_model
 

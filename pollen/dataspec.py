@@ -63,3 +63,28 @@ def model_input(settings: Mapping[str, Scalar]) -> tuple[tuple[int, ...], int]:
 
     info = dataset_info(str(settings["dataset"]), dataset_params(settings) or None)
     return info.input_shape, info.num_classes
+
+
+def check_model_fits(settings: Mapping[str, Scalar]) -> None:
+    """Token data needs a sequence model and a sequence model token data (ValueError)."""
+    from federated_data.catalog import dataset_info
+    from models.registry import SEQUENCE_MODEL_NAMES
+
+    model, dataset = str(settings["model"]), str(settings["dataset"])
+    tokens = dataset_info(dataset, dataset_params(settings) or None).tokens
+    if tokens != (model in SEQUENCE_MODEL_NAMES):
+        kind = "token sequences" if tokens else "images or feature vectors"
+        raise ValueError(
+            f"model {model!r} does not fit dataset {dataset!r}, whose examples are {kind}; "
+            f"sequence models ({', '.join(SEQUENCE_MODEL_NAMES)}) take token data only"
+        )
+
+
+def class_weights(settings: Mapping[str, Scalar]) -> tuple[float, ...] | None:
+    """The run's per-class loss weights (None: unweighted), without loading the data."""
+    from federated_data.catalog import dataset_info
+
+    if settings["class-weights"] == "none":
+        return None
+    info = dataset_info(str(settings["dataset"]), dataset_params(settings) or None)
+    return info.class_weights

@@ -91,7 +91,15 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
         "model",
         "mlp",
         "model architecture",
-        choices=("mlp", "cnn", "linear", "femnist-cnn", "mobilenet-v2", "char-lstm"),
+        choices=(
+            "mlp",
+            "cnn",
+            "linear",
+            "femnist-cnn",
+            "mobilenet-v2",
+            "char-lstm",
+            "char-lstm-small",
+        ),
     ),
     Setting("num-rounds", 3, "number of server rounds", minimum=1),
     Setting("num-clients", 3, "number of data partitions (one per client)", minimum=1),
@@ -130,7 +138,7 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
         minimum=0.0,
         maximum=0.9,
     ),
-    Setting("data-dir", "", "directory holding torchvision datasets"),
+    Setting("data-dir", "", "directory holding torchvision datasets and LEAF's shakespeare/"),
     Setting("download", False, "let torchvision download a missing dataset"),
     Setting("cache-dir", "", "partition cache (default: $POLLEN_CACHE_DIR or ~/.cache/pollen)"),
     # FedEM's synthetic dataset (dataset=fedem-synthetic, partitioner=natural)
@@ -156,6 +164,13 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
     Setting("weight-decay", 0.0, "client L2 weight decay", minimum=0.0),
     Setting("local-epochs", 1, "local epochs per round", minimum=1),
     Setting("batch-size", 32, "client mini-batch size", minimum=1),
+    Setting(
+        "class-weights",
+        "dataset",
+        "per-class loss weights: 'dataset' uses the dataset's reference weights when it has "
+        "them (shakespeare: FedEM's character weights), 'none' weighs every class 1",
+        choices=("dataset", "none"),
+    ),
     Setting(
         "persist-momentum",
         False,

@@ -67,10 +67,17 @@ class ServerEvaluator:
         import torch
 
         from client.training import evaluate_classifier, set_weights
+        from pollen.dataspec import class_weights
 
         model = _model(self.settings)
         set_weights(model, weights)
         x = torch.from_numpy(data.features())
-        y = torch.from_numpy(data.y).long()
-        loss, acc = evaluate_classifier(model, x, y)
+        y = torch.from_numpy(data.targets()).long()
+        loss_weights = class_weights(self.settings)
+        loss, acc = evaluate_classifier(
+            model,
+            x,
+            y,
+            class_weights=None if loss_weights is None else torch.tensor(loss_weights),
+        )
         return {"test-loss": loss, "test-accuracy": acc, "test-examples": float(len(y))}

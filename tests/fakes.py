@@ -7,9 +7,11 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import torch
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
+from torch import nn
 
 # A fault decides, per (node id, message), what happens instead of a normal answer:
 # return "drop" (never answered), "error" (error reply), a RecordDict (replaces the content),
@@ -125,3 +127,15 @@ class FakeClock:
 
     def sleep(self, seconds: float) -> None:
         self.now += max(seconds, 0.001)
+
+
+class FixedLogits(nn.Module):
+    """A stand-in model: its input is example indices, its output the preset logits of those
+    examples."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        super().__init__()
+        self.logits = logits
+
+    def forward(self, index: torch.Tensor) -> torch.Tensor:
+        return self.logits[index]

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from client.training import SGD, evaluate_classifier, get_weights, set_weights, train_classifier
+from tests.fakes import FixedLogits
 
 
 @pytest.mark.parametrize(("momentum", "weight_decay"), [(0.0, 0.0), (0.9, 0.0), (0.9, 1e-2)])
@@ -59,3 +60,17 @@ def test_weights_round_trip_and_empty_split() -> None:
     torch.testing.assert_close(a.weight, b.weight)
     loss, acc = evaluate_classifier(a, torch.zeros(0, 3), torch.zeros(0, dtype=torch.long))
     assert np.isnan(loss) and np.isnan(acc)
+
+
+def test_sequences_score_accuracy_over_tokens_and_loss_per_sequence() -> None:
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 4, 3, generator=gen)  # 5 sequences, 4 classes, 3 positions
+    y = torch.randint(0, 4, (5, 3), generator=gen)
+    weights = torch.tensor([0.5, 1.0, 2.0, 8.0])
+    model, index = FixedLogits(logits), torch.arange(5)
+    tokens = nn.functional.cross_entropy(logits, y, reduction="none")  # 5 x 3
+    right = (logits.argmax(1) == y).float().mean()
+    for w, token_losses in ((None, tokens), (weights, tokens * weights[y])):
+        loss, acc = evaluate_classifier(model, index, y, batch_size=2, class_weights=w)
+        assert acc == pytest.approx(float(right))
+        assert loss == pytest.approx(float(token_losses.mean(1).mean()), rel=1e-6)

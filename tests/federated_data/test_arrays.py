@@ -60,6 +60,9 @@ def test_subset_len_and_shape() -> None:
         ),
         (np.zeros((2, 1), np.float32), np.zeros(2, np.int64), 2, (0.0,), (0.0,), "std"),
         (np.zeros(2, np.float32), np.zeros(2, np.int64), 2, (), (), "shape"),
+        (np.zeros((2, 3, 1), np.int16), np.zeros(2, np.int64), 2, (), (), r"shape \(N, T\)"),
+        (np.array([[0, 2], [1, 1]], np.int16), np.zeros(2, np.int64), 2, (), (), "token ids"),
+        (np.zeros((2, 3), np.int16), np.zeros(2, np.int64), 2, (0.0,), (1.0,), "no mean/std"),
     ],
 )
 def test_malformed_arrays_are_rejected(
@@ -72,3 +75,17 @@ def test_malformed_arrays_are_rejected(
 ) -> None:
     with pytest.raises(DataConfigError, match=message):
         ArrayDataset(x, y, classes, mean, std)
+
+
+def test_token_sequences_give_int64_input_and_next_token_targets() -> None:
+    x = np.array([[3, 1, 4, 1], [5, 9, 2, 6]], dtype=np.int16)
+    data = ArrayDataset(x, np.array([5, 5]), 10)
+    assert data.is_tokens and data.input_shape == (4,)
+    features = data.features()
+    assert features.dtype == np.int64
+    np.testing.assert_array_equal(features, x)
+    assert data.targets().tolist() == [[1, 4, 1, 5], [9, 2, 6, 5]]
+    sub = data.subset([1])
+    assert sub.is_tokens and sub.targets().tolist() == [[9, 2, 6, 5]]
+    images = _images()
+    assert not images.is_tokens and images.targets() is images.y

@@ -25,6 +25,29 @@ def test_every_shipped_experiment_file_is_valid() -> None:
         assert exp.methods and exp.seeds
 
 
+def test_shakespeare_experiment_has_the_papers_setting() -> None:
+    from federated_data.shakespeare import reference_class_weights
+    from pollen.dataspec import class_weights, model_input
+    from pollen.settings import resolve
+
+    exp = Experiment.load(EXPERIMENTS / "fedem_shakespeare.toml")
+    assert set(exp.methods) == {"fedem", "fedavg", "local"}
+    for method, cfg in exp.methods.items():
+        settings = resolve({**exp.common, **cfg})
+        assert settings["dataset"] == "shakespeare" and settings["partitioner"] == "natural"
+        assert (settings["model"], settings["num-clients"], settings["num-rounds"]) == (
+            "char-lstm",
+            778,
+            80,
+        )
+        assert settings["batch-size"] == 128 and settings["algorithm"] == method
+        assert model_input(settings) == ((80,), 100)
+        assert class_weights(settings) == reference_class_weights()
+    assert exp.methods["fedem"]["fedem.components"] == 3
+    assert exp.methods["fedem"]["lr"] == pytest.approx(10**-0.5, rel=1e-4)
+    assert exp.paper["fedem"]["test-accuracy"] == 0.467
+
+
 def test_bad_settings_in_an_experiment_are_named(tmp_path: Path) -> None:
     path = _write(tmp_path, '[methods.a]\nalgorithm = "fedavg"\nlr = "fast"\n')
     with pytest.raises(SettingsError, match="method 'a': setting 'lr'"):

@@ -1,0 +1,26 @@
+"""The run's per-class loss weights: the dataset's own by default, none on request."""
+
+from __future__ import annotations
+
+import pytest
+
+from federated_data.shakespeare import reference_class_weights
+from pollen.dataspec import check_model_fits, class_weights
+from pollen.settings import resolve
+
+
+def test_class_weights_come_from_the_dataset_unless_switched_off() -> None:
+    shakespeare = resolve({"dataset": "shakespeare", "model": "char-lstm"})
+    assert shakespeare["class-weights"] == "dataset"
+    assert class_weights(shakespeare) == reference_class_weights()
+    assert class_weights({**shakespeare, "class-weights": "none"}) is None
+    assert class_weights(resolve({"dataset": "digits"})) is None
+
+
+def test_sequence_models_and_token_data_go_together() -> None:
+    check_model_fits(resolve({"dataset": "shakespeare", "model": "char-lstm-small"}))
+    check_model_fits(resolve({"dataset": "digits", "model": "cnn"}))
+    with pytest.raises(ValueError, match="model 'mlp' does not fit dataset 'shakespeare'"):
+        check_model_fits(resolve({"dataset": "shakespeare", "model": "mlp"}))
+    with pytest.raises(ValueError, match="examples are images or feature vectors"):
+        check_model_fits(resolve({"dataset": "fedem-synthetic", "model": "char-lstm"}))
