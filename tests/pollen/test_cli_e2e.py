@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from client.state import StateStore
 from server.results import read_jsonl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -67,6 +68,37 @@ def test_deploy_two_supernodes_over_grpc(tmp_path: Path, shared_cache: Path) -> 
     # the SuperNodes really spoke gRPC to the SuperLink's fleet port
     superlink_log = (out / "processes" / "superlink.log").read_text()
     assert "Fleet API (gRPC-rere)" in superlink_log
+    time.sleep(1.0)
+    assert _processes_under(out) == []
+
+
+def test_deploy_fedem_keeps_pi_on_the_nodes_and_serves_an_unseen_client(
+    tmp_path: Path, shared_cache: Path
+) -> None:
+    """FedEM over gRPC: 3 SuperNodes, one held out of training and served at the end."""
+    out = tmp_path / "fedem"
+    done = _pollen(
+        "deploy --algorithm fedem --dataset digits --clients 3 --rounds 2 "
+        "--set fedem.components=2 --set unseen-fraction=0.34 "
+        "--set poll-interval=0.5 --set lr=0.1",
+        "--out", str(out), cache=shared_cache,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    final = summary["final"]["eval"]
+    assert final["clients"] == 2.0 and final["unseen-clients"] == 1.0
+    assert final["unseen-em-iterations"] >= 1
+    assert final["unseen-test-accuracy"] > 0.3 and final["test-accuracy"] > 0.3
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [r["train"]["clients"] for r in rows] == [2.0, 2.0]
+    # each training client's pi, written by its ClientApp processes, on the simplex
+    stores = [StateStore(d) for d in sorted((out / "client-state").glob("*/client-*"))]
+    saved = [s.load(before_round=10**6) for s in stores]
+    assert len([x for x in saved if x is not None]) == 2, stores  # the unseen one stores nothing
+    for arrays, meta in filter(None, saved):
+        assert meta["round"] == 2
+        assert arrays["pi"].shape == (2,) and abs(float(arrays["pi"].sum()) - 1.0) < 1e-9
     time.sleep(1.0)
     assert _processes_under(out) == []
 
