@@ -19,8 +19,8 @@ from models.fedlrt import (
     Factors,
     augment_basis,
     augmentation_width,
-    correction,
     corrected_descent,
+    correction,
     factorize,
     orthonormality_error,
     padded_coefficients,
@@ -148,7 +148,7 @@ class History:
     rank: list[int] = field(default_factory=list)
     orthonormality: list[float] = field(default_factory=list)  # max |U^T U − I|, |V^T V − I|
     truncation: list[tuple[float, float]] = field(default_factory=list)  # (discarded, ϑ)
-    W: np.ndarray | None = None
+    W: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     factors: Factors | None = None
 
 

@@ -57,7 +57,7 @@ def test_augmentation_width_fills_but_never_exceeds_the_space() -> None:
     assert max_rank(784, 200) == 100 and max_rank(784, 200, cap=30) == 30
 
 
-def _brute_force_rank(sigma: np.ndarray, theta: float) -> int:
+def _brute_force_rank(sigma: np.ndarray, theta: float | np.floating) -> int:
     for j in range(len(sigma) + 1):
         if np.linalg.norm(sigma[j:]) < theta:
             return j
@@ -71,9 +71,7 @@ def test_truncation_rank_is_the_smallest_tail_below_the_threshold() -> None:
         tau = float(rng.uniform(0.01, 0.6))
         theta = tau * np.linalg.norm(sigma)
         assert truncation_rank(sigma, tau, r_min=0) == _brute_force_rank(sigma, theta)
-        assert truncation_rank(sigma, 0.3, relative=False, r_min=0) == _brute_force_rank(
-            sigma, 0.3
-        )
+        assert truncation_rank(sigma, 0.3, relative=False, r_min=0) == _brute_force_rank(sigma, 0.3)
     sigma = np.array([4.0, 2.0, 1.0, 1e-3])
     assert truncation_rank(sigma, 0.0) == 4  # ϑ = 0: no truncation
     assert truncation_rank(np.zeros(4), 0.1) == 4  # S̃* = 0: ϑ = 0 as well
@@ -140,17 +138,18 @@ def test_full_rank_full_correction_is_fedlin_and_no_correction_is_fedavg() -> No
     n = 6
     clients, _ = heterogeneous_problem(n=n, rank=2, points_per_client=300, seed=0)
     F0 = initial_factors(n, n // 2, 0)
-    args = {"lr": 1e-2, "steps": 10, "rounds": 8}
-    full = run_fedlrt(clients, F0, "full", tau=0.0, r_max=n, **args)  # type: ignore[arg-type]
-    none = run_fedlrt(clients, F0, "none", tau=0.0, r_max=n, **args)  # type: ignore[arg-type]
-    simple = run_fedlrt(clients, F0, "simplified", tau=0.0, r_max=n, **args)  # type: ignore[arg-type]
-    fedlin = run_dense(clients, F0.dense(), corrected=True, **args)
-    fedavg = run_dense(clients, F0.dense(), corrected=False, **args)
+    lr, steps, rounds = 1e-2, 10, 8
+    full, none, simple = (
+        run_fedlrt(clients, F0, v, lr, steps, rounds, tau=0.0, r_max=n)
+        for v in ("full", "none", "simplified")
+    )
+    fedlin = run_dense(clients, F0.dense(), lr, steps, rounds, corrected=True)
+    fedavg = run_dense(clients, F0.dense(), lr, steps, rounds, corrected=False)
     assert full.rank[-1] == n
-    assert np.abs(full.W - fedlin.W).max() < 1e-10  # type: ignore[operator]
-    assert np.abs(none.W - fedavg.W).max() < 1e-10  # type: ignore[operator]
-    assert np.abs(simple.W - fedlin.W).max() > 1e-6  # type: ignore[operator]
-    assert np.abs(fedlin.W - fedavg.W).max() > 1e-6  # type: ignore[operator]  (drift exists)
+    assert np.abs(full.W - fedlin.W).max() < 1e-10
+    assert np.abs(none.W - fedavg.W).max() < 1e-10
+    assert np.abs(simple.W - fedlin.W).max() > 1e-6
+    assert np.abs(fedlin.W - fedavg.W).max() > 1e-6  # drift exists
 
 
 def test_single_client_variants_coincide() -> None:
@@ -162,7 +161,7 @@ def test_single_client_variants_coincide() -> None:
         for v in ("none", "simplified", "full")
     ]
     for other in runs[1:]:
-        assert np.abs(other.W - runs[0].W).max() < 1e-12  # type: ignore[operator]
+        assert np.abs(other.W - runs[0].W).max() < 1e-12
 
 
 def test_homogeneous_least_squares_finds_the_true_rank_and_converges() -> None:
@@ -174,7 +173,7 @@ def test_homogeneous_least_squares_finds_the_true_rank_and_converges() -> None:
     first = hist.rank.index(2)
     assert hist.rank[0] > 2 and min(hist.rank[first:]) == 2 and hist.rank[-1] == 2
     assert hist.loss[-1] < 1e-8
-    assert np.linalg.norm(hist.W - target) < 1e-3  # type: ignore[operator]
+    assert np.linalg.norm(hist.W - target) < 1e-3
     assert max(hist.orthonormality) < 1e-10
     assert all(discarded < theta for discarded, theta in hist.truncation)
     assert global_loss(clients, target) < 1e-25
