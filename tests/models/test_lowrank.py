@@ -19,6 +19,7 @@ def test_forward_equals_the_dense_layer_it_factorizes() -> None:
             p.normal_()
     x = torch.randn(4, 7)
     weight = layer.U @ layer.S @ layer.V.T
+    assert layer.bias is not None
     torch.testing.assert_close(layer(x), x @ weight.T + layer.bias)
 
 
@@ -46,8 +47,8 @@ def test_wire_arrays_load_into_a_low_rank_model() -> None:
     assert isinstance(layer, LowRankLinear) and isinstance(model.get_submodule("net.3"), nn.Linear)
     np.testing.assert_allclose(layer.S.detach().numpy(), np.diag(s), atol=0)
     x = torch.randn(2, 1, 8, 8)
+    first = dense.get_submodule("net.1")
+    assert isinstance(first, nn.Linear)
     with torch.no_grad():
-        dense.get_submodule("net.1").weight.copy_(
-            torch.from_numpy(((u * s) @ v.T).astype(np.float32))
-        )
+        first.weight.copy_(torch.from_numpy(((u * s) @ v.T).astype(np.float32)))
     torch.testing.assert_close(model(x), dense(x), atol=1e-5, rtol=1e-5)
