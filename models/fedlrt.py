@@ -78,6 +78,11 @@ def padded_coefficients(s: np.ndarray, width: int) -> np.ndarray:
     return out
 
 
+def threshold(sigma: np.ndarray, tau: float, relative: bool = True) -> float:
+    """ϑ: τ‖σ‖ (relative, ‖σ‖ = ‖S̃*‖_F) or τ (absolute)."""
+    return tau * float(np.linalg.norm(sigma)) if relative else tau
+
+
 def truncation_rank(
     sigma: np.ndarray,
     tau: float,
@@ -88,7 +93,7 @@ def truncation_rank(
     """Smallest j whose discarded tail ||σ_{j+1:}|| is strictly below ϑ (ϑ = τ||σ|| relative,
     ϑ = τ absolute), clipped to [r_min, r_max]. ϑ = 0 keeps everything (spec §2.4)."""
     k = len(sigma)
-    theta = tau * float(np.linalg.norm(sigma)) if relative else tau
+    theta = threshold(sigma, tau, relative)
     if theta <= 0:
         j = k
     else:
@@ -119,7 +124,7 @@ def truncate(
     augmented bases (U = Ũ P_r1 stays orthonormal)."""
     P, sigma, Qt = np.linalg.svd(S_aug)
     r1 = truncation_rank(sigma, tau, relative, r_min, r_max)
-    theta = tau * float(np.linalg.norm(sigma)) if relative else tau
+    theta = threshold(sigma, tau, relative)
     factors = Factors(U_aug @ P[:, :r1], sigma[:r1].copy(), V_aug @ Qt[:r1].T)
     return Truncation(factors, float(np.linalg.norm(sigma[r1:])), theta)
 
