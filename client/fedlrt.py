@@ -99,7 +99,9 @@ def basis(content: RecordDict, env: ClientEnv) -> RecordDict:
     if config.get("dense-grads"):
         names += _dense_parameter_names(model, layers)
     data = tensors(env.data.train, env.device)
+    started = time.perf_counter()
     grads = full_gradient(model, data, names)
+    metrics["grad-seconds"] = time.perf_counter() - started
     env.state.save(rnd, arrays, {"round": rnd})
     metrics[protocol.NUM_EXAMPLES] = len(data)
     return protocol.reply(content, env.cid, metrics, **{GRADS: grads})
