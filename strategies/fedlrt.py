@@ -61,6 +61,7 @@ def _spec(shape: tuple[int, ...]) -> np.ndarray:
 def _mean64(
     arrays: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float]
 ) -> dict[str, np.ndarray]:
+    """Weighted mean kept in float64: the server's QR and SVD work on it."""
     return weighted_average(
         [{k: v.astype(np.float64) for k, v in a.items()} for a in arrays], weights
     )
@@ -206,7 +207,10 @@ class FeDLRT(Strategy):
         trained = fed.exchange(self.train_phase, payloads, self._check_train)
         traffic.add("train", payloads, trained)
         models = [protocol.arrays_of(r) for r in trained.values()]
-        averaged = _mean64(models, [num_examples(r) for r in trained.values()])
+        counts = [num_examples(r) for r in trained.values()]
+        coefficients = _mean64(
+            [{f"{n}.S": m[f"{n}.S"] for n in self.factors} for m in models], counts
+        )
 
         metrics = {**aggregate_metrics(basis), **aggregate_metrics(trained)}
         metrics.update(traffic.metrics())
@@ -215,7 +219,7 @@ class FeDLRT(Strategy):
         for name in list(self.factors):
             u_aug = np.hstack([self.factors[name].U, bars[name][0]])
             v_aug = np.hstack([self.factors[name].V, bars[name][1]])
-            cut = truncate(u_aug, averaged.pop(f"{name}.S"), v_aug, self.tau, self.relative,
+            cut = truncate(u_aug, coefficients[f"{name}.S"], v_aug, self.tau, self.relative,
                            int(self.settings["fedlrt.min-rank"]), self.rank_cap(name))  # fmt: skip
             self.factors[name] = cut.factors
             metrics[f"truncation-ratio-{name}"] = (
@@ -224,7 +228,7 @@ class FeDLRT(Strategy):
             ortho = max(ortho, orthonormality_error(cut.factors.U),
                         orthonormality_error(cut.factors.V))  # fmt: skip
             metrics[f"rank-{name}"] = float(cut.factors.rank)
-        self.dense = {k: averaged[k].astype(v.dtype) for k, v in self.dense.items()}
+        self.dense = weighted_average([{k: m[k] for k in self.dense} for m in models], counts)
         if self.factors:
             metrics["orthonormality-error"] = ortho
         return metrics
