@@ -45,24 +45,28 @@ def summarize(found: dict[str, list[list[dict[str, Any]]]]) -> dict[str, dict[st
             "rounds": len(seeds[0]),
             "seeds": len(seeds),
         }
-    base = table.get("fedavg", {}).get("bytes")
-    for stats in table.values():
-        stats["saving"] = 1 - stats["bytes"] / base if base else None
+    for baseline in ("fedavg", "fedlin"):
+        base = table.get(baseline, {}).get("bytes")
+        for stats in table.values():
+            stats[f"saving-{baseline}"] = 1 - stats["bytes"] / base if base else None
     return table
 
 
 def markdown(table: dict[str, dict[str, Any]]) -> str:
     lines = [
         "| method | server test accuracy (%) | MB per client and round | saving vs FedAvg "
-        "| final ranks |",
-        "|---|---|---|---|---|",
+        "| saving vs FedLin | final ranks |",
+        "|---|---|---|---|---|---|",
     ]
     for method, s in table.items():
-        saving = "–" if s["saving"] is None else f"{100 * s['saving']:.0f}%"
+        savings = [
+            "–" if s[f"saving-{b}"] is None else f"{100 * s[f'saving-{b}']:.0f}%"
+            for b in ("fedavg", "fedlin")
+        ]
         ranks = ", ".join(f"{k.removeprefix('rank-')}: {v:.0f}" for k, v in s["ranks"].items())
         lines.append(
-            f"| {method} | {100 * s['accuracy']:.1f} | {s['bytes'] / 1e6:.3f} | {saving} "
-            f"| {ranks or 'full'} |"
+            f"| {method} | {100 * s['accuracy']:.1f} | {s['bytes'] / 1e6:.3f} | "
+            f"{' | '.join(savings)} | {ranks or 'full'} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -84,7 +88,9 @@ def plot(found: dict[str, list[list[dict[str, Any]]]], path: Path) -> None:
                        label=f"{method} {key.removeprefix('rank-')}")  # fmt: skip
     ax[0].set(xlabel="round", ylabel="rank", title="rank per low-rank layer")
     ax[1].set(xlabel="round", ylabel="server test accuracy", title="accuracy")
-    ax[0].legend(fontsize=6), ax[1].legend(fontsize=7)
+    if ax[0].get_legend_handles_labels()[0]:
+        ax[0].legend(fontsize=6)
+    ax[1].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
