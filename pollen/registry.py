@@ -159,6 +159,74 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             ),
         ),
         AlgorithmSpec(
+            name="fedlrt",
+            description="FeDLRT: federated dynamical low-rank training; chosen linear layers "
+            "are U S V^T with server-side basis augmentation and SVD truncation, clients train "
+            "the augmented coefficients with optional variance correction",
+            strategy="strategies.fedlrt:FeDLRT",
+            client="client.fedlrt",
+            message_types=(
+                "query.fedlrt_basis",
+                "query.fedlrt_coef_grad",
+                "train.fedlrt_coef",
+                "evaluate",
+            ),
+            settings=(
+                Setting(
+                    "fedlrt.var-cor",
+                    "simplified",
+                    "variance correction: 'none' (2 phases), 'simplified' (2 phases, corrects "
+                    "the non-augmented block), 'full' (3 phases)",
+                    choices=("none", "simplified", "full"),
+                ),
+                Setting(
+                    "fedlrt.tau",
+                    0.01,
+                    "truncation tolerance: discarded singular values have norm < tau*||S||_F "
+                    "(relative) or < tau (absolute)",
+                    minimum=0.0,
+                ),
+                Setting(
+                    "fedlrt.truncation",
+                    "relative",
+                    "truncation threshold mode",
+                    choices=("relative", "absolute"),
+                ),
+                Setting(
+                    "fedlrt.rank",
+                    0,
+                    "initial rank of every factorized layer (0: the cap)",
+                    minimum=0,
+                ),
+                Setting(
+                    "fedlrt.max-rank",
+                    0,
+                    "rank cap of every factorized layer (0: floor(min(m, n)/2))",
+                    minimum=0,
+                ),
+                Setting("fedlrt.min-rank", 1, "smallest rank truncation may leave", minimum=1),
+                Setting(
+                    "fedlrt.layers",
+                    "hidden",
+                    "linear layers to factorize: 'hidden' (all but the output layer), 'all', "
+                    "or comma-separated module names",
+                ),
+                Setting(
+                    "fedlrt.dense-correction",
+                    True,
+                    "with a variance correction, also correct the dense parameters FedLin-style",
+                ),
+            ),
+        ),
+        AlgorithmSpec(
+            name="fedlin",
+            description="FedLin: local SGD corrected by the difference between the average "
+            "and the client's full gradient at the round's start (2 phases)",
+            strategy="strategies.fedlrt:FedLin",
+            client="client.fedlrt:FEDLIN_HANDLERS",
+            message_types=("query.fedlin_grad", "train.fedlin", "evaluate"),
+        ),
+        AlgorithmSpec(
             name="local",
             description="Local training only: each client keeps its own model, nothing is shared",
             strategy="strategies.local:LocalOnly",
