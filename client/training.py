@@ -168,7 +168,9 @@ def train_spectral(
 ) -> float:
     """Local FedSC / spectral contrastive training: per batch two augmented views, NormClip,
     `loss_scale` x the local objective (2 = the reference code's scale), optional gradient-norm
-    clipping; `others` stays fixed for all epochs. Returns the last epoch's mean objective."""
+    clipping; `others` stays fixed for all epochs. A last batch of a single image is skipped
+    (BatchNorm cannot train on it, and one image has no negatives). Returns the last epoch's
+    mean objective."""
     from models.spectral import local_objective, norm_clip
 
     model.train()
@@ -176,6 +178,8 @@ def train_spectral(
     for _ in range(epochs):
         total, count = 0.0, 0
         for idx in batches(len(x), batch_size, generator):
+            if len(idx) < 2:
+                continue
             batch = x[idx]
             z1 = norm_clip(model(augment(batch, generator)), mu)
             z2 = norm_clip(model(augment(batch, generator)), mu)

@@ -54,8 +54,12 @@ def linear_probe(
     batch_size: int = 512,
     generator: torch.Generator | None = None,
 ) -> tuple[float, float]:
-    """(last-epoch test accuracy, best-epoch test accuracy) of Linear(features, classes)."""
+    """(last-epoch test accuracy, best-epoch test accuracy) of Linear(features, classes).
+    Features are standardised with the training set's mean and std first (an affine map, so the
+    same linear classifiers are reachable; it only keeps the optimisation well scaled)."""
     train, test = train.detach().float(), test.detach().float()
+    mean, std = train.mean(0), train.std(0).clamp_min(1e-6)
+    train, test = (train - mean) / std, (test - mean) / std
     head = torch.nn.Linear(train.shape[1], num_classes)
     opt = torch.optim.Adam(head.parameters(), lr=lr)
     last = best = float("nan")

@@ -22,22 +22,28 @@ ENCODERS = ("cnn", "fixup-resnet20", "resnet34-cifar")
 
 
 class SmallEncoder(nn.Module):
-    """Three 3x3 conv layers (8, 16, 32 channels), kept narrow so CPU-only runs stay short."""
+    """Three 3x3 conv layers (8, 16, 32 channels) with BatchNorm, kept narrow so CPU-only runs
+    stay short. BatchNorm keeps the features' spread at unit scale; without it the projector's
+    mean direction grows first and training settles in the collapsed (rank-one) solution."""
 
     def __init__(self, channels: int, features: int = 128) -> None:
         super().__init__()
         self.net = nn.Sequential(
-            nn.Conv2d(channels, 8, 3, padding=1),
+            nn.Conv2d(channels, 8, 3, padding=1, bias=False),
+            nn.BatchNorm2d(8),
             nn.ReLU(),
             nn.MaxPool2d(2),
-            nn.Conv2d(8, 16, 3, padding=1),
+            nn.Conv2d(8, 16, 3, padding=1, bias=False),
+            nn.BatchNorm2d(16),
             nn.ReLU(),
             nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1),
+            nn.Conv2d(16, 32, 3, padding=1, bias=False),
+            nn.BatchNorm2d(32),
             nn.ReLU(),
             nn.AdaptiveAvgPool2d(2),
             nn.Flatten(),
-            nn.Linear(128, features),
+            nn.Linear(128, features, bias=False),
+            nn.BatchNorm1d(features),
             nn.ReLU(),
         )
         self.out_features = features
