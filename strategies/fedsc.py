@@ -77,7 +77,11 @@ class FedSC(GlobalModelStrategy):
         from client.training import get_weights
 
         torch.manual_seed(seed)
-        self.weights = get_weights(contrastive_net(self.settings))
+        # through the message codec once: it stores 0-d tensors (BatchNorm's batch counters)
+        # with shape (1,), the shape every reply will have
+        self.weights = protocol.from_record(
+            protocol.to_record(get_weights(contrastive_net(self.settings)))
+        )
 
     # ---- weights of clients: q_j over every training client ---------------------------------
     def _q(self, pool: list[ClientInfo]) -> dict[int, float]:

@@ -21,6 +21,7 @@ from pollen.dataspec import data_spec
 from server.engine import Engine
 from server.results import ResultsWriter, read_jsonl
 from strategies.fedsc import FedAvgSC, FedSC, shares
+from strategies.schedule import learning_rate
 from tests.fakes import FakeClock, FakeGrid, settings_of
 
 DIM = 8
@@ -51,6 +52,14 @@ def _capture(grid: FakeGrid) -> list[tuple[int, Message]]:
 
     grid.faults.append(fault)
     return seen
+
+
+def test_cosine_learning_rate() -> None:
+    """The reference schedule: lr (1 + cos(pi (t-1)/T))/2, from lr down towards 0."""
+    settings = {"lr": 0.03, "lr-schedule": "cosine", "num-rounds": 200}
+    assert learning_rate(settings, 1) == pytest.approx(0.03)
+    assert learning_rate(settings, 101) == pytest.approx(0.015)
+    assert learning_rate(settings, 200) == pytest.approx(0.015 * (1 + np.cos(np.pi * 199 / 200)))
 
 
 def test_share_schedules() -> None:
