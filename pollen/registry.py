@@ -53,7 +53,7 @@ FEDSC_SETTINGS = (
     ),
     Setting("fedsc.hidden", 0, "projector hidden width (0: twice the backbone's)", minimum=0),
     Setting(
-        "fedsc.mu", 1.0, "representations are clipped to norm sqrt(mu) (paper: 2-5)", minimum=1e-9
+        "fedsc.mu", 4.0, "representations are clipped to norm sqrt(mu) (paper: 2-5)", minimum=1e-9
     ),
     Setting(
         "fedsc.alpha-schedule",

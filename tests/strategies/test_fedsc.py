@@ -184,3 +184,21 @@ def test_budget_stops_sharing_and_fedavg_sc_shares_nothing(run_config: dict[str,
     assert not any(m.metadata.message_type == "query.correlation" for _, m in seen)
     assert all("others" not in m.content for _, m in seen)
     assert avg.releases == {} and not avg.latest
+
+
+@pytest.mark.slow
+def test_fedsc_without_sharing_is_fedavg_sc(run_config: dict[str, Any]) -> None:
+    """O12: with sharing disabled FedSC trains exactly what FedAvg + SC trains (alpha 0.2 from
+    round 1, so any Rbar sent would show)."""
+    weights = []
+    for algorithm in ("fedsc", "fedavg-sc"):
+        cfg = _cfg(run_config, **{"algorithm": algorithm, "num-rounds": 1, "fedsc.share": "never",
+                                  "fedsc.alpha-schedule": "constant",
+                                  "server-eval": False, "final-eval": False,
+                                  "out-dir": f"{run_config['out-dir']}-{algorithm}",
+                                  "run-name": algorithm})  # fmt: skip
+        strategy = FedSC(cfg) if algorithm == "fedsc" else FedAvgSC(cfg)
+        _run(cfg, strategy)
+        weights.append(strategy.weights)
+    for key, value in weights[0].items():
+        np.testing.assert_array_equal(weights[1][key], value)
