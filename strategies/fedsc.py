@@ -146,11 +146,11 @@ class FedSC(GlobalModelStrategy):
         replies = fed.exchange("query.correlation", payloads, self.validate_correlation)
         for cid, content in replies.items():
             self.latest[cid] = protocol.arrays_of(content, CORRELATION)["r"].astype(np.float64)
-        shared = aggregate_metrics(replies)
-        return {
-            "shared": float(len(replies)),
-            "clipped-fraction": shared.get("clipped-fraction", math.nan),
-        }
+        out = {"shared": float(len(replies))}
+        clipped = aggregate_metrics(replies).get("clipped-fraction")
+        if clipped is not None:
+            out["clipped-fraction"] = clipped
+        return out
 
     def _ledger(self) -> dict[str, float]:
         """Privacy of the correlation releases so far (max over clients)."""
