@@ -40,6 +40,88 @@ class AlgorithmSpec:
         return handler
 
 
+FEDSC_SETTINGS = (
+    Setting(
+        "fedsc.encoder",
+        "cnn",
+        "backbone: 'cnn' (small, for 28x28/8x8 grayscale), the paper's 'fixup-resnet20' "
+        "(SVHN, CIFAR-10) or 'resnet34-cifar' (CIFAR-100)",
+        choices=("cnn", "fixup-resnet20", "resnet34-cifar"),
+    ),
+    Setting(
+        "fedsc.dim", 64, "representation dimension H (projector output; paper: 512)", minimum=1
+    ),
+    Setting("fedsc.hidden", 0, "projector hidden width (0: twice the backbone's)", minimum=0),
+    Setting(
+        "fedsc.mu", 4.0, "representations are clipped to norm sqrt(mu) (paper: 2-5)", minimum=1e-9
+    ),
+    Setting(
+        "fedsc.alpha-schedule",
+        "linear",
+        "'linear': alpha from 1 to alpha-min over the rounds (paper's experiments); 'constant': "
+        "alpha-min; 'q': the client's data share q_j (the provable objective)",
+        choices=("linear", "constant", "q"),
+    ),
+    Setting(
+        "fedsc.alpha-min",
+        0.2,
+        "last alpha of 'linear', value of 'constant'",
+        minimum=0.0,
+        maximum=1.0,
+    ),
+    Setting(
+        "fedsc.share",
+        "every-round",
+        "rounds in which correlation matrices are shared: 'every-round', 'after' (t > "
+        "share-after), 'after-even' (t > share-after, t even), 'never'",
+        choices=("every-round", "after", "after-even", "never"),
+    ),
+    Setting(
+        "fedsc.share-after", 0, "first rounds without sharing ('after', 'after-even')", minimum=0
+    ),
+    Setting(
+        "fedsc.noise-std",
+        0.0,
+        "DP noise std sigma on every correlation entry (0: no DP)",
+        minimum=0.0,
+    ),
+    Setting(
+        "fedsc.delta", 1e-5, "delta of the reported (epsilon, delta)", minimum=1e-12, maximum=1.0
+    ),
+    Setting(
+        "fedsc.epsilon-budget",
+        0.0,
+        "stop a client's releases before its epsilon would exceed this (0: no budget)",
+        minimum=0.0,
+    ),
+    Setting(
+        "fedsc.sensitivity",
+        "sqrt2",
+        "sensitivity of a release: 'sqrt2' = sqrt(2) mu/|D_j| (replace-one bound), 'paper' = "
+        "mu/|D_j|",
+        choices=("sqrt2", "paper"),
+    ),
+    Setting("fedsc.passes", 5, "DP-CalR passes over the local data", minimum=1),
+    Setting("fedsc.views-per-pass", 2, "augmented views per image and pass", minimum=1),
+    Setting(
+        "fedsc.loss-scale",
+        2.0,
+        "training loss = scale x paper loss (reference code: 2)",
+        minimum=0.0,
+    ),
+    Setting("fedsc.grad-clip", 3.0, "local gradient-norm clipping (0: off)", minimum=0.0),
+    Setting(
+        "fedsc.weighting",
+        "examples",
+        "weights of clients in R and model averaging: 'examples' (q_j) or 'uniform'",
+        choices=("examples", "uniform"),
+    ),
+    Setting("fedsc.knn-k", 200, "neighbours of the kNN monitor", minimum=1),
+    Setting("fedsc.knn-temperature", 0.1, "temperature of the kNN votes", minimum=1e-6),
+    Setting("fedsc.probe-epochs", 100, "epochs of the final linear probe (paper: 200)", minimum=1),
+    Setting("fedsc.probe-lr", 3e-3, "Adam learning rate of the linear probe", minimum=0.0),
+)
+
 ALGORITHMS: dict[str, AlgorithmSpec] = {
     spec.name: spec
     for spec in (
@@ -225,6 +307,23 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.fedlrt:FedLin",
             client="client.fedlrt:FEDLIN_HANDLERS",
             message_types=("query.fedlin_grad", "train.fedlin", "evaluate"),
+        ),
+        AlgorithmSpec(
+            name="fedsc",
+            description="FedSC: federated spectral contrastive self-supervised learning; "
+            "clients share DP-protected correlation matrices of their representations",
+            strategy="strategies.fedsc:FedSC",
+            client="client.fedsc",
+            message_types=("query.correlation", "train", "evaluate"),
+            settings=FEDSC_SETTINGS,
+        ),
+        AlgorithmSpec(
+            name="fedavg-sc",
+            description="FedAvg + spectral contrastive loss (FedSC with alpha = 1 and nothing "
+            "shared; uses the fedsc.* settings)",
+            strategy="strategies.fedsc:FedAvgSC",
+            client="client.fedsc",
+            message_types=("train", "evaluate"),
         ),
         AlgorithmSpec(
             name="local",

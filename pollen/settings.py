@@ -180,8 +180,9 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
     Setting(
         "lr-schedule",
         "constant",
-        "'multistep' multiplies lr by 0.1 at round num-rounds//2 and again at 3*(num-rounds//4)",
-        choices=("constant", "multistep"),
+        "'multistep' multiplies lr by 0.1 at round num-rounds//2 and again at 3*(num-rounds//4); "
+        "'cosine' anneals it to 0 over the rounds, lr (1 + cos(pi (t-1)/num-rounds))/2",
+        choices=("constant", "multistep", "cosine"),
     ),
     # orchestration
     Setting(
