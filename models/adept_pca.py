@@ -104,14 +104,10 @@ def data_step(u: np.ndarray, s: np.ndarray, n: int, hp: PCAHyper) -> np.ndarray:
     return out
 
 
-def server_update(
-    v: np.ndarray, replies: Sequence[np.ndarray], sigmas: Sequence[float] | None = None
-) -> tuple[np.ndarray, float | None]:
-    """V <- R(V, mean_i V_i - V) (the mean step is tangent at V, the retraction keeps V on
-    St(d, r)); sigma <- the unweighted mean of the clients' sigma_i."""
-    step = np.mean(np.stack(replies), axis=0) - v
-    sigma = float(np.mean(sigmas)) if sigmas is not None and len(sigmas) else None
-    return retract(v, step), sigma
+def server_update(v: np.ndarray, replies: Sequence[np.ndarray]) -> np.ndarray:
+    """V <- R(V, mean_i V_i - V): the unweighted mean step is tangent at V, the retraction keeps
+    V on St(d, r). (sigma is averaged like ADEPT-AE's: models.adept_ae.average.)"""
+    return retract(v, np.mean(np.stack(replies), axis=0) - v)
 
 
 def reconstruction_error(u: np.ndarray, x: np.ndarray) -> float:
