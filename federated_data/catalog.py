@@ -9,6 +9,8 @@ from typing import Any
 from federated_data.errors import DataConfigError
 from federated_data.synthetic_fedem import PARAM_DEFAULTS as _FEDEM_SYNTHETIC
 from federated_data.synthetic_fedem import resolve_params as _resolve_fedem_synthetic
+from federated_data.synthetic_pca import PARAM_DEFAULTS as _PCA_SYNTHETIC
+from federated_data.synthetic_pca import check_params as _check_pca_synthetic
 
 
 @dataclass(frozen=True)
@@ -21,9 +23,14 @@ def _fedem_synthetic_info(params: Mapping[str, Any]) -> DatasetInfo:
     return DatasetInfo((_resolve_fedem_synthetic(params)["dimension"],), 2)
 
 
+def _pca_synthetic_info(params: Mapping[str, Any]) -> DatasetInfo:
+    return DatasetInfo((_check_pca_synthetic({**_PCA_SYNTHETIC, **params})["dimension"],), 1)
+
+
 # Datasets whose shapes depend on their parameters; CATALOG lists them with their defaults.
 _SHAPED_BY_PARAMS: dict[str, Callable[[Mapping[str, Any]], DatasetInfo]] = {
     "fedem-synthetic": _fedem_synthetic_info,
+    "pca-synthetic": _pca_synthetic_info,
 }
 
 CATALOG: dict[str, DatasetInfo] = {
@@ -36,6 +43,7 @@ CATALOG: dict[str, DatasetInfo] = {
     "cifar100": DatasetInfo((3, 32, 32), 100),
     "svhn": DatasetInfo((3, 32, 32), 10),
     "fedem-synthetic": DatasetInfo((int(_FEDEM_SYNTHETIC["dimension"]),), 2),
+    "pca-synthetic": DatasetInfo((int(_PCA_SYNTHETIC["dimension"]),), 1),
 }
 
 
