@@ -127,9 +127,8 @@ def _pca_train(content: RecordDict, env: ClientEnv) -> RecordDict:
 
 def _pca_evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
     rnd, _, role = _phase(content, env)
-    saved = env.state.load(before_round=rnd)
-    global_v = role == "global" or saved is None
-    u = protocol.arrays_of(content, MU)["V"] if global_v else saved[0]["U"]
+    stored, _ = env.state.load(before_round=rnd) or ({}, {})
+    u = stored["U"] if role != "global" and "U" in stored else protocol.arrays_of(content, MU)["V"]
     metrics = {**_pca_metrics(env, u), protocol.NUM_EXAMPLES: len(env.data.train)}
     return protocol.reply(content, env.cid, metrics)
 
