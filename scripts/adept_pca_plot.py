@@ -1,7 +1,8 @@
 """ADEPT-PCA's figure (paper Fig. 3): error ratio against heterogeneity for ADEPT, local and
 global PCA, and the sigma ADEPT learned, from a finished `pollen experiment` results directory.
 
-    python scripts/adept_pca_plot.py experiments/adept_pca_synthetic.toml results/adept-pca-synthetic
+    python scripts/adept_pca_plot.py experiments/adept_pca_synthetic.toml \
+        results/adept-pca-synthetic
 
 Writes <results>/adept_pca_ratio.png and prints the table the README quotes.
 """
