@@ -163,3 +163,17 @@ def test_ae_baselines_run_and_evaluate(run_config: dict[str, Any], method: str) 
     if method == "fedavg-ft":  # FedAvg for 2 rounds, then frozen global, local tuning
         saved = StateStore(Path(cfg["out-dir"]) / "client-state" / method / "client-0").load(99)
         assert saved is not None and saved[1]["role"] == "fedavg-ft"
+
+
+def test_strategy_state_round_trips(run_config: dict[str, Any]) -> None:
+    cfg = _ae(run_config)
+    strategy = ADEPT(cfg)
+    strategy.initialize(3)
+    strategy.sigma["encoder.bias"] = strategy.sigma["encoder.bias"] * 0.5
+    arrays, meta = strategy.state()
+    restored = ADEPT(cfg)
+    restored.load_state(arrays, meta)
+    assert set(restored.mu) == set(strategy.mu) and set(restored.sigma) == set(strategy.sigma)
+    for key in strategy.mu:
+        np.testing.assert_array_equal(restored.mu[key], strategy.mu[key])
+        np.testing.assert_array_equal(restored.sigma[key], strategy.sigma[key])
