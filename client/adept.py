@@ -114,7 +114,7 @@ def _pca_train(content: RecordDict, env: ClientEnv) -> RecordDict:
         u, v_out, sigma_out = v, data_step(v, s, n, hp), sigma
     elif role == "adept":
         u, v_out, sigma_out = client_round(u, v, sigma, s, n, hp)
-    else:  # local training or fine-tuning (from the last global V, kept as U by 'fedavg-ft')
+    else:  # local training, or fine-tuning from the global V it started from
         u = polar_factor(data_step(u, s, n, hp))
         v_out, sigma_out = v, sigma
     env.state.save(rnd, {"U": u, "sigma": np.array(sigma_out)}, {"round": rnd, "role": role})
