@@ -122,6 +122,55 @@ FEDSC_SETTINGS = (
     Setting("fedsc.probe-lr", 3e-3, "Adam learning rate of the linear probe", minimum=0.0),
 )
 
+ADEPT_MESSAGES = ("train", "evaluate")
+ADEPT_SETTINGS = (
+    Setting(
+        "adept.method",
+        "adept",
+        "'adept'; or a baseline in the same framework: 'local' (no prior, nothing shared), "
+        "'fedavg' (one global model), 'fedavg-ft' (FedAvg, then local fine-tuning)",
+        choices=("adept", "local", "fedavg", "fedavg-ft"),
+    ),
+    Setting("adept.sigma-init", 1.0, "initial sigma (every entry)", minimum=1e-12),
+    Setting("adept.xi", 1e-6, "hyper-prior xi: keeps sigma away from 0", minimum=0.0),
+    Setting("adept.lr-global", 0.01, "step size eta2 of the client's copy of mu (V)", minimum=0.0),
+    Setting("adept.lr-sigma", 1e-3, "step size eta3 of sigma", minimum=0.0),
+    Setting(
+        "adept.tune-round",
+        0,
+        "fedavg-ft: last FedAvg round before local fine-tuning (0: num-rounds // 2)",
+        minimum=0,
+    ),
+)
+ADEPT_PCA_SETTINGS = (
+    Setting("adept-pca.rank", 20, "rank r of the learned subspaces", minimum=1),
+    Setting("adept-pca.noise", 0.2, "sigma_eps of the probabilistic PCA model", minimum=1e-9),
+    Setting("adept-pca.d-theta", 0.0, "d_theta of the sigma prior (0: d * r)", minimum=0.0),
+    Setting(
+        "adept-pca.gradient",
+        "exact",
+        "data-term gradient factor: 'exact' (n) or 'paper' (the printed n/2)",
+        choices=("exact", "paper"),
+    ),
+)
+ADEPT_AE_SETTINGS = (
+    Setting("adept-ae.latent", 10, "latent size of the linear autoencoder", minimum=1),
+    Setting("adept-ae.local-steps", 20, "local iterations tau per round", minimum=1),
+    Setting(
+        "adept-ae.prior-scale",
+        0.0,
+        "weight c of the prior beside the per-sample mean loss (0: 1/n_i; authors' code: 0.1)",
+        minimum=0.0,
+    ),
+    Setting(
+        "adept-ae.mu-gradient",
+        "code",
+        "client step of mu: 'code' 2(mu - theta) (authors' code), 'paper' c(mu - theta)/sigma^2",
+        choices=("code", "paper"),
+    ),
+    Setting("adept-ae.lazy-rounds", 2, "rounds before sigma starts to move", minimum=0),
+)
+
 ALGORITHMS: dict[str, AlgorithmSpec] = {
     spec.name: spec
     for spec in (
@@ -324,6 +373,24 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.fedsc:FedAvgSC",
             client="client.fedsc",
             message_types=("train", "evaluate"),
+        ),
+        AlgorithmSpec(
+            name="adept-pca",
+            description="ADEPT-PCA: personal principal subspaces U_i and a global V on the "
+            "Stiefel manifold, tied by a prior whose width sigma is learned",
+            strategy="strategies.adept:ADEPT",
+            client="client.adept",
+            message_types=ADEPT_MESSAGES,
+            settings=ADEPT_SETTINGS + ADEPT_PCA_SETTINGS,
+        ),
+        AlgorithmSpec(
+            name="adept-ae",
+            description="ADEPT-AE: personal autoencoders theta_i, a global mu and a per-weight "
+            "sigma learned by the federation (uses the adept.* settings)",
+            strategy="strategies.adept:ADEPT",
+            client="client.adept",
+            message_types=ADEPT_MESSAGES,
+            settings=ADEPT_AE_SETTINGS,
         ),
         AlgorithmSpec(
             name="local",
