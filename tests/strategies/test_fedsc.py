@@ -18,6 +18,7 @@ from client.state import StateStore
 from federated_data import load_client_data
 from pollen import protocol
 from pollen.dataspec import data_spec
+from pollen.settings import Scalar
 from server.engine import Engine
 from server.results import ResultsWriter, read_jsonl
 from strategies.fedsc import FedAvgSC, FedSC, shares
@@ -56,7 +57,7 @@ def _capture(grid: FakeGrid) -> list[tuple[int, Message]]:
 
 def test_cosine_learning_rate() -> None:
     """The reference schedule: lr (1 + cos(pi (t-1)/T))/2, from lr down towards 0."""
-    settings = {"lr": 0.03, "lr-schedule": "cosine", "num-rounds": 200}
+    settings: dict[str, Scalar] = {"lr": 0.03, "lr-schedule": "cosine", "num-rounds": 200}
     assert learning_rate(settings, 1) == pytest.approx(0.03)
     assert learning_rate(settings, 101) == pytest.approx(0.015)
     assert learning_rate(settings, 200) == pytest.approx(0.015 * (1 + np.cos(np.pi * 199 / 200)))
