@@ -27,7 +27,11 @@ TORCHVISION_NAMES = ["mnist", "fashion-mnist", "cifar10", "cifar100", "emnist", 
 
 def test_builtin_names_and_catalog_agree() -> None:
     assert set(DATASET_NAMES) == {
-        "mnist-5k", "digits", "fedem-synthetic", "pca-synthetic", *TORCHVISION_NAMES
+        "mnist-5k",
+        "digits",
+        "fedem-synthetic",
+        "pca-synthetic",
+        *TORCHVISION_NAMES,
     }
     assert set(DATASET_NAMES) == set(CATALOG)
     for name, spec in registry.TORCHVISION_DATASETS.items():
