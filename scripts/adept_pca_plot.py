@@ -35,7 +35,7 @@ def main(experiment: Path, results: Path) -> Path:
         het = float({**exp.common, **exp.methods[method]}["synthetic.heterogeneity"])
         points[kind].append((het, float(ratio["mean"]), float(sigma.get("mean") or 0.0)))
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
-    print("| heterogeneity | local | global | ADEPT-PCA | learned sigma |\n|---|---|---|---|---|")
+    print("| heterogeneity | ADEPT-PCA | local | global | learned sigma |\n|---|---|---|---|---|")
     for kind, label in CURVES.items():
         rows = sorted(points[kind])
         left.plot([p[0] for p in rows], [p[1] for p in rows], marker="o", label=label)
