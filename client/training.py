@@ -161,3 +161,47 @@ def get_weights(model: nn.Module) -> dict[str, np.ndarray]:
 def set_weights(model: nn.Module, weights: Mapping[str, np.ndarray]) -> None:
     state = {k: torch.from_numpy(np.asarray(v)) for k, v in weights.items()}
     model.load_state_dict(state, strict=True)
+
+
+def train_spectral(
+    model: nn.Module,
+    x: torch.Tensor,
+    augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor],
+    *,
+    epochs: int,
+    batch_size: int,
+    opt: SGD,
+    generator: torch.Generator,
+    alpha: float,
+    others: torch.Tensor | None,
+    mu: float,
+    loss_scale: float = 2.0,
+    grad_clip: float = 0.0,
+) -> float:
+    """Local FedSC / spectral contrastive training: per batch two augmented views, NormClip,
+    `loss_scale` x the local objective (2 = the reference code's scale), optional gradient-norm
+    clipping; `others` stays fixed for all epochs. A last batch of a single image is skipped
+    (BatchNorm cannot train on it, and one image has no negatives). Returns the last epoch's
+    mean objective."""
+    from models.spectral import local_objective, norm_clip
+
+    model.train()
+    last = float("nan")
+    for _ in range(epochs):
+        total, count = 0.0, 0
+        for idx in batches(len(x), batch_size, generator):
+            if len(idx) < 2:
+                continue
+            batch = x[idx]
+            z1 = norm_clip(model(augment(batch, generator)), mu)
+            z2 = norm_clip(model(augment(batch, generator)), mu)
+            loss = local_objective(z1, z2, alpha, others)
+            opt.zero_grad()
+            (loss_scale * loss).backward()
+            if grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(opt.params, grad_clip)
+            opt.step()
+            total += float(loss.detach()) * len(idx)
+            count += len(idx)
+        last = total / max(count, 1)
+    return last

@@ -29,6 +29,9 @@ from federated_data.shakespeare import load_leaf_shakespeare
 from federated_data.synthetic_fedem import PARAM_DEFAULTS as FEDEM_SYNTHETIC_PARAMS
 from federated_data.synthetic_fedem import FedEMSynthetic
 from federated_data.synthetic_fedem import check_params as check_fedem_synthetic_params
+from federated_data.synthetic_pca import PARAM_DEFAULTS as PCA_SYNTHETIC_PARAMS
+from federated_data.synthetic_pca import check_params as check_pca_synthetic_params
+from federated_data.synthetic_pca import generate_pca_synthetic
 
 # Bump when a loader's conversion changes, so that old cached arrays are not reused.
 SOURCE_FORMAT = 1
@@ -353,6 +356,24 @@ def _load_shakespeare(data_dir: str | None, download: bool) -> SourceData:
     return SourceData(data, keys=keys, test_mask=test_mask)
 
 
+def _load_pca_synthetic(data_dir: str | None, download: bool, **params: Any) -> SourceData:
+    """ADEPT-PCA's unlabelled synthetic data (label 0 everywhere), keyed by client and marked
+    train/test like fedem-synthetic."""
+    clients, _, _ = generate_pca_synthetic(params)
+    xs, keys, marks = [], [], []
+    for cid, (x_train, x_test) in enumerate(clients):
+        for x, is_test in ((x_train, False), (x_test, True)):
+            xs.append(x)
+            keys.append(np.full(len(x), cid, dtype=np.int64))
+            marks.append(np.full(len(x), is_test))
+    x = np.concatenate(xs)
+    return SourceData(
+        ArrayDataset(x, np.zeros(len(x), dtype=np.int64), 1),
+        keys=np.concatenate(keys),
+        test_mask=np.concatenate(marks),
+    )
+
+
 # --- torchvision datasets (read from data_dir) -----------------------------------------------
 
 
@@ -501,6 +522,14 @@ register_dataset(
     _load_shakespeare,
     predefined_split=True,
     server_test_per_client=SHAKESPEARE_SERVER_TEST_PER_CLIENT,
+)
+
+register_dataset(
+    "pca-synthetic",
+    _load_pca_synthetic,
+    params=PCA_SYNTHETIC_PARAMS,
+    check_params=check_pca_synthetic_params,
+    predefined_split=True,
 )
 
 DATASET_NAMES: tuple[str, ...] = dataset_names()

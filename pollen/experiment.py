@@ -154,6 +154,13 @@ def tabulate(exp: Experiment, out: Path) -> dict[str, Any]:
     return table
 
 
+def _shown(metric: str, value: float) -> str:
+    """Fractions (accuracy, energy captured) as percentages; other figures as they are."""
+    if "accuracy" in metric or "energy" in metric:
+        return f"{100 * value:.1f}"
+    return f"{value:.3f}"
+
+
 def markdown(exp: Experiment, table: Mapping[str, Any]) -> str:
     head = ["method", *[f"{m} (ours)" for m in exp.metrics]]
     if exp.paper:
@@ -162,7 +169,8 @@ def markdown(exp: Experiment, table: Mapping[str, Any]) -> str:
     if exp.description:
         lines += [exp.description, ""]
     lines += [
-        f"Mean ± std over seeds {list(exp.seeds)}; percentages of the final evaluation.",
+        f"Mean ± std over seeds {list(exp.seeds)} of the final evaluation (accuracies and "
+        "energies in %).",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -174,9 +182,10 @@ def markdown(exp: Experiment, table: Mapping[str, Any]) -> str:
             if s.get("mean") is None:
                 cells.append("–")
             else:
-                cells.append(f"{100 * s['mean']:.1f} ± {100 * s['std']:.1f} (n={len(s['values'])})")
+                mean, std = _shown(metric, s["mean"]), _shown(metric, s["std"])
+                cells.append(f"{mean} ± {std} (n={len(s['values'])})")
         if exp.paper:
             paper = exp.paper.get(method, {})
-            cells += [f"{100 * paper[m]:.1f}" if m in paper else "–" for m in exp.metrics]
+            cells += [_shown(m, paper[m]) if m in paper else "–" for m in exp.metrics]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

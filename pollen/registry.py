@@ -40,6 +40,137 @@ class AlgorithmSpec:
         return handler
 
 
+FEDSC_SETTINGS = (
+    Setting(
+        "fedsc.encoder",
+        "cnn",
+        "backbone: 'cnn' (small, for 28x28/8x8 grayscale), the paper's 'fixup-resnet20' "
+        "(SVHN, CIFAR-10) or 'resnet34-cifar' (CIFAR-100)",
+        choices=("cnn", "fixup-resnet20", "resnet34-cifar"),
+    ),
+    Setting(
+        "fedsc.dim", 64, "representation dimension H (projector output; paper: 512)", minimum=1
+    ),
+    Setting("fedsc.hidden", 0, "projector hidden width (0: twice the backbone's)", minimum=0),
+    Setting(
+        "fedsc.mu", 4.0, "representations are clipped to norm sqrt(mu) (paper: 2-5)", minimum=1e-9
+    ),
+    Setting(
+        "fedsc.alpha-schedule",
+        "linear",
+        "'linear': alpha from 1 to alpha-min over the rounds (paper's experiments); 'constant': "
+        "alpha-min; 'q': the client's data share q_j (the provable objective)",
+        choices=("linear", "constant", "q"),
+    ),
+    Setting(
+        "fedsc.alpha-min",
+        0.2,
+        "last alpha of 'linear', value of 'constant'",
+        minimum=0.0,
+        maximum=1.0,
+    ),
+    Setting(
+        "fedsc.share",
+        "every-round",
+        "rounds in which correlation matrices are shared: 'every-round', 'after' (t > "
+        "share-after), 'after-even' (t > share-after, t even), 'never'",
+        choices=("every-round", "after", "after-even", "never"),
+    ),
+    Setting(
+        "fedsc.share-after", 0, "first rounds without sharing ('after', 'after-even')", minimum=0
+    ),
+    Setting(
+        "fedsc.noise-std",
+        0.0,
+        "DP noise std sigma on every correlation entry (0: no DP)",
+        minimum=0.0,
+    ),
+    Setting(
+        "fedsc.delta", 1e-5, "delta of the reported (epsilon, delta)", minimum=1e-12, maximum=1.0
+    ),
+    Setting(
+        "fedsc.epsilon-budget",
+        0.0,
+        "stop a client's releases before its epsilon would exceed this (0: no budget)",
+        minimum=0.0,
+    ),
+    Setting(
+        "fedsc.sensitivity",
+        "sqrt2",
+        "sensitivity of a release: 'sqrt2' = sqrt(2) mu/|D_j| (replace-one bound), 'paper' = "
+        "mu/|D_j|",
+        choices=("sqrt2", "paper"),
+    ),
+    Setting("fedsc.passes", 5, "DP-CalR passes over the local data", minimum=1),
+    Setting("fedsc.views-per-pass", 2, "augmented views per image and pass", minimum=1),
+    Setting(
+        "fedsc.loss-scale",
+        2.0,
+        "training loss = scale x paper loss (reference code: 2)",
+        minimum=0.0,
+    ),
+    Setting("fedsc.grad-clip", 3.0, "local gradient-norm clipping (0: off)", minimum=0.0),
+    Setting(
+        "fedsc.weighting",
+        "examples",
+        "weights of clients in R and model averaging: 'examples' (q_j) or 'uniform'",
+        choices=("examples", "uniform"),
+    ),
+    Setting("fedsc.knn-k", 200, "neighbours of the kNN monitor", minimum=1),
+    Setting("fedsc.knn-temperature", 0.1, "temperature of the kNN votes", minimum=1e-6),
+    Setting("fedsc.probe-epochs", 100, "epochs of the final linear probe (paper: 200)", minimum=1),
+    Setting("fedsc.probe-lr", 3e-3, "Adam learning rate of the linear probe", minimum=0.0),
+)
+
+ADEPT_MESSAGES = ("train", "evaluate")
+ADEPT_SETTINGS = (
+    Setting(
+        "adept.method",
+        "adept",
+        "'adept'; or a baseline in the same framework: 'local' (no prior, nothing shared), "
+        "'fedavg' (one global model), 'fedavg-ft' (FedAvg, then local fine-tuning)",
+        choices=("adept", "local", "fedavg", "fedavg-ft"),
+    ),
+    Setting("adept.sigma-init", 1.0, "initial sigma (every entry)", minimum=1e-12),
+    Setting("adept.xi", 1e-6, "hyper-prior xi: keeps sigma away from 0", minimum=0.0),
+    Setting("adept.lr-global", 0.01, "step size eta2 of the client's copy of mu (V)", minimum=0.0),
+    Setting("adept.lr-sigma", 1e-3, "step size eta3 of sigma", minimum=0.0),
+    Setting(
+        "adept.tune-round",
+        0,
+        "fedavg-ft: last FedAvg round before local fine-tuning (0: num-rounds // 2)",
+        minimum=0,
+    ),
+)
+ADEPT_PCA_SETTINGS = (
+    Setting("adept-pca.rank", 20, "rank r of the learned subspaces", minimum=1),
+    Setting("adept-pca.noise", 0.2, "sigma_eps of the probabilistic PCA model", minimum=1e-9),
+    Setting("adept-pca.d-theta", 0.0, "d_theta of the sigma prior (0: d * r)", minimum=0.0),
+    Setting(
+        "adept-pca.gradient",
+        "exact",
+        "data-term gradient factor: 'exact' (n) or 'paper' (the printed n/2)",
+        choices=("exact", "paper"),
+    ),
+)
+ADEPT_AE_SETTINGS = (
+    Setting("adept-ae.latent", 10, "latent size of the linear autoencoder", minimum=1),
+    Setting("adept-ae.local-steps", 20, "local iterations tau per round", minimum=1),
+    Setting(
+        "adept-ae.prior-scale",
+        0.0,
+        "weight c of the prior beside the per-sample mean loss (0: 1/n_i; authors' code: 0.1)",
+        minimum=0.0,
+    ),
+    Setting(
+        "adept-ae.mu-gradient",
+        "code",
+        "client step of mu: 'code' 2(mu - theta) (authors' code), 'paper' c(mu - theta)/sigma^2",
+        choices=("code", "paper"),
+    ),
+    Setting("adept-ae.lazy-rounds", 2, "rounds before sigma starts to move", minimum=0),
+)
+
 ALGORITHMS: dict[str, AlgorithmSpec] = {
     spec.name: spec
     for spec in (
@@ -157,6 +288,109 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
                     minimum=0,
                 ),
             ),
+        ),
+        AlgorithmSpec(
+            name="fedlrt",
+            description="FeDLRT: federated dynamical low-rank training; chosen linear layers "
+            "are U S V^T with server-side basis augmentation and SVD truncation, clients train "
+            "the augmented coefficients with optional variance correction",
+            strategy="strategies.fedlrt:FeDLRT",
+            client="client.fedlrt",
+            message_types=(
+                "query.fedlrt_basis",
+                "query.fedlrt_coef_grad",
+                "train.fedlrt_coef",
+                "evaluate",
+            ),
+            settings=(
+                Setting(
+                    "fedlrt.var-cor",
+                    "simplified",
+                    "variance correction: 'none' (2 phases), 'simplified' (2 phases, corrects "
+                    "the non-augmented block), 'full' (3 phases)",
+                    choices=("none", "simplified", "full"),
+                ),
+                Setting(
+                    "fedlrt.tau",
+                    0.01,
+                    "truncation tolerance: discarded singular values have norm < tau*||S||_F "
+                    "(relative) or < tau (absolute)",
+                    minimum=0.0,
+                ),
+                Setting(
+                    "fedlrt.truncation",
+                    "relative",
+                    "truncation threshold mode",
+                    choices=("relative", "absolute"),
+                ),
+                Setting(
+                    "fedlrt.rank",
+                    0,
+                    "initial rank of every factorized layer (0: the cap)",
+                    minimum=0,
+                ),
+                Setting(
+                    "fedlrt.max-rank",
+                    0,
+                    "rank cap of every factorized layer (0: floor(min(m, n)/2))",
+                    minimum=0,
+                ),
+                Setting("fedlrt.min-rank", 1, "smallest rank truncation may leave", minimum=1),
+                Setting(
+                    "fedlrt.layers",
+                    "hidden",
+                    "linear layers to factorize: 'hidden' (all but the output layer), 'all', "
+                    "or comma-separated module names",
+                ),
+                Setting(
+                    "fedlrt.dense-correction",
+                    True,
+                    "with a variance correction, also correct the dense parameters FedLin-style",
+                ),
+            ),
+        ),
+        AlgorithmSpec(
+            name="fedlin",
+            description="FedLin: local SGD corrected by the difference between the average "
+            "and the client's full gradient at the round's start (2 phases)",
+            strategy="strategies.fedlrt:FedLin",
+            client="client.fedlrt:FEDLIN_HANDLERS",
+            message_types=("query.fedlin_grad", "train.fedlin", "evaluate"),
+        ),
+        AlgorithmSpec(
+            name="fedsc",
+            description="FedSC: federated spectral contrastive self-supervised learning; "
+            "clients share DP-protected correlation matrices of their representations",
+            strategy="strategies.fedsc:FedSC",
+            client="client.fedsc",
+            message_types=("query.correlation", "train", "evaluate"),
+            settings=FEDSC_SETTINGS,
+        ),
+        AlgorithmSpec(
+            name="fedavg-sc",
+            description="FedAvg + spectral contrastive loss (FedSC with alpha = 1 and nothing "
+            "shared; uses the fedsc.* settings)",
+            strategy="strategies.fedsc:FedAvgSC",
+            client="client.fedsc",
+            message_types=("train", "evaluate"),
+        ),
+        AlgorithmSpec(
+            name="adept-pca",
+            description="ADEPT-PCA: personal principal subspaces U_i and a global V on the "
+            "Stiefel manifold, tied by a prior whose width sigma is learned",
+            strategy="strategies.adept:ADEPT",
+            client="client.adept",
+            message_types=ADEPT_MESSAGES,
+            settings=ADEPT_SETTINGS + ADEPT_PCA_SETTINGS,
+        ),
+        AlgorithmSpec(
+            name="adept-ae",
+            description="ADEPT-AE: personal autoencoders theta_i, a global mu and a per-weight "
+            "sigma learned by the federation (uses the adept.* settings)",
+            strategy="strategies.adept:ADEPT",
+            client="client.adept",
+            message_types=ADEPT_MESSAGES,
+            settings=ADEPT_AE_SETTINGS,
         ),
         AlgorithmSpec(
             name="local",

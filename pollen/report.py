@@ -26,7 +26,20 @@ LOSS_PNG = "loss.png"
 TIME_PNG = "time.png"
 BYTES_PNG = "bytes.png"
 CLIENT_ACCURACY_PNG = "client-accuracy.png"
-PLOTS = (ACCURACY_PNG, LOSS_PNG, TIME_PNG, BYTES_PNG, CLIENT_ACCURACY_PNG)
+# Unsupervised runs (ADEPT): energy captured, error over the true model's, learned sigma
+ENERGY_PNG = "energy.png"
+ERROR_RATIO_PNG = "error-ratio.png"
+SIGMA_PNG = "sigma.png"
+PLOTS = (
+    ACCURACY_PNG,
+    LOSS_PNG,
+    ENERGY_PNG,
+    ERROR_RATIO_PNG,
+    SIGMA_PNG,
+    TIME_PNG,
+    BYTES_PNG,
+    CLIENT_ACCURACY_PNG,
+)
 
 # Sections of a metrics.jsonl row and how the report names them.
 SECTIONS = (("train", "clients"), ("server-eval", "server"))
@@ -348,6 +361,9 @@ def write_plots(runs: Sequence[Run], out: Path) -> list[str]:
     for name, suffix, title in (
         (ACCURACY_PNG, "accuracy", "accuracy"),
         (LOSS_PNG, "loss", "loss"),
+        (ENERGY_PNG, "energy", "energy captured"),
+        (ERROR_RATIO_PNG, "error-ratio", "reconstruction error / true model's"),
+        (SIGMA_PNG, "sigma-mean", "mean sigma"),
     ):
         lines = [
             (run, i, metric, points)
@@ -483,6 +499,9 @@ PLOT_CAPTIONS = {
     ACCURACY_PNG: "Accuracy per round (clients' test figures placed at the round whose model "
     "they evaluate).",
     LOSS_PNG: "Loss per round.",
+    ENERGY_PNG: "Energy captured by the reconstructions per round (placed like accuracy).",
+    ERROR_RATIO_PNG: "Reconstruction error over the true model's, per round.",
+    SIGMA_PNG: "Mean of the learned sigma per round.",
     TIME_PNG: "Seconds per round.",
     BYTES_PNG: "Traffic per round, bytes sent plus received, in MB.",
     CLIENT_ACCURACY_PNG: "Distribution of per-client test-accuracy in the last reported round.",

@@ -156,7 +156,20 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
         choices=("reference", "clean", "bernoulli"),
     ),
     Setting(
-        "synthetic.train-size", 0, "fixed training examples per client (0: lognormal)", minimum=0
+        "synthetic.train-size",
+        0,
+        "fixed training examples per client (0: fedem-synthetic's lognormal draw, "
+        "pca-synthetic's 20)",
+        minimum=0,
+    ),
+    # ADEPT-PCA's synthetic dataset (dataset=pca-synthetic, partitioner=natural); it also
+    # reads synthetic.dimension, noise (sigma_eps), seed, train-size and test-size
+    Setting("synthetic.rank", 20, "rank r of the clients' principal subspaces", minimum=1),
+    Setting(
+        "synthetic.heterogeneity",
+        0.1,
+        "std of the perturbation scattering the clients' subspaces around the shared one",
+        minimum=0.0,
     ),
     # local training
     Setting("lr", 0.05, "client learning rate", minimum=0.0),
@@ -180,8 +193,9 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
     Setting(
         "lr-schedule",
         "constant",
-        "'multistep' multiplies lr by 0.1 at round num-rounds//2 and again at 3*(num-rounds//4)",
-        choices=("constant", "multistep"),
+        "'multistep' multiplies lr by 0.1 at round num-rounds//2 and again at 3*(num-rounds//4); "
+        "'cosine' anneals it to 0 over the rounds, lr (1 + cos(pi (t-1)/num-rounds))/2",
+        choices=("constant", "multistep", "cosine"),
     ),
     # orchestration
     Setting(

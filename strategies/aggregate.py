@@ -108,8 +108,9 @@ def _weight(metrics: MetricRecord, key: str) -> object:
 
 def aggregate_metrics(replies: Mapping[int, RecordDict]) -> dict[str, float]:
     """Client metrics combined: each metric weighted by its split's example count (see
-    `_weight`); accuracies also get the unweighted 10th percentile and min
-    over clients, the figures personalised FL reports."""
+    `_weight`); accuracies (and reconstruction energies) also get the unweighted 10th
+    percentile and min over clients, the figures personalised FL reports, and errors the
+    worst client's (max)."""
     per_key: dict[str, list[tuple[float, float]]] = {}
     for content in replies.values():
         metrics = content[protocol.METRICS]
@@ -128,8 +129,10 @@ def aggregate_metrics(replies: Mapping[int, RecordDict]) -> dict[str, float]:
             if weights.sum() > 0
             else float(values.mean())
         )
-        if key.endswith("accuracy"):
+        if key.endswith(("accuracy", "energy")):
             out[f"{key}-p10"] = float(np.percentile(values, 10))
             out[f"{key}-min"] = float(values.min())
+        elif key.endswith(("error", "error-ratio")):  # lower is better: the worst is the max
+            out[f"{key}-max"] = float(values.max())
     out["clients"] = float(len(replies))
     return out

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -43,8 +43,15 @@ class ServerEvaluator:
     """Evaluates a global classifier on held-out data the server can load (the dataset's
     official test split, else the union of the clients' test splits)."""
 
-    def __init__(self, settings: Mapping[str, Scalar]) -> None:
+    def __init__(
+        self,
+        settings: Mapping[str, Scalar],
+        load: Callable[[Any, Mapping[str, np.ndarray]], Any] | None = None,
+    ) -> None:
+        """`load(model, weights)` returns the model holding the weights (default: the weights
+        are the built model's own state dict)."""
         self.settings = settings
+        self.load = load
 
     @cached_property
     def data(self) -> ArrayDataset | None:
@@ -70,7 +77,10 @@ class ServerEvaluator:
         from pollen.dataspec import class_weights
 
         model = _model(self.settings)
-        set_weights(model, weights)
+        if self.load is None:
+            set_weights(model, weights)
+        else:
+            model = self.load(model, weights)
         x = torch.from_numpy(data.features())
         y = torch.from_numpy(data.targets()).long()
         loss_weights = class_weights(self.settings)

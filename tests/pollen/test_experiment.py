@@ -92,3 +92,25 @@ a = {"test-accuracy" = 0.5}
     assert table["methods"]["b"]["test-accuracy"]["mean"] is None
     md = (out / "results.md").read_text()
     assert "| a | 70.0 ± 14.1 (n=2) | 50.0 |" in md and "| b | – | – |" in md
+
+
+def test_table_shows_ratios_unscaled_and_energies_in_percent(tmp_path: Path) -> None:
+    exp = Experiment.load(
+        _write(
+            tmp_path,
+            """
+[experiment]
+name = "t"
+metrics = ["error-ratio", "test-energy"]
+[methods.a]
+algorithm = "adept-ae"
+""",
+        )
+    )
+    out = tmp_path / "out"
+    d = run_dir(out, "a", 0)
+    d.mkdir(parents=True)
+    final = {"error-ratio": 2.5, "test-energy": 0.75}
+    (d / "summary.json").write_text(json.dumps({"status": "completed", "final": {"eval": final}}))
+    tabulate(exp, out)
+    assert "| a | 2.500 ± 0.000 (n=1) | 75.0 ± 0.0 (n=1) |" in (out / "results.md").read_text()

@@ -1,0 +1,248 @@
+"""ADEPT clients (PCA and AE): the personal model (U_i or theta_i) and theta_i's momentum stay in
+the state store; each round moves the personal model, then the received mu and sigma, and
+returns those two (see strategies.adept). The baselines of `adept.method` run here too.
+
+Metrics describe the client's own model after the round (FedAvg: the received global model):
+reconstruction error on the test split, for autoencoders also the energy captured, and on
+pca-synthetic the population error relative to the client's true subspace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from flwr.app import RecordDict
+
+from client.env import ClientEnv
+from pollen import protocol
+from pollen.settings import Scalar
+from strategies.adept import MU, SIGMA, shares
+
+
+def initial_global_model(settings: Mapping[str, Scalar], seed: int) -> dict[str, np.ndarray]:
+    """The server's mu_0: a uniform point of St(d, r) for PCA, a fresh autoencoder for AE."""
+    from pollen.dataspec import model_input
+
+    shape, _ = model_input(settings)
+    if settings["algorithm"] == "adept-pca":
+        from models.stiefel import random_point
+
+        rank = int(settings["adept-pca.rank"])
+        return {"V": random_point(int(np.prod(shape)), rank, np.random.default_rng(seed))}
+    import torch
+
+    from client.training import get_weights
+
+    torch.manual_seed(seed)
+    return get_weights(_autoencoder(settings, shape))
+
+
+def _autoencoder(settings: Mapping[str, Scalar], shape: tuple[int, ...]) -> Any:
+    from models.autoencoder import LinearAutoencoder
+
+    return LinearAutoencoder(shape, int(settings["adept-ae.latent"]))
+
+
+def _inputs(env: ClientEnv, split: str) -> np.ndarray:
+    """Raw inputs of a split: images in [0, 1] (the paper's AE inputs, not standardised),
+    generated features as they are."""
+    ds = env.data.train if split == "train" else env.data.test
+    return ds.x.astype(np.float32) / 255.0 if ds.x.dtype == np.uint8 else ds.x
+
+
+def _phase(content: RecordDict, env: ClientEnv) -> tuple[int, bool, str]:
+    """(round, whether mu and sigma go back, this round's role of the personal model)."""
+    rnd = protocol.round_of(content)
+    share = shares(env.settings, rnd)
+    method = str(env.settings["adept.method"])
+    return rnd, share, "global" if method in ("fedavg", "fedavg-ft") and share else method
+
+
+# --- ADEPT-PCA --------------------------------------------------------------------------------
+
+
+def _pca_hyper(env: ClientEnv, d: int) -> Any:
+    from models.adept_pca import PCAHyper
+
+    s, r = env.settings, int(env.settings["adept-pca.rank"])
+    return PCAHyper(
+        eta1=float(s["lr"]),
+        eta2=float(s["adept.lr-global"]),
+        eta3=float(s["adept.lr-sigma"]),
+        xi=float(s["adept.xi"]),
+        noise=float(s["adept-pca.noise"]),
+        d_theta=float(s["adept-pca.d-theta"]) or float(d * r),
+        data_factor=1.0 if s["adept-pca.gradient"] == "exact" else 0.5,
+    )
+
+
+def _pca_metrics(env: ClientEnv, u: np.ndarray) -> dict[str, int | float]:
+    from models.adept_pca import error_ratio, reconstruction_error
+
+    x = _inputs(env, "test").astype(np.float64)
+    out: dict[str, int | float] = {"test-examples": len(x)}
+    if len(x):
+        out["test-error"] = reconstruction_error(u, x)
+    if env.settings["dataset"] == "pca-synthetic":
+        from federated_data.synthetic_pca import true_subspaces
+
+        params = {**dict(env.data_spec.dataset_params), "num_clients": env.data_spec.num_clients}
+        truth = true_subspaces(params)[1][env.cid]
+        out["error-ratio"] = error_ratio(u, truth, float(params["noise"]))
+    return out
+
+
+def _pca_train(content: RecordDict, env: ClientEnv) -> RecordDict:
+    from models.adept_pca import client_round, data_step
+    from models.stiefel import polar_factor, top_eigenvectors
+
+    rnd, share, role = _phase(content, env)
+    x = _inputs(env, "train").astype(np.float64)
+    n, d = x.shape
+    s = x.T @ x / max(n, 1)
+    hp = _pca_hyper(env, d)
+    v = protocol.arrays_of(content, MU)["V"]
+    sigma = float(protocol.arrays_of(content, SIGMA)["V"][0])
+    stored, meta = env.state.load(before_round=rnd) or ({}, {})
+    if role == "fedavg-ft" and meta.get("role") != role:  # fine-tuning starts from the global V
+        u = v
+    else:  # first round: the local optimum, top-r eigenvectors of S_i
+        u = stored["U"] if "U" in stored else top_eigenvectors(s, v.shape[1])
+    if role == "global":  # one V for everyone: a step on the data term, retracted by the server
+        u, v_out, sigma_out = v, data_step(v, s, n, hp), sigma
+    elif role == "adept":
+        u, v_out, sigma_out = client_round(u, v, sigma, s, n, hp)
+    else:  # local training, or fine-tuning from the global V it started from
+        u = polar_factor(data_step(u, s, n, hp))
+        v_out, sigma_out = v, sigma
+    env.state.save(rnd, {"U": u, "sigma": np.array(sigma_out)}, {"round": rnd, "role": role})
+    metrics: dict[str, int | float] = {**_pca_metrics(env, u), protocol.NUM_EXAMPLES: n}
+    if not share:
+        return protocol.reply(content, env.cid, metrics)
+    sent = {"V": np.array([sigma_out], dtype=np.float64)}
+    return protocol.reply(content, env.cid, metrics, mu={"V": v_out}, sigma=sent)
+
+
+def _pca_evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
+    rnd, _, role = _phase(content, env)
+    stored, _ = env.state.load(before_round=rnd) or ({}, {})
+    u = stored["U"] if role != "global" and "U" in stored else protocol.arrays_of(content, MU)["V"]
+    metrics = {**_pca_metrics(env, u), protocol.NUM_EXAMPLES: len(env.data.train)}
+    return protocol.reply(content, env.cid, metrics)
+
+
+# --- ADEPT-AE ---------------------------------------------------------------------------------
+
+
+def _ae_hyper(env: ClientEnv, n: int) -> Any:
+    from models.adept_ae import AEHyper
+
+    s = env.settings
+    return AEHyper(
+        eta2=float(s["adept.lr-global"]),
+        eta3=float(s["adept.lr-sigma"]),
+        xi=float(s["adept.xi"]),
+        prior_scale=float(s["adept-ae.prior-scale"]) or 1.0 / max(n, 1),
+        mu_gradient=str(s["adept-ae.mu-gradient"]),
+    )
+
+
+def _ae_model(env: ClientEnv, weights: Mapping[str, np.ndarray] | None) -> Any:
+    """The autoencoder with `weights`, or this client's own random initialisation (clients
+    start from different points, as in the authors' code)."""
+    import torch
+
+    from client.training import set_weights
+
+    torch.set_num_threads(1)
+    torch.manual_seed(env.seed(0, "init"))
+    model = _autoencoder(env.settings, env.data.train.input_shape)
+    if weights is not None:
+        set_weights(model, weights)
+    return model
+
+
+def _ae_metrics(env: ClientEnv, model: Any) -> dict[str, int | float]:
+    import torch
+
+    from models.autoencoder import reconstruction_metrics
+
+    return reconstruction_metrics(model, torch.from_numpy(_inputs(env, "test")))
+
+
+def _personal_weights(stored: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+    weights = {k.removeprefix("theta."): v for k, v in stored.items() if k.startswith("theta.")}
+    return weights or None
+
+
+def _ae_train(content: RecordDict, env: ClientEnv) -> RecordDict:
+    import torch
+
+    from client.common import generator, momentum_arrays, optimizer, sgd_for_round
+    from client.training import batches, get_weights
+    from models.adept_ae import local_round
+
+    rnd, share, role = _phase(content, env)
+    x = torch.from_numpy(_inputs(env, "train"))
+    n = len(x)
+    mu = protocol.arrays_of(content, MU)
+    stored, meta = env.state.load(before_round=rnd) or ({}, {})
+    # FedAvg trains the received model; fine-tuning starts from the last global model
+    fresh = role == "global" or (role == "fedavg-ft" and meta.get("role") != role)
+    model = _ae_model(env, mu if fresh else _personal_weights(stored))
+    metrics = _ae_metrics(env, model) if role == "global" else {}
+    steps = int(env.settings["adept-ae.local-steps"])
+    order = batches(n, max(1, n // steps), generator(env, rnd, "train"))
+    chunks = [x[idx] for _, idx in zip(range(steps), order, strict=False)]
+    opt = optimizer(model, sgd_for_round(content, env), env, stored)
+    hp = _ae_hyper(env, n)
+    names = [name for name, _ in model.named_parameters()]
+    mu_out: dict[str, np.ndarray] = mu
+    sigma_out = protocol.arrays_of(content, SIGMA)
+    if role == "adept":
+        tensors = [torch.tensor(mu[k]) for k in names]
+        sigmas = [torch.tensor(sigma_out[k]) for k in names]
+        lazy = rnd <= int(env.settings["adept-ae.lazy-rounds"])
+        new_mu, new_sigma, loss = local_round(model, chunks, opt, hp, tensors, sigmas, not lazy)
+        assert new_mu is not None and new_sigma is not None
+        mu_out = {k: t.numpy() for k, t in zip(names, new_mu, strict=True)}
+        sigma_out = {k: t.numpy() for k, t in zip(names, new_sigma, strict=True)}
+    else:
+        _, _, loss = local_round(model, chunks, opt, hp)
+        if role == "global":
+            mu_out = get_weights(model)
+    theta = {f"theta.{k}": v for k, v in get_weights(model).items()}
+    sig_state = {f"sigma.{k}": v for k, v in sigma_out.items()} if role == "adept" else {}
+    env.state.save(
+        rnd, {**theta, **sig_state, **momentum_arrays(opt, env)}, {"round": rnd, "role": role}
+    )
+    if role != "global":
+        metrics = _ae_metrics(env, model)
+    metrics.update({"train-loss": loss, protocol.NUM_EXAMPLES: n})
+    if not share:
+        return protocol.reply(content, env.cid, metrics)
+    return protocol.reply(content, env.cid, metrics, mu=mu_out, sigma=sigma_out)
+
+
+def _ae_evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
+    rnd, _, role = _phase(content, env)
+    saved = env.state.load(before_round=rnd)
+    personal = _personal_weights(saved[0]) if saved and role != "global" else None
+    model = _ae_model(env, personal or protocol.arrays_of(content, MU))
+    metrics = {**_ae_metrics(env, model), protocol.NUM_EXAMPLES: len(env.data.train)}
+    return protocol.reply(content, env.cid, metrics)
+
+
+def train(content: RecordDict, env: ClientEnv) -> RecordDict:
+    pca = env.settings["algorithm"] == "adept-pca"
+    return _pca_train(content, env) if pca else _ae_train(content, env)
+
+
+def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
+    pca = env.settings["algorithm"] == "adept-pca"
+    return _pca_evaluate(content, env) if pca else _ae_evaluate(content, env)
+
+
+HANDLERS = {"train": train, "evaluate": evaluate}

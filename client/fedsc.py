@@ -1,0 +1,167 @@
+"""FedSC client (Jing et al., ICML 2024): releases its DP-protected correlation matrix, trains
+the spectral contrastive objective against the other clients' matrix, and reports a kNN monitor.
+
+* `query.correlation`: DP-CalR at the received model. Clipping bound, noise and views come from
+  the run's settings, never from the message; the noise is drawn from a generator seeded by
+  the operating system, which nobody else knows. The client keeps its own privacy ledger (number
+  of releases, epsilon) in its state store and refuses a release that would exceed
+  `fedsc.epsilon-budget`.
+* `train`: local epochs of the objective with the received Rbar_{-j} fixed (none: plain spectral
+  contrastive loss). The reply's kNN accuracy describes the received model: the client's test
+  split classified against its training split as memory bank (labels used only here).
+* `evaluate`: the same kNN monitor on the final model.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from flwr.app import RecordDict
+
+from client.common import generator, sgd_for_round, tensors
+from client.env import ClientEnv
+from client.training import SGD, get_weights, set_weights, train_spectral
+from models.augment import Augmenter
+from models.dp_correlation import dp_correlation, rdp_epsilon, sensitivity
+from models.ssl_eval import embed, knn_accuracy
+from models.ssl_nets import ContrastiveNet, build_contrastive_net
+from pollen import protocol
+from pollen.dataspec import model_input
+from pollen.settings import Scalar
+
+CORRELATION = "correlation"  # record of the correlation reply: {"r": (H, H) float32}
+OTHERS = "others"  # record of a train instruction: {"r": Rbar_{-j}}
+
+
+def contrastive_net(settings: Mapping[str, Scalar]) -> ContrastiveNet:
+    shape, _ = model_input(settings)
+    return build_contrastive_net(
+        str(settings["fedsc.encoder"]),
+        shape,
+        int(settings["fedsc.dim"]),
+        int(settings["fedsc.hidden"]),
+    )
+
+
+def release_epsilon(settings: Mapping[str, Scalar], releases: int, num_train: int) -> float:
+    """Epsilon (Opacus RDP) of a client after `releases` DP-CalR releases."""
+    mu = float(settings["fedsc.mu"])
+    w = sensitivity(mu, max(num_train, 1), str(settings["fedsc.sensitivity"]))
+    return rdp_epsilon(
+        releases, float(settings["fedsc.noise-std"]), w, float(settings["fedsc.delta"])
+    )
+
+
+def _received(content: RecordDict, env: ClientEnv) -> ContrastiveNet:
+    torch.set_num_threads(1)
+    model = contrastive_net(env.settings).to(env.device)
+    set_weights(model, protocol.arrays_of(content))
+    return model
+
+
+def _augmenter(env: ClientEnv) -> Augmenter:
+    train = env.data.train
+    shape, _ = model_input(env.settings)
+    return Augmenter(shape, train.mean, train.std)
+
+
+def knn_metrics(model: ContrastiveNet, env: ClientEnv) -> dict[str, int | float]:
+    """kNN accuracy of the client's test split against its training split (projector outputs)."""
+    test = tensors(env.data.test, env.device)
+    metrics: dict[str, int | float] = {"knn-examples": len(test)}
+    if len(test) == 0 or len(env.data.train) == 0:
+        return metrics
+    train = tensors(env.data.train, env.device)
+    model.eval()
+    metrics["knn-accuracy"] = knn_accuracy(
+        embed(model, train.x),
+        train.y,
+        embed(model, test.x),
+        test.y,
+        env.data.train.num_classes,
+        k=int(env.settings["fedsc.knn-k"]),
+        temperature=float(env.settings["fedsc.knn-temperature"]),
+    )
+    return metrics
+
+
+def correlation(content: RecordDict, env: ClientEnv) -> RecordDict:
+    rnd = protocol.round_of(content)
+    model = _received(content, env)
+    s = env.settings
+    saved = env.state.load(before_round=rnd)
+    releases = int(saved[1].get("releases", 0)) if saved else 0
+    n = len(env.data.train)
+    budget = float(s["fedsc.epsilon-budget"])
+    epsilon = release_epsilon(s, releases + 1, n)
+    if budget > 0 and epsilon > budget:
+        raise RuntimeError(
+            f"privacy budget: release {releases + 1} would reach epsilon {epsilon:.3f} > "
+            f"{budget}; refused"
+        )
+    model.eval()
+    private = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+    r, clipped = dp_correlation(
+        model,
+        tensors(env.data.train, env.device).x,
+        _augmenter(env),
+        float(s["fedsc.mu"]),
+        float(s["fedsc.noise-std"]),
+        views=generator(env, rnd, "correlation-views"),
+        noise=private,
+        passes=int(s["fedsc.passes"]),
+        views_per_pass=int(s["fedsc.views-per-pass"]),
+        batch_size=int(s["batch-size"]),
+    )
+    env.state.save(rnd, {}, {"round": rnd, "releases": releases + 1, "epsilon": epsilon})
+    metrics = {
+        protocol.NUM_EXAMPLES: n,
+        "releases": releases + 1,
+        "epsilon": epsilon if math.isfinite(epsilon) else -1.0,  # -1: no guarantee (sigma = 0)
+        "clipped-fraction": clipped,
+    }
+    r32 = r.cpu().numpy().astype(np.float32)
+    return protocol.reply(content, env.cid, metrics, **{CORRELATION: {"r": r32}})
+
+
+def train(content: RecordDict, env: ClientEnv) -> RecordDict:
+    rnd = protocol.round_of(content)
+    model = _received(content, env)
+    metrics = knn_metrics(model, env)
+    config = protocol.config_of(content)
+    others = None
+    if OTHERS in content:
+        others = torch.from_numpy(protocol.arrays_of(content, OTHERS)["r"]).to(env.device)
+    alpha = float(config.get("alpha", 1.0)) if others is not None else 1.0
+    sgd = sgd_for_round(content, env)
+    params = [p for p in model.parameters() if p.requires_grad]
+    data = tensors(env.data.train, env.device)
+    metrics["train-loss"] = train_spectral(
+        model,
+        data.x,
+        _augmenter(env),
+        epochs=sgd.epochs,
+        batch_size=sgd.batch_size,
+        opt=SGD(params, sgd.lr, sgd.momentum, sgd.weight_decay),
+        generator=generator(env, rnd, "train"),
+        alpha=alpha,
+        others=others,
+        mu=float(env.settings["fedsc.mu"]),
+        loss_scale=float(env.settings["fedsc.loss-scale"]),
+        grad_clip=float(env.settings["fedsc.grad-clip"]),
+    )
+    metrics.update({protocol.NUM_EXAMPLES: len(data), "alpha": alpha})
+    return protocol.reply(content, env.cid, metrics, arrays=get_weights(model))
+
+
+def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
+    metrics = knn_metrics(_received(content, env), env)
+    metrics[protocol.NUM_EXAMPLES] = len(env.data.train)
+    return protocol.reply(content, env.cid, metrics)
+
+
+HANDLERS = {"query.correlation": correlation, "train": train, "evaluate": evaluate}

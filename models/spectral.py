@@ -1,0 +1,103 @@
+"""Spectral contrastive learning with correlation matrices (FedSC, Jing et al., ICML 2024).
+
+Representations z (projection-head outputs, rows of Z) are clipped to norm sqrt(mu); a client's
+correlation matrix is R_j = E[z z^T] over augmented views (uncentred, H x H) and its positive
+correlation R+_j = E[z z+^T] over two views of one image. The spectral contrastive loss is
+L = -Tr(R+) + 1/2 ||R||_F^2 (the trace form of HaoChen et al.'s loss, scaled by 1/2), and a
+client's FedSC objective replaces the inter-client part of ||R||^2 by a detached estimate
+Rbar_{-j} of the other clients' R:
+
+    L_j = -Tr(R+_j) + alpha/2 ||R_j||_F^2 + (1 - alpha) Tr(R_j sg(Rbar_{-j})).
+
+With alpha = q_j and Rbar_{-j} = R_{-j} the q-weighted sum of the clients' gradients is the
+gradient of the global loss (paper Eq. 6); alpha = 1 is FedAvg + spectral contrastive.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+
+def norm_clip(z: torch.Tensor, mu: float) -> torch.Tensor:
+    """Rows rescaled to norm sqrt(mu) when longer (NormClip of DP-CalR), so ||z||^2 <= mu."""
+    bound = math.sqrt(mu)
+    norms = z.norm(dim=1, keepdim=True)
+    scale = torch.where(norms < bound, torch.ones_like(norms), bound / norms.clamp_min(1e-30))
+    return z * scale
+
+
+def correlation(*views: torch.Tensor) -> torch.Tensor:
+    """R = mean over the views' rows of z z^T (H x H)."""
+    stacked = torch.cat(views)
+    return stacked.T @ stacked / stacked.shape[0]
+
+
+def positive_trace(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+    """Tr(R+) = mean_i <z1_i, z2_i> for two views of the same images."""
+    return (z1 * z2).sum(dim=1).mean()
+
+
+def local_objective(
+    z1: torch.Tensor,
+    z2: torch.Tensor,
+    alpha: float,
+    others: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """FedSC's batch objective (paper Sec. 5.2 with alpha of App. C). Without `others` (no
+    correlation matrix received yet) it is the plain spectral contrastive loss, alpha = 1.
+    `others` is detached here: no gradient ever reaches Rbar_{-j}."""
+    r = correlation(z1, z2)
+    loss = -positive_trace(z1, z2)
+    if others is None:
+        return loss + 0.5 * (r * r).sum()
+    rbar = others.detach().to(r.dtype)
+    # Tr(R Rbar) = <R, Rbar^T>_F; R is symmetric so only Rbar's symmetric part matters
+    return loss + 0.5 * alpha * (r * r).sum() + (1.0 - alpha) * (r * rbar.T).sum()
+
+
+def global_objective(
+    views: list[tuple[torch.Tensor, torch.Tensor]], q: list[float]
+) -> torch.Tensor:
+    """L = -Tr(sum_j q_j R+_j) + 1/2 ||sum_j q_j R_j||_F^2 over clients' (z1, z2) views."""
+    pos = sum(qj * positive_trace(z1, z2) for (z1, z2), qj in zip(views, q, strict=True))
+    r = sum(qj * correlation(z1, z2) for (z1, z2), qj in zip(views, q, strict=True))
+    assert isinstance(r, torch.Tensor) and isinstance(pos, torch.Tensor)
+    return -pos + 0.5 * (r * r).sum()
+
+
+def alpha_at(
+    schedule: str, server_round: int, num_rounds: int, alpha_min: float, q: float
+) -> float:
+    """The alpha of a round: 'linear' 1 -> alpha_min over the rounds (paper App. C: 1 -> 0.2,
+    alpha_t = 1 - (1 - alpha_min)(t - 1)/T), 'constant' alpha_min, 'q' the client's weight q_j
+    (the provable Eq. 5)."""
+    if schedule == "linear":
+        return 1.0 - (1.0 - alpha_min) * (server_round - 1) / max(num_rounds, 1)
+    if schedule == "constant":
+        return alpha_min
+    if schedule == "q":
+        return q
+    raise ValueError(f"unknown alpha schedule {schedule!r}")
+
+
+# ---- server-side bookkeeping of the clients' (noisy) correlation matrices ----------------------
+
+
+def aggregate(latest: Mapping[int, np.ndarray], q: Mapping[int, float]) -> np.ndarray:
+    """R~ = sum_j q_j R~_j over the latest copy of every client (stale ones included),
+    renormalised over the clients that have one."""
+    keys = sorted(latest)
+    weights = np.array([q[k] for k in keys], dtype=np.float64)
+    stacked = np.stack([np.asarray(latest[k], dtype=np.float64) for k in keys])
+    return np.tensordot(weights / weights.sum(), stacked, axes=1)
+
+
+def others(latest: Mapping[int, np.ndarray], q: Mapping[int, float], cid: int) -> np.ndarray | None:
+    """Rbar_{-j} = sum_{k != j} q_k R~_k / sum_{k != j} q_k (paper Alg. 1 line 20), None when
+    no other client has shared yet."""
+    rest = {k: v for k, v in latest.items() if k != cid}
+    return aggregate(rest, q) if rest else None

@@ -1,0 +1,177 @@
+"""Encoders, projection head and augmentations for self-supervised (spectral contrastive) runs.
+
+A `ContrastiveNet` is backbone + projector; the projector's output z is what the loss and the
+correlation matrices use, the backbone's output is what a linear probe reads. Backbones:
+
+* 'cnn': a small CNN for the embedded 28x28 / 8x8 grayscale data;
+* 'fixup-resnet20': the paper's SVHN/CIFAR-10 backbone (Fixup ResNet-20, widen factor 8, no
+  BatchNorm, 512-d features);
+* 'resnet34-cifar': the paper's CIFAR-100 backbone (CIFAR-style BasicBlock ResNet [3,4,6,3] with
+  BatchNorm, 512-d features).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F  # noqa: N812
+
+ENCODERS = ("cnn", "fixup-resnet20", "resnet34-cifar")
+
+
+class SmallEncoder(nn.Module):
+    """Three 3x3 conv layers (8, 16, 32 channels) with BatchNorm, kept narrow so CPU-only runs
+    stay short. BatchNorm keeps the features' spread at unit scale; without it the projector's
+    mean direction grows first and training settles in the collapsed (rank-one) solution."""
+
+    def __init__(self, channels: int, features: int = 128) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(channels, 8, 3, padding=1, bias=False),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, padding=1, bias=False),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1, bias=False),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(2),
+            nn.Flatten(),
+            nn.Linear(128, features, bias=False),
+            nn.BatchNorm1d(features),
+            nn.ReLU(),
+        )
+        self.out_features = features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.net(x)
+        return out
+
+
+class _FixupBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int, num_blocks: int) -> None:
+        super().__init__()
+        self.bias1a, self.bias1b = nn.Parameter(torch.zeros(1)), nn.Parameter(torch.zeros(1))
+        self.bias2a, self.bias2b = nn.Parameter(torch.zeros(1)), nn.Parameter(torch.zeros(1))
+        self.scale = nn.Parameter(torch.ones(1))
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        std = math.sqrt(2.0 / (cout * 9)) * num_blocks**-0.5
+        nn.init.normal_(self.conv1.weight, 0.0, std)
+        nn.init.zeros_(self.conv2.weight)
+        self.stride, self.pad = stride, cout - cin
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.conv1(x + self.bias1a) + self.bias1b)
+        out = self.conv2(out + self.bias2a) * self.scale + self.bias2b
+        short = x
+        if self.stride != 1 or self.pad:
+            short = F.avg_pool2d(x + self.bias1a, 1, self.stride)
+            short = torch.cat(
+                [short, torch.zeros_like(short[:, :1]).expand(-1, self.pad, -1, -1)], 1
+            )
+        return F.relu(out + short)
+
+
+class FixupResNet20(nn.Module):
+    """Fixup ResNet-20 x widen: stem 3x3 conv, 3 stages x 3 blocks (widths 16w, 32w, 64w),
+    global average pool."""
+
+    def __init__(self, channels: int, widen: int = 8) -> None:
+        super().__init__()
+        widths = (16 * widen, 32 * widen, 64 * widen)
+        self.stem = nn.Conv2d(channels, widths[0], 3, 1, 1, bias=False)
+        self.bias = nn.Parameter(torch.zeros(1))
+        self.bias_out = nn.Parameter(torch.zeros(1))  # Fixup's bias before the (removed) fc
+        blocks: list[nn.Module] = []
+        cin = widths[0]
+        for stage, width in enumerate(widths):
+            for i in range(3):
+                blocks.append(_FixupBlock(cin, width, 2 if stage and i == 0 else 1, 9))
+                cin = width
+        self.blocks = nn.Sequential(*blocks)
+        self.out_features = widths[-1]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.blocks(F.relu(self.stem(x) + self.bias))
+        return F.adaptive_avg_pool2d(out, 1).flatten(1) + self.bias_out
+
+
+class _BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.short: nn.Module = nn.Identity()
+        if stride != 1 or cin != cout:
+            self.short = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(out)) + self.short(x))
+
+
+class ResNet34Cifar(nn.Module):
+    """CIFAR-style ResNet with BasicBlocks [3, 4, 6, 3], widths 64..512, no max-pool."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(channels, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU()
+        )
+        layers: list[nn.Module] = []
+        cin = 64
+        for stage, (width, count) in enumerate(zip((64, 128, 256, 512), (3, 4, 6, 3), strict=True)):
+            for i in range(count):
+                layers.append(_BasicBlock(cin, width, 2 if stage and i == 0 else 1))
+                cin = width
+        self.layers = nn.Sequential(*layers)
+        self.out_features = 512
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.adaptive_avg_pool2d(self.layers(self.stem(x)), 1).flatten(1)
+
+
+class ContrastiveNet(nn.Module):
+    """Backbone + projector (Linear -> ReLU -> Linear); forward gives the representation z."""
+
+    def __init__(self, backbone: nn.Module, features: int, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.projector = nn.Sequential(
+            nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, dim)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.projector(self.backbone(x))
+        return out
+
+
+def build_contrastive_net(
+    encoder: str, input_shape: tuple[int, ...], dim: int, hidden: int = 0
+) -> ContrastiveNet:
+    """The named backbone for images of input_shape (C, H, W) with a projector to `dim`
+    (hidden width `hidden`, default twice the backbone's features: 512-1024-512 in the paper)."""
+    if len(input_shape) != 3:
+        raise ValueError(f"contrastive encoders need image input (C, H, W), got {input_shape}")
+    channels = input_shape[0]
+    backbone: nn.Module
+    if encoder == "cnn":
+        backbone = SmallEncoder(channels)
+    elif encoder == "fixup-resnet20":
+        backbone = FixupResNet20(channels)
+    elif encoder == "resnet34-cifar":
+        backbone = ResNet34Cifar(channels)
+    else:
+        raise ValueError(f"unknown encoder {encoder!r}; known: {', '.join(ENCODERS)}")
+    features = int(backbone.out_features)  # type: ignore[arg-type]
+    return ContrastiveNet(backbone, features, dim, hidden or 2 * features)

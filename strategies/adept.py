@@ -1,0 +1,114 @@
+"""ADEPT server (Ozkara et al., AISTATS 2025): it holds the global model mu (V for PCA) and the
+prior width sigma, and combines the clients' drifted copies of both with equal weights 1/m
+("sigma averaging": the plain elementwise mean of sigma itself). For ADEPT-PCA the mean step of
+V is retracted onto the Stiefel manifold. Personal models never leave the clients.
+
+`adept.method` runs the baselines in the same framework: 'local' shares nothing, 'fedavg'
+averages one model (sigma unused), 'fedavg-ft' switches to local fine-tuning after
+`adept.tune-round`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from flwr.app import RecordDict
+
+from pollen import protocol
+from strategies.aggregate import aggregate_metrics, expect_arrays, final_evaluation
+from strategies.base import Federation, InvalidReply, Strategy
+
+MU, SIGMA = "mu", "sigma"
+
+
+def shares(settings: Mapping[str, Any], server_round: int) -> bool:
+    """Whether clients send mu and sigma back this round (all but local training)."""
+    method = settings["adept.method"]
+    if method == "fedavg-ft":
+        return server_round <= tune_round(settings)
+    return bool(method != "local")
+
+
+def tune_round(settings: Mapping[str, Any]) -> int:
+    return int(settings["adept.tune-round"]) or int(settings["num-rounds"]) // 2
+
+
+class ADEPT(Strategy):
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        super().__init__(settings)
+        self.pca = settings["algorithm"] == "adept-pca"
+        self.mu: dict[str, np.ndarray] = {}
+        self.sigma: dict[str, np.ndarray] = {}
+
+    def initialize(self, seed: int) -> None:
+        from client.adept import initial_global_model
+
+        self.mu = initial_global_model(self.settings, seed)
+        sigma0 = float(self.settings["adept.sigma-init"])
+        if self.pca:  # one scalar sigma, as in the theory of ADEPT-PCA (sent as shape (1,))
+            self.sigma = {"V": np.array([sigma0], dtype=np.float64)}
+        else:  # one sigma per weight, as in every ADEPT-AE experiment
+            self.sigma = {k: np.full_like(v, sigma0) for k, v in self.mu.items()}
+
+    def validate(self, _cid: int, content: RecordDict) -> None:
+        """Both records with the server's keys, shapes and dtypes, and sigma > 0."""
+        if not shares(self.settings, protocol.round_of(content)):
+            return
+        expect_arrays(content, MU, self.mu)
+        for key, value in expect_arrays(content, SIGMA, self.sigma).items():
+            if not (value > 0).all():
+                raise InvalidReply(f"sigma.{key} has entries <= 0 (sigma must stay positive)")
+
+    def _instruction(self, server_round: int, message_type: str, **config: Any) -> RecordDict:
+        return protocol.instruction(
+            server_round,
+            message_type,
+            {"share": shares(self.settings, server_round), **config},
+            mu=self.mu,
+            sigma=self.sigma,
+        )
+
+    def run_round(self, fed: Federation) -> dict[str, float]:
+        from models.adept_ae import average
+        from models.adept_pca import server_update
+
+        payloads = {c.cid: self._instruction(fed.server_round, "train") for c in fed.sample()}
+        replies = fed.exchange("train", payloads, self.validate)
+        if replies and shares(self.settings, fed.server_round):
+            mus = [protocol.arrays_of(r, MU) for r in replies.values()]
+            if self.pca:
+                self.mu = {"V": server_update(self.mu["V"], [m["V"] for m in mus])}
+            else:
+                self.mu = average(mus)
+            if self.settings["adept.method"] == "adept":
+                self.sigma = average([protocol.arrays_of(r, SIGMA) for r in replies.values()])
+        return {**aggregate_metrics(replies), **self.sigma_summary()}
+
+    def sigma_summary(self) -> dict[str, float]:
+        """Mean, min and max of sigma over all weights: the learned heterogeneity."""
+        flat = np.concatenate([np.ravel(s) for s in self.sigma.values()])
+        return {"sigma-mean": float(flat.mean()), "sigma-min": float(flat.min()),
+                "sigma-max": float(flat.max())}  # fmt: skip
+
+    def finalize(self, fed: Federation) -> dict[str, float]:
+        out = final_evaluation(
+            fed,
+            lambda c, new: self._instruction(fed.server_round, "evaluate", unseen=new),
+        )
+        return {**out, **self.sigma_summary()}
+
+    def global_arrays(self) -> dict[str, np.ndarray]:
+        return self.mu
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        arrays = {f"{MU}.{k}": v for k, v in self.mu.items()}
+        arrays.update({f"{SIGMA}.{k}": v for k, v in self.sigma.items()})
+        return arrays, {}
+
+    def load_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
+        self.mu = {k.removeprefix(f"{MU}."): v for k, v in arrays.items() if k.startswith(f"{MU}.")}
+        self.sigma = {
+            k.removeprefix(f"{SIGMA}."): v for k, v in arrays.items() if k.startswith(f"{SIGMA}.")
+        }

@@ -1,0 +1,339 @@
+"""FeDLRT (Schotthöfer & Laiu, 2024) and FedLin (Mitra et al., 2021): rounds of two or three
+phases, variance-corrected local training.
+
+FeDLRT keeps the chosen linear layers as W = U diag(s) V^T (float64 on the server). A round:
+  basis phase     clients get U, s, V (and the dense parameters) and answer the full local
+                  gradients w.r.t. U and V (+ S for simplified correction, + the dense
+                  parameters for their FedLin correction); the server averages them and augments
+                  each basis by QR: Ū, V̄ (the r new columns).
+  coef-grad phase (full correction only) clients get Ū, V̄ and answer ∇_S̃ L_c at the round's
+                  start point.
+  train phase     clients get Ū, V̄ (unless sent already) and their own correction
+                  V_c = G − G_c, train S̃ (2r×2r) and the dense parameters with U, V frozen and
+                  answer them; the server averages S̃, truncates it by SVD and averages the rest.
+Clients keep U, s, V (and Ū, V̄) of the round in their state store between phases, so only the
+new columns travel. FedLin is the same round with no factorized layer: a gradient phase, then
+corrected local training of the whole model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+from flwr.app import RecordDict
+
+from models.fedlrt import (
+    Factors,
+    augment_basis,
+    augmentation_width,
+    factorize,
+    max_rank,
+    orthonormality_error,
+    round_floats,
+    truncate,
+)
+from pollen import protocol
+from pollen.settings import Scalar
+from strategies.aggregate import (
+    aggregate_metrics,
+    expect_arrays,
+    final_evaluation,
+    num_examples,
+    weighted_average,
+)
+from strategies.base import Federation, Strategy
+from strategies.classifier import ServerEvaluator, initial_weights
+from strategies.schedule import learning_rate
+
+GRADS = "grads"
+BASES = "bases"
+CORRECTIONS = "corrections"
+
+
+def _spec(shape: tuple[int, ...]) -> np.ndarray:
+    """A float32 placeholder of the shape a reply array must have (for expect_arrays)."""
+    return np.zeros(shape, np.float32)
+
+
+def _mean64(
+    arrays: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float]
+) -> dict[str, np.ndarray]:
+    """Weighted mean kept in float64: the server's QR and SVD work on it."""
+    return weighted_average(
+        [{k: v.astype(np.float64) for k, v in a.items()} for a in arrays], weights
+    )
+
+
+class FeDLRT(Strategy):
+    basis_phase = "query.fedlrt_basis"
+    coef_phase = "query.fedlrt_coef_grad"
+    train_phase = "train.fedlrt_coef"
+
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        super().__init__(settings)
+        self.var_cor = str(settings["fedlrt.var-cor"])
+        self.dense_correction = self.var_cor != "none" and bool(settings["fedlrt.dense-correction"])
+        self.tau = float(settings["fedlrt.tau"])
+        self.relative = settings["fedlrt.truncation"] == "relative"
+        self.dense: dict[str, np.ndarray] = {}
+        self.factors: dict[str, Factors] = {}
+        self._evaluator = ServerEvaluator(settings, load=_load_low_rank)
+
+    # ---- the model ---------------------------------------------------------------------
+    def _dense_model(self) -> Any:
+        from models import build_model
+        from pollen.dataspec import model_input
+
+        shape, classes = model_input(self.settings)
+        return build_model(str(self.settings["model"]), shape, classes)
+
+    def layer_names(self) -> list[str]:
+        from models.lowrank import select_layers
+
+        return select_layers(self._dense_model(), str(self.settings["fedlrt.layers"]))
+
+    @cached_property
+    def dense_parameters(self) -> list[str]:
+        """Trainable parameters that stay dense (the ones a FedLin correction applies to)."""
+        factorized = set(self.factors)
+        return [
+            name
+            for name, _ in self._dense_model().named_parameters()
+            if name.rpartition(".")[0] not in factorized or not name.endswith(".weight")
+        ]
+
+    def rank_cap(self, name: str) -> int:
+        fac = self.factors[name]
+        return max_rank(fac.U.shape[0], fac.V.shape[0], int(self.settings["fedlrt.max-rank"]))
+
+    def initialize(self, seed: int) -> None:
+        weights = initial_weights(self.settings, seed)
+        self.factors = {}
+        for name in self.layer_names():
+            w = weights.pop(f"{name}.weight").astype(np.float64)
+            top = max_rank(w.shape[0], w.shape[1], int(self.settings["fedlrt.max-rank"]))
+            wanted = int(self.settings["fedlrt.rank"]) or top
+            self.factors[name] = factorize(w, min(wanted, top))
+        self.dense = weights
+
+    def global_arrays(self) -> dict[str, np.ndarray]:
+        """What clients receive in the basis phase: dense parameters and U, s, V in float32."""
+        out = dict(self.dense)
+        for name, fac in self.factors.items():
+            out.update({f"{name}.U": fac.U, f"{name}.s": fac.s, f"{name}.V": fac.V})
+        return {k: np.asarray(v, dtype=np.float32) for k, v in out.items()}
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        arrays = dict(self.dense)
+        for name, fac in self.factors.items():
+            arrays.update({f"{name}.U": fac.U, f"{name}.s": fac.s, f"{name}.V": fac.V})
+        return arrays, {"factorized": sorted(self.factors)}
+
+    def load_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
+        names = list(meta.get("factorized", []))
+        self.factors = {
+            n: Factors(arrays[f"{n}.U"], arrays[f"{n}.s"], arrays[f"{n}.V"]) for n in names
+        }
+        keys = {f"{n}{suffix}" for n in names for suffix in (".U", ".s", ".V")}
+        self.dense = {k: v for k, v in arrays.items() if k not in keys}
+
+    # ---- a round -------------------------------------------------------------------------
+    def run_round(self, fed: Federation) -> dict[str, float]:
+        rnd = fed.server_round
+        config: dict[str, Scalar] = {
+            "lr": learning_rate(self.settings, rnd),
+            "var-cor": self.var_cor,
+            "dense-grads": self.dense_correction,
+        }
+        traffic = Traffic()
+
+        # basis phase: gradients at the current point
+        down = self.global_arrays()
+        payloads = {
+            c.cid: protocol.instruction(rnd, self.basis_phase, config, arrays=down)
+            for c in fed.sample()
+        }
+        basis = fed.exchange(self.basis_phase, payloads, self._check_basis)
+        traffic.add("basis", payloads, basis)
+        weight = {cid: float(num_examples(r)) for cid, r in basis.items()}
+        grads = {cid: protocol.arrays_of(r, GRADS) for cid, r in basis.items()}
+        mean = _mean64(list(grads.values()), list(weight.values()))
+        bars = {}
+        for name, fac in self.factors.items():
+            width = augmentation_width(fac.rank, fac.U.shape[0], fac.V.shape[0])
+            bars[name] = (
+                augment_basis(fac.U, mean[f"{name}.U"], width),
+                augment_basis(fac.V, mean[f"{name}.V"], width),
+            )
+        bases = {
+            f"{name}.{side}": b.astype(np.float32)
+            for name, (ub, vb) in bars.items()
+            for side, b in (("Ubar", ub), ("Vbar", vb))
+        }
+
+        # the client gradients the corrections are built from
+        dense_keys = self.dense_parameters if self.dense_correction else []
+        own = {cid: {k: g[k] for k in dense_keys} for cid, g in grads.items()}
+        if self.var_cor == "simplified":
+            for cid, g in grads.items():
+                own[cid].update({f"{n}.S": g[f"{n}.S"] for n in self.factors})
+        if self.var_cor == "full" and self.factors:
+            payloads = {
+                cid: protocol.instruction(rnd, self.coef_phase, config, **{BASES: bases})
+                for cid in basis
+            }
+            coef = fed.exchange(self.coef_phase, payloads, self._check_coef)
+            traffic.add("coef-grad", payloads, coef)
+            for cid, r in coef.items():
+                own[cid].update(protocol.arrays_of(r, GRADS))
+            own = {cid: own[cid] for cid in coef}
+        participants = list(own)
+        mean_own = _mean64([own[c] for c in participants], [weight[c] for c in participants])
+
+        # train phase: corrected coefficient (and dense) training
+        payloads = {}
+        for cid in participants:
+            arrays: dict[str, Any] = {}
+            if not (self.var_cor == "full" and self.factors):
+                arrays[BASES] = bases
+            if mean_own:
+                arrays[CORRECTIONS] = {
+                    k: (mean_own[k] - own[cid][k]).astype(np.float32) for k in mean_own
+                }
+            payloads[cid] = protocol.instruction(rnd, self.train_phase, config, **arrays)
+        trained = fed.exchange(self.train_phase, payloads, self._check_train)
+        traffic.add("train", payloads, trained)
+        models = [protocol.arrays_of(r) for r in trained.values()]
+        counts = [num_examples(r) for r in trained.values()]
+        coefficients = _mean64(
+            [{f"{n}.S": m[f"{n}.S"] for n in self.factors} for m in models], counts
+        )
+
+        metrics = {**aggregate_metrics(basis), **aggregate_metrics(trained)}
+        metrics.update(traffic.metrics())
+        metrics.update(self.formula_bytes())
+        ortho = 0.0
+        for name in list(self.factors):
+            u_aug = np.hstack([self.factors[name].U, bars[name][0]])
+            v_aug = np.hstack([self.factors[name].V, bars[name][1]])
+            cut = truncate(u_aug, coefficients[f"{name}.S"], v_aug, self.tau, self.relative,
+                           int(self.settings["fedlrt.min-rank"]), self.rank_cap(name))  # fmt: skip
+            self.factors[name] = cut.factors
+            metrics[f"truncation-ratio-{name}"] = (
+                cut.discarded / cut.threshold if cut.threshold > 0 else 0.0
+            )
+            ortho = max(ortho, orthonormality_error(cut.factors.U),
+                        orthonormality_error(cut.factors.V))  # fmt: skip
+            metrics[f"rank-{name}"] = float(cut.factors.rank)
+        self.dense = weighted_average([{k: m[k] for k in self.dense} for m in models], counts)
+        if self.factors:
+            metrics["orthonormality-error"] = ortho
+        return metrics
+
+    # ---- reply checks --------------------------------------------------------------------
+    def _check_basis(self, _cid: int, content: RecordDict) -> None:
+        ref = (
+            {k: _spec(self.dense[k].shape) for k in self.dense_parameters}
+            if self.dense_correction
+            else {}
+        )
+        for name, fac in self.factors.items():
+            ref[f"{name}.U"] = _spec(fac.U.shape)
+            ref[f"{name}.V"] = _spec(fac.V.shape)
+            if self.var_cor == "simplified":
+                ref[f"{name}.S"] = _spec((fac.rank, fac.rank))
+        expect_arrays(content, GRADS, ref)
+
+    def _augmented(self) -> dict[str, np.ndarray]:
+        out = {}
+        for name, fac in self.factors.items():
+            k = fac.rank + augmentation_width(fac.rank, fac.U.shape[0], fac.V.shape[0])
+            out[f"{name}.S"] = _spec((k, k))
+        return out
+
+    def _check_coef(self, _cid: int, content: RecordDict) -> None:
+        expect_arrays(content, GRADS, self._augmented())
+
+    def _check_train(self, _cid: int, content: RecordDict) -> None:
+        ref = {k: np.zeros(v.shape, v.dtype) for k, v in self.dense.items()}
+        expect_arrays(content, protocol.ARRAYS, {**ref, **self._augmented()})
+
+    # ---- accounting ----------------------------------------------------------------------
+    def formula_bytes(self) -> dict[str, float]:
+        """Spec §2.9 float counts × 4 per client for a round at the current ranks, and what
+        FedAvg / FedLin would send for the same model."""
+        dense = sum(self.dense[k].size for k in self.dense)
+        full = dense + sum(fac.U.shape[0] * fac.V.shape[0] for fac in self.factors.values())
+        floats = (4 if self.dense_correction else 2) * dense
+        for fac in self.factors.values():
+            counts = round_floats(fac.U.shape[0], fac.V.shape[0], fac.rank, self.var_cor)
+            floats += counts["down"] + counts["up"]
+        return {
+            "bytes-formula": 4.0 * floats,
+            "bytes-fedavg": 4.0 * 2 * full,
+            "bytes-fedlin": 4.0 * 4 * full,
+        }
+
+    # ---- evaluation ----------------------------------------------------------------------
+    def finalize(self, fed: Federation) -> dict[str, float]:
+        arrays = self.global_arrays()
+        return final_evaluation(
+            fed,
+            lambda c, new: protocol.instruction(
+                fed.server_round, "evaluate", {"unseen": new}, arrays=arrays
+            ),
+        )
+
+    def server_evaluate(self) -> dict[str, float]:
+        return self._evaluator(self.global_arrays())
+
+
+class FedLin(FeDLRT):
+    """FedLin: every client corrects its local gradients by G − G_c, G the average full
+    gradient at the round's start point (two phases per round, nothing factorized)."""
+
+    basis_phase = "query.fedlin_grad"
+    train_phase = "train.fedlin"
+
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        super().__init__(settings)
+        self.var_cor = "full"
+        self.dense_correction = True
+
+    def layer_names(self) -> list[str]:
+        return []
+
+
+class Traffic:
+    """Bytes of array data per client, measured from the messages of each phase."""
+
+    def __init__(self) -> None:
+        self.down: dict[str, int] = {}
+        self.up: dict[str, int] = {}
+
+    def add(
+        self, phase: str, sent: Mapping[int, RecordDict], replies: Mapping[int, RecordDict]
+    ) -> None:
+        self.down[phase] = sum(protocol.payload_bytes(m) for m in sent.values()) // max(
+            len(sent), 1
+        )
+        self.up[phase] = sum(protocol.payload_bytes(m) for m in replies.values()) // max(
+            len(replies), 1
+        )
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for phase in self.down:
+            out[f"bytes-down-{phase}"] = float(self.down[phase])
+            out[f"bytes-up-{phase}"] = float(self.up[phase])
+        out["bytes-per-client"] = float(sum(self.down.values()) + sum(self.up.values()))
+        return out
+
+
+def _load_low_rank(model: Any, weights: Mapping[str, np.ndarray]) -> Any:
+    from models.lowrank import load_low_rank
+
+    return load_low_rank(model, weights)

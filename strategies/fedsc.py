@@ -1,0 +1,315 @@
+"""FedSC server (Jing et al., ICML 2024, Algorithm 1): a round has two phases.
+
+1. `query.correlation` (sharing rounds only): clients release DP-CalR correlation matrices of
+   the current model. The first sharing round asks every client (unsampled ones too), later
+   ones the sampled clients; the server keeps the latest copy of every client's matrix, so
+   unsampled clients count with a stale one.
+2. `train`: each sampled client gets the model and its own Rbar_{-j} = sum_{k != j} q_k R~_k /
+   sum_{k != j} q_k (never its own matrix), trains with alpha of the schedule, and the server
+   averages the weights (by training examples, or uniformly).
+
+Privacy: the server mirrors each client's ledger (releases T_j; epsilon by Opacus' RDP
+accountant at sensitivity sqrt(2) mu / |D_j|, see models.dp_correlation) and reports it every
+round. With `fedsc.epsilon-budget` set, a client whose next release would exceed the budget is no
+longer asked; its last matrix stays in use. The ledger counts every request (a conservative
+upper bound when a reply is lost); each client also keeps and enforces its own. Model weights
+are not protected.
+
+`fedavg-sc` is the same server with alpha = 1 and nothing shared (FedAvg + spectral contrastive).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+from flwr.app import RecordDict
+
+from client.fedsc import CORRELATION, OTHERS, contrastive_net, release_epsilon
+from models.dp_correlation import closed_form_epsilon, sensitivity
+from models.spectral import alpha_at, others
+from pollen import protocol
+from strategies.aggregate import (
+    aggregate_metrics,
+    expect_arrays,
+    final_evaluation,
+    num_examples,
+    weighted_average,
+)
+from strategies.base import ClientInfo, Federation, GlobalModelStrategy, InvalidReply
+from strategies.schedule import learning_rate
+
+log = logging.getLogger("flwr.pollen")
+_STORE = "fedsc-correlation/"  # checkpoint keys of the stored matrices
+
+
+def shares(settings: Mapping[str, Any], server_round: int) -> bool:
+    """Whether correlation matrices are shared in a round ('after': rounds t > share-after;
+    'after-even': those of even t; the paper's DP schedules are t > 100, t > 150, t > 100 even)."""
+    mode = str(settings["fedsc.share"])
+    if mode == "never":
+        return False
+    late = server_round > int(settings["fedsc.share-after"])
+    return late and (mode != "after-even" or server_round % 2 == 0)
+
+
+class FedSC(GlobalModelStrategy):
+    share_correlations = True
+
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        super().__init__(settings)
+        self.latest: dict[int, np.ndarray] = {}
+        self.releases: dict[int, int] = {}
+        self.sizes: dict[int, int] = {}
+        self._evaluator = RepresentationEvaluator(settings)
+
+    @property
+    def dim(self) -> int:
+        return int(self.settings["fedsc.dim"])
+
+    def initialize(self, seed: int) -> None:
+        import torch
+
+        from client.training import get_weights
+
+        torch.manual_seed(seed)
+        # through the message codec once: it stores 0-d tensors (BatchNorm's batch counters)
+        # with shape (1,), the shape every reply will have
+        self.weights = protocol.from_record(
+            protocol.to_record(get_weights(contrastive_net(self.settings)))
+        )
+
+    # ---- weights of clients: q_j over every training client ---------------------------------
+    def _q(self, pool: list[ClientInfo]) -> dict[int, float]:
+        if self.settings["fedsc.weighting"] == "uniform":
+            return {c.cid: 1.0 for c in pool}
+        return {c.cid: float(max(c.num_train, 1)) for c in pool}
+
+    def epsilon(self, cid: int, releases: int | None = None) -> float:
+        count = self.releases.get(cid, 0) if releases is None else releases
+        return release_epsilon(self.settings, count, self.sizes.get(cid, 1))
+
+    def _within_budget(self, cid: int) -> bool:
+        budget = float(self.settings["fedsc.epsilon-budget"])
+        return budget <= 0 or self.epsilon(cid, self.releases.get(cid, 0) + 1) <= budget
+
+    # ---- a round -----------------------------------------------------------------------------
+    def run_round(self, fed: Federation) -> dict[str, float]:
+        t = fed.server_round
+        pool = fed.available()
+        self.sizes.update({c.cid: c.num_train for c in pool})
+        clients = fed.sample(pool)
+        q = self._q(pool)
+        out: dict[str, float] = {}
+        if self.share_correlations and shares(self.settings, t):
+            out.update(self._share(fed, pool if not self.latest else clients))
+        rounds = int(self.settings["num-rounds"])
+        lr = learning_rate(self.settings, t)
+        payloads: dict[int, RecordDict] = {}
+        for c in clients:
+            alpha = 1.0
+            if self.share_correlations:
+                alpha = alpha_at(
+                    str(self.settings["fedsc.alpha-schedule"]),
+                    t,
+                    rounds,
+                    float(self.settings["fedsc.alpha-min"]),
+                    q[c.cid] / sum(q.values()),
+                )
+            rbar = others(self.latest, q, c.cid) if alpha < 1 else None
+            extra = {OTHERS: {"r": rbar.astype(np.float32)}} if rbar is not None else {}
+            config = {"lr": lr, "alpha": alpha}
+            payloads[c.cid] = protocol.instruction(t, "train", config, arrays=self.weights, **extra)
+        replies = fed.exchange("train", payloads, self.validate)
+        models = [protocol.arrays_of(r) for r in replies.values()]
+        uniform = self.settings["fedsc.weighting"] == "uniform"
+        counts = [1 if uniform else num_examples(r) for r in replies.values()]
+        self.weights = weighted_average(models, counts)
+        out.update(aggregate_metrics(replies))
+        out.update(self._ledger())
+        return out
+
+    def _share(self, fed: Federation, asked: list[ClientInfo]) -> dict[str, float]:
+        asked = [c for c in asked if self._within_budget(c.cid)]
+        if not asked:
+            return {"shared": 0.0}
+        payloads = {
+            c.cid: protocol.instruction(fed.server_round, "query.correlation", arrays=self.weights)
+            for c in asked
+        }
+        for c in asked:  # counted when requested: a lost reply may still have been released
+            self.releases[c.cid] = self.releases.get(c.cid, 0) + 1
+        replies = fed.exchange("query.correlation", payloads, self.validate_correlation)
+        for cid, content in replies.items():
+            self.latest[cid] = protocol.arrays_of(content, CORRELATION)["r"].astype(np.float64)
+        out = {"shared": float(len(replies))}
+        clipped = aggregate_metrics(replies).get("clipped-fraction")
+        if clipped is not None:
+            out["clipped-fraction"] = clipped
+        return out
+
+    def _ledger(self) -> dict[str, float]:
+        """Privacy of the correlation releases so far (max over clients)."""
+        if not self.releases:
+            return {"epsilon": 0.0, "releases-max": 0.0}
+        s = self.settings
+        mu, sigma, delta = (
+            float(s["fedsc.mu"]),
+            float(s["fedsc.noise-std"]),
+            float(s["fedsc.delta"]),
+        )
+        closed = [
+            closed_form_epsilon(
+                n,
+                sigma,
+                sensitivity(mu, max(self.sizes.get(c, 1), 1), str(s["fedsc.sensitivity"])),
+                delta,
+            )
+            for c, n in self.releases.items()
+        ]
+        eps = [self.epsilon(c) for c in self.releases]
+        # the JSON metrics file takes no infinity: sigma = 0 reports -1 (no guarantee)
+        return {
+            "epsilon": max(eps) if math.isfinite(max(eps)) else -1.0,
+            "epsilon-closed-form": max(closed) if math.isfinite(max(closed)) else -1.0,
+            "releases-max": float(max(self.releases.values())),
+        }
+
+    def validate_correlation(self, _cid: int, content: RecordDict) -> None:
+        """An H x H float32 matrix, symmetric, entries within what clipping allows: a clipped
+        correlation has |R_ab| <= mu, and the noise adds at most a few sigma."""
+        r = expect_arrays(content, CORRELATION, {"r": np.zeros((self.dim, self.dim), np.float32)})[
+            "r"
+        ]
+        if not np.isfinite(r).all():
+            raise InvalidReply("correlation matrix has NaN or Inf")
+        scale = max(1.0, float(np.abs(r).max()))
+        if np.abs(r - r.T).max() > 1e-5 * scale:
+            raise InvalidReply("correlation matrix is not symmetric")
+        bound = float(self.settings["fedsc.mu"]) + 10 * float(self.settings["fedsc.noise-std"])
+        if np.abs(r).max() > bound * (1 + 1e-5):
+            raise InvalidReply(f"correlation entry {np.abs(r).max():.4g} exceeds mu + 10 sigma")
+
+    # ---- evaluation --------------------------------------------------------------------------
+    def server_evaluate(self) -> dict[str, float]:
+        return self._evaluator.knn(self.weights)
+
+    def finalize(self, fed: Federation) -> dict[str, float]:
+        out = final_evaluation(
+            fed,
+            lambda c, new: protocol.instruction(
+                fed.server_round, "evaluate", {"unseen": new}, arrays=self.weights
+            ),
+        )
+        out.update(self._evaluator.probe(self.weights))
+        out.update(self._ledger())
+        return out
+
+    # ---- checkpoint --------------------------------------------------------------------------
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        arrays = dict(self.weights)
+        arrays.update({f"{_STORE}{cid}": r for cid, r in self.latest.items()})
+        meta = {
+            "releases": {str(k): v for k, v in self.releases.items()},
+            "sizes": {str(k): v for k, v in self.sizes.items()},
+        }
+        return arrays, meta
+
+    def load_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
+        self.weights = {k: v for k, v in arrays.items() if not k.startswith(_STORE)}
+        self.latest = {
+            int(k.removeprefix(_STORE)): np.asarray(v, dtype=np.float64)
+            for k, v in arrays.items()
+            if k.startswith(_STORE)
+        }
+        self.releases = {int(k): int(v) for k, v in meta.get("releases", {}).items()}
+        self.sizes = {int(k): int(v) for k, v in meta.get("sizes", {}).items()}
+
+
+class FedAvgSC(FedSC):
+    """FedAvg + spectral contrastive: alpha = 1, no correlation matrices."""
+
+    share_correlations = False
+
+
+class RepresentationEvaluator:
+    """Centralised evaluation of the global encoder where the server can load the labelled data
+    (simulation, or a server holding a copy): global kNN each round (memory bank = all clients'
+    training splits, queries = the server's test set) and, at the end, a linear probe on frozen
+    backbone features trained on all training splits (the paper's protocol)."""
+
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        self.settings = settings
+
+    @cached_property
+    def data(self) -> tuple[Any, Any] | None:
+        try:
+            import torch
+
+            from federated_data import load_client_data, load_server_test_data
+            from pollen.dataspec import data_spec
+            from pollen.paths import cache_dir
+
+            spec, cache = data_spec(self.settings), cache_dir(self.settings)
+            test = load_server_test_data(spec, cache)
+            trains = [load_client_data(spec, i, cache).train for i in range(spec.num_clients)]
+            if test is None or not any(len(t) for t in trains):
+                return None
+            x = torch.from_numpy(np.concatenate([t.features() for t in trains]))
+            y = torch.from_numpy(np.concatenate([t.y for t in trains])).long()
+            return (x, y), (torch.from_numpy(test.features()), torch.from_numpy(test.y).long())
+        except Exception as exc:  # the server may hold no data at all
+            log.warning("server-side representation evaluation disabled: %s", exc)
+            return None
+
+    def _net(self, weights: Mapping[str, np.ndarray]) -> Any:
+        from client.training import set_weights
+
+        net = contrastive_net(self.settings)
+        set_weights(net, weights)
+        return net.eval()
+
+    def knn(self, weights: Mapping[str, np.ndarray]) -> dict[str, float]:
+        if self.data is None:
+            return {}
+        from models.ssl_eval import embed, knn_accuracy
+
+        (x, y), (tx, ty) = self.data
+        net = self._net(weights)
+        acc = knn_accuracy(
+            embed(net, x),
+            y,
+            embed(net, tx),
+            ty,
+            int(max(int(y.max()), int(ty.max())) + 1),
+            k=int(self.settings["fedsc.knn-k"]),
+            temperature=float(self.settings["fedsc.knn-temperature"]),
+        )
+        return {"global-knn-accuracy": acc}
+
+    def probe(self, weights: Mapping[str, np.ndarray]) -> dict[str, float]:
+        if self.data is None:
+            return {}
+        import torch
+
+        from models.ssl_eval import embed, linear_probe
+        from pollen.dataspec import model_input
+
+        (x, y), (tx, ty) = self.data
+        net = self._net(weights)
+        _, classes = model_input(self.settings)
+        last, best = linear_probe(
+            embed(net.backbone, x),
+            y,
+            embed(net.backbone, tx),
+            ty,
+            classes,
+            epochs=int(self.settings["fedsc.probe-epochs"]),
+            lr=float(self.settings["fedsc.probe-lr"]),
+            generator=torch.Generator().manual_seed(int(self.settings["seed"])),
+        )
+        return {"probe-accuracy": last, "probe-best-accuracy": best, **self.knn(weights)}

@@ -1,0 +1,179 @@
+"""ADEPT on the engine, in-process: PCA and AE rounds, baselines, personal state, sigma
+averaging, and malformed replies rejected while the run continues."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import Message, RecordDict
+
+from client.app import app as client_app
+from client.state import StateStore
+from pollen import protocol
+from server.engine import Engine
+from server.results import ResultsWriter, read_jsonl
+from strategies.adept import ADEPT
+from tests.fakes import FakeClock, FakeGrid, settings_of
+
+
+def _run(cfg: dict[str, Any], nodes: int) -> tuple[ADEPT, FakeGrid]:
+    strategy = ADEPT(cfg)
+    grid = FakeGrid(client_app, nodes, cfg)
+    clock = FakeClock()
+    Engine(grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock=clock, sleep=clock.sleep).run()
+    return strategy, grid
+
+
+def _pca(run_config: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return settings_of({
+        **run_config, "algorithm": "adept-pca", "dataset": "pca-synthetic",
+        "partitioner": "natural", "val-fraction": 0.0, "num-clients": 4, "num-rounds": 6,
+        "synthetic.dimension": 12, "synthetic.rank": 3, "synthetic.noise": 0.2,
+        "synthetic.heterogeneity": 0.1, "synthetic.train-size": 10, "synthetic.test-size": 50,
+        "adept-pca.rank": 3, "adept-pca.noise": 0.2, "lr": 2e-3, "adept.lr-global": 0.5,
+        "adept.lr-sigma": 1e-6, "adept.sigma-init": 0.1, "server-eval": False, **extra,
+    })  # fmt: skip
+
+
+def _final(cfg: dict[str, Any]) -> dict[str, float]:
+    final: dict[str, float] = json.loads((Path(cfg["out-dir"]) / "summary.json").read_text())[
+        "final"
+    ]["eval"]
+    return final
+
+
+def test_adept_pca_round_keeps_v_on_the_manifold_and_u_on_the_client(
+    run_config: dict[str, Any],
+) -> None:
+    cfg = _pca(run_config)
+    strategy, _ = _run(cfg, 4)
+    v = strategy.mu["V"]
+    assert v.shape == (12, 3) and v.dtype == np.float64
+    np.testing.assert_allclose(v.T @ v, np.eye(3), atol=1e-10)
+    assert strategy.sigma["V"].shape == (1,) and float(strategy.sigma["V"][0]) != 0.1
+    rows = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")
+    assert rows[-1]["train"]["clients"] == 4.0 and "error-ratio-max" in rows[-1]["train"]
+    assert rows[-1]["train"]["sigma-mean"] == pytest.approx(float(strategy.sigma["V"][0]))
+    final = _final(cfg)
+    assert 1.0 <= final["error-ratio"] <= final["error-ratio-max"]
+    saved = StateStore(Path(cfg["out-dir"]) / "client-state" / "test" / "client-0").load(99)
+    assert saved is not None and saved[1]["round"] == 6
+    u = saved[0]["U"]
+    np.testing.assert_allclose(u.T @ u, np.eye(3), atol=1e-10)
+
+
+@pytest.mark.slow
+def test_pca_global_baseline_finds_the_pooled_subspace(run_config: dict[str, Any]) -> None:
+    from federated_data.synthetic_pca import generate_pca_synthetic
+    from models.stiefel import top_eigenvectors
+
+    cfg = _pca(run_config, **{"adept.method": "fedavg", "num-rounds": 60, "lr": 4e-3})
+    strategy, _ = _run(cfg, 4)
+    clients, _, _ = generate_pca_synthetic({"dimension": 12, "rank": 3, "noise": 0.2,
+        "heterogeneity": 0.1, "train_size": 10, "test_size": 50, "num_clients": 4,
+        "seed": cfg["synthetic.seed"]})  # fmt: skip
+    pooled = top_eigenvectors(np.mean([x.T.astype(float) @ x / 10 for x, _ in clients], 0), 3)
+    v = strategy.mu["V"]
+    assert np.linalg.norm(v @ v.T - pooled @ pooled.T) < 1e-3
+    assert float(strategy.sigma["V"][0]) == 0.1  # fedavg leaves sigma alone
+
+
+def _corrupt(kind: str):  # type: ignore[no-untyped-def]
+    def fault(node: int, msg: Message, _: RecordDict | None) -> Any:
+        if node != 100 or msg.metadata.message_type != "train":
+            return None
+
+        def change(content: RecordDict) -> RecordDict:
+            mu, sigma = protocol.arrays_of(content, "mu"), protocol.arrays_of(content, "sigma")
+            if kind == "shape":
+                mu["V"] = mu["V"][:, :2].copy()
+            elif kind == "nan":
+                sigma["V"] = np.array([np.nan])
+            else:
+                sigma["V"] = np.array([-0.5])
+            content["mu"], content["sigma"] = protocol.to_record(mu), protocol.to_record(sigma)
+            return content
+
+        return change
+
+    return fault
+
+
+@pytest.mark.parametrize("kind", ["shape", "nan", "negative"])
+def test_malformed_reply_is_rejected_and_the_run_continues(
+    run_config: dict[str, Any], kind: str
+) -> None:
+    cfg = _pca(run_config, **{"num-rounds": 2, "final-eval": False, "out-dir":
+                              f"{run_config['out-dir']}-{kind}", "run-name": kind})  # fmt: skip
+    strategy = ADEPT(cfg)
+    grid = FakeGrid(client_app, 4, cfg)
+    grid.faults.append(_corrupt(kind))
+    clock = FakeClock()
+    Engine(grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock=clock, sleep=clock.sleep).run()
+    rows = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")
+    assert [r["train"]["clients"] for r in rows] == [3.0, 3.0]
+    assert float(strategy.sigma["V"][0]) > 0 and np.isfinite(strategy.mu["V"]).all()
+
+
+def _ae(run_config: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return settings_of({
+        **run_config, "algorithm": "adept-ae", "partitioner": "classes", "classes-per-client": 1,
+        "num-clients": 3, "num-rounds": 3, "adept-ae.latent": 4, "adept-ae.local-steps": 5,
+        "lr": 0.01, "momentum": 0.9, "persist-momentum": True, "adept.sigma-init": 1.0,
+        "adept-ae.lazy-rounds": 1, "server-eval": False, **extra,
+    })  # fmt: skip
+
+
+def test_adept_ae_averages_mu_and_per_weight_sigma(run_config: dict[str, Any]) -> None:
+    cfg = _ae(run_config)
+    strategy, _ = _run(cfg, 3)
+    assert set(strategy.sigma) == set(strategy.mu)
+    for key, value in strategy.mu.items():
+        assert strategy.sigma[key].shape == value.shape and value.dtype == np.float32
+    assert not np.allclose(strategy.sigma["decoder.weight"], 1.0)  # sigma moved after round 1
+    root = Path(cfg["out-dir"]) / "client-state" / "test"
+    sigmas = []
+    for cid in range(3):
+        saved = StateStore(root / f"client-{cid}").load(99)
+        assert saved is not None and saved[1]["role"] == "adept"
+        assert any(k.startswith("momentum.") for k in saved[0])
+        sigmas.append(saved[0]["sigma.decoder.weight"])
+    # the server's sigma is the plain mean of the clients' last sigma_i
+    np.testing.assert_allclose(strategy.sigma["decoder.weight"], np.mean(sigmas, 0), rtol=1e-6)
+    final = _final(cfg)
+    assert 0 < final["test-energy"] < 1 and final["test-energy-min"] <= final["test-energy"]
+
+
+@pytest.mark.parametrize("method", ["local", "fedavg", "fedavg-ft"])
+def test_ae_baselines_run_and_evaluate(run_config: dict[str, Any], method: str) -> None:
+    cfg = _ae(run_config, **{"adept.method": method, "num-rounds": 4, "out-dir":
+                             f"{run_config['out-dir']}-{method}", "run-name": method})  # fmt: skip
+    strategy, _ = _run(cfg, 3)
+    rows = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")
+    assert all(r["train"]["clients"] == 3.0 for r in rows)
+    assert "test-error" in _final(cfg)
+    init = ADEPT(cfg)
+    init.initialize(cfg["seed"])
+    moved = not np.allclose(strategy.mu["decoder.weight"], init.mu["decoder.weight"])
+    assert moved == (method != "local")
+    if method == "fedavg-ft":  # FedAvg for 2 rounds, then frozen global, local tuning
+        saved = StateStore(Path(cfg["out-dir"]) / "client-state" / method / "client-0").load(99)
+        assert saved is not None and saved[1]["role"] == "fedavg-ft"
+
+
+def test_strategy_state_round_trips(run_config: dict[str, Any]) -> None:
+    cfg = _ae(run_config)
+    strategy = ADEPT(cfg)
+    strategy.initialize(3)
+    strategy.sigma["encoder.bias"] = strategy.sigma["encoder.bias"] * 0.5
+    arrays, meta = strategy.state()
+    restored = ADEPT(cfg)
+    restored.load_state(arrays, meta)
+    assert set(restored.mu) == set(strategy.mu) and set(restored.sigma) == set(strategy.sigma)
+    for key in strategy.mu:
+        np.testing.assert_array_equal(restored.mu[key], strategy.mu[key])
+        np.testing.assert_array_equal(restored.sigma[key], strategy.sigma[key])

@@ -1,0 +1,122 @@
+"""FeDLRT and FedLin on the engine, in-process (digits, an MLP whose hidden layers are
+low-rank): phases and traffic, ranks, orthonormal bases, rejected replies, resume state."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import Message, RecordDict
+
+from client.app import app as client_app
+from models.fedlrt import orthonormality_error
+from pollen import protocol
+from server.engine import Engine
+from server.results import ResultsWriter, read_jsonl
+from strategies.base import Strategy
+from strategies.fedlrt import FedLin, FeDLRT
+from tests.fakes import FakeClock, FakeGrid, settings_of
+
+
+def _run(cfg: dict[str, Any], strategy: Strategy, nodes: int = 3) -> FakeGrid:
+    grid = FakeGrid(client_app, nodes, cfg)
+    clock = FakeClock()
+    Engine(grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock=clock, sleep=clock.sleep).run()
+    return grid
+
+
+def _cfg(run_config: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return settings_of({**run_config, "algorithm": "fedlrt", "lr": 0.1, **extra})
+
+
+@pytest.mark.parametrize("var_cor", ["none", "simplified", "full"])
+def test_fedlrt_trains_low_rank_layers_with_two_or_three_phases(
+    run_config: dict[str, Any], var_cor: str
+) -> None:
+    cfg = _cfg(run_config, **{"fedlrt.var-cor": var_cor, "fedlrt.tau": 0.05, "fedlrt.max-rank": 16,
+                              "out-dir": f"{run_config['out-dir']}-{var_cor}"})  # fmt: skip
+    strategy = FeDLRT(cfg)
+    grid = _run(cfg, strategy)
+    phases = [
+        "query.fedlrt_basis",
+        *(["query.fedlrt_coef_grad"] if var_cor == "full" else []),
+        "train.fedlrt_coef",
+    ]
+    sent = [t for n, t in grid.sent if n == 100 and t != "query.hello"]
+    assert sent == phases * 3 + ["evaluate"]
+    assert sorted(strategy.factors) == ["net.1", "net.3"]  # the output layer stays dense
+    rows = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")
+    for row in rows:
+        train = row["train"]
+        assert [p["phase"] for p in row["phases"]] == phases
+        assert 1 <= train["rank-net.1"] <= 16 and 1 <= train["rank-net.3"] <= 16
+        assert train["orthonormality-error"] < 1e-10
+        for name in ("net.1", "net.3"):  # truncation error < ϑ unless the rank cap cut deeper
+            assert train[f"truncation-ratio-{name}"] < 1.0 or train[f"rank-{name}"] == 16
+        # the measured payloads are the spec's float counts plus array headers
+        assert train["bytes-formula"] <= train["bytes-per-client"] < 1.05 * train["bytes-formula"]
+        assert train["bytes-per-client"] < 0.5 * train["bytes-fedavg"]
+    for fac in strategy.factors.values():
+        assert orthonormality_error(fac.U) < 1e-10 and orthonormality_error(fac.V) < 1e-10
+        assert (np.diff(fac.s) <= 0).all() and (fac.s > 0).all()
+    summary = json.loads((Path(cfg["out-dir"]) / "summary.json").read_text())
+    assert summary["final"]["eval"]["test-accuracy"] > rows[0]["train"]["test-accuracy"] + 0.3
+    assert summary["final"]["server-eval"]["test-loss"] < rows[0]["train"]["test-loss"] - 0.5
+
+
+def test_a_reply_of_the_wrong_rank_is_rejected_and_the_round_goes_on(
+    run_config: dict[str, Any],
+) -> None:
+    cfg = _cfg(run_config, **{"fedlrt.rank": 6, "num-rounds": 2, "final-eval": False})
+    strategy = FeDLRT(cfg)
+    grid = FakeGrid(client_app, 3, cfg)
+
+    def wrong_rank(node: int, msg: Message, _reply: RecordDict | None) -> Any:
+        if node != 101 or msg.metadata.message_type != "train.fedlrt_coef":
+            return None
+
+        def shrink(content: RecordDict) -> RecordDict:
+            arrays = protocol.arrays_of(content)
+            arrays["net.1.S"] = arrays["net.1.S"][:-1, :-1]
+            content[protocol.ARRAYS] = protocol.to_record(arrays)
+            return content
+
+        return shrink
+
+    grid.faults.append(wrong_rank)
+    clock = FakeClock()
+    Engine(grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock=clock, sleep=clock.sleep).run()
+    rows = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")
+    for row in rows:
+        train_phase = row["phases"][-1]
+        assert train_phase["valid"] == 2
+        assert "net.1.S has shape" in train_phase["failed"]["1"]
+        assert row["train"]["clients"] == 2.0
+
+
+def test_state_round_trips_and_fedlin_corrects_the_whole_model(
+    run_config: dict[str, Any],
+) -> None:
+    cfg = _cfg(run_config, **{"num-rounds": 1, "final-eval": False, "fedlrt.rank": 5})
+    first = FeDLRT(cfg)
+    _run(cfg, first)
+    arrays, meta = first.state()
+    again = FeDLRT(cfg)
+    again.load_state(arrays, json.loads(json.dumps(meta)))
+    for k, v in first.global_arrays().items():
+        np.testing.assert_array_equal(again.global_arrays()[k], v)
+    assert arrays["net.1.U"].dtype == np.float64
+
+    lin_cfg = settings_of({**run_config, "algorithm": "fedlin", "lr": 0.05,
+                           "out-dir": run_config["out-dir"] + "-fedlin"})  # fmt: skip
+    fedlin = FedLin(lin_cfg)
+    grid = _run(lin_cfg, fedlin)
+    assert not fedlin.factors and "net.1.weight" in fedlin.dense
+    assert [t for n, t in grid.sent if n == 100][1:3] == ["query.fedlin_grad", "train.fedlin"]
+    rows = read_jsonl(Path(lin_cfg["out-dir"]) / "metrics.jsonl")
+    assert rows[-1]["train"]["test-accuracy"] > 0.6
+    # the correction doubles FedAvg's traffic
+    assert rows[0]["train"]["bytes-formula"] == rows[0]["train"]["bytes-fedlin"]
