@@ -10,7 +10,7 @@ import torch
 from flwr.app import RecordDict
 
 from client import fedavg
-from client.common import tensors, test_metrics
+from client.common import split_tensors, test_metrics
 from client.env import ClientEnv
 from client.fedem import packed_models
 from pollen import protocol
@@ -22,11 +22,11 @@ def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
         return fedavg.evaluate(content, env)
     torch.set_num_threads(1)
     models = packed_models(content, protocol.as_int(config["clusters"]), env)
-    train = tensors(env.data.train, env.device)
+    train = split_tensors(env, "train")
     fits = [test_metrics(m, train, "train") for m in models]
     # with no training data there is nothing to choose by: the first (largest) cluster
     best = min(range(len(models)), key=lambda k: fits[k].get("train-loss", 0.0))
-    metrics = {**test_metrics(models[best], tensors(env.data.test, env.device)), **fits[best]}
+    metrics = {**test_metrics(models[best], split_tensors(env, "test")), **fits[best]}
     metrics[protocol.NUM_EXAMPLES] = len(train)
     return protocol.reply(content, env.cid, metrics)
 
