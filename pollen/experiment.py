@@ -103,6 +103,12 @@ def completed(directory: Path) -> bool:
         return False
 
 
+def resumable(directory: Path) -> bool:
+    return (directory / "config.json").exists() and (
+        directory / "checkpoint" / "state.json"
+    ).exists()
+
+
 def run(exp: Experiment, out: Path) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     for seed in exp.seeds:  # seed-major: a partial experiment still compares methods
@@ -111,14 +117,18 @@ def run(exp: Experiment, out: Path) -> dict[str, Any]:
             if completed(target):
                 print(f"== {method} seed {seed}: already done", flush=True)
                 continue
-            if target.exists():  # an interrupted run: start it again from scratch
-                shutil.rmtree(target)
-            settings = {**exp.common, **cfg, "seed": seed}
             argv = [sys.executable, "-m", "pollen.cli", exp.mode, "--out", str(target)]
-            for key, value in settings.items():
-                text = value if isinstance(value, str) else toml_value(value)
-                argv += ["--set", f"{key}={text}"]
-            print(f"== {method} seed {seed}", flush=True)
+            if resumable(target):  # an interrupted run continues from its last checkpoint
+                argv.append("--resume")
+                print(f"== {method} seed {seed}: resuming", flush=True)
+            else:
+                if target.exists():  # interrupted before its first checkpoint
+                    shutil.rmtree(target)
+                settings = {**exp.common, **cfg, "seed": seed}
+                for key, value in settings.items():
+                    text = value if isinstance(value, str) else toml_value(value)
+                    argv += ["--set", f"{key}={text}"]
+                print(f"== {method} seed {seed}", flush=True)
             done = subprocess.run(argv, check=False)
             if done.returncode != 0:
                 raise SettingsError(f"{method} seed {seed} failed (exit {done.returncode})")

@@ -114,3 +114,42 @@ algorithm = "adept-ae"
     (d / "summary.json").write_text(json.dumps({"status": "completed", "final": {"eval": final}}))
     tabulate(exp, out)
     assert "| a | 2.500 ± 0.000 (n=1) | 75.0 ± 0.0 (n=1) |" in (out / "results.md").read_text()
+
+
+def test_an_interrupted_run_resumes_and_an_unstarted_one_starts_afresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+
+    from pollen import experiment
+
+    exp = Experiment.load(
+        _write(
+            tmp_path,
+            '[experiment]\nseeds = [0]\n[methods.a]\nalgorithm = "fedavg"\n'
+            '[methods.b]\nalgorithm = "local"\n',
+        )
+    )
+    out = tmp_path / "out"
+    interrupted = run_dir(out, "a", 0)
+    (interrupted / "checkpoint").mkdir(parents=True)
+    (interrupted / "checkpoint" / "state.json").write_text("{}")
+    (interrupted / "config.json").write_text("{}")
+    (interrupted / "metrics.jsonl").write_text("kept\n")
+    unstarted = run_dir(out, "b", 0)
+    unstarted.mkdir(parents=True)
+    (unstarted / "metrics.jsonl").write_text("stale\n")
+    calls: list[list[str]] = []
+
+    def fake_run(argv: list[str], check: bool) -> subprocess.CompletedProcess[str]:
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 0)
+
+    monkeypatch.setattr(experiment.subprocess, "run", fake_run)
+    monkeypatch.setattr(experiment, "tabulate", lambda exp, out: {})
+    experiment.run(exp, out)
+    resumed, fresh = calls
+    assert "--resume" in resumed and "--set" not in resumed
+    assert (interrupted / "metrics.jsonl").read_text() == "kept\n"
+    assert "--resume" not in fresh and "algorithm=local" in fresh
+    assert not (unstarted / "metrics.jsonl").exists()
