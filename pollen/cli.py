@@ -292,7 +292,21 @@ def cmd_experiment(args: argparse.Namespace) -> int:
             )
             return 2
         exp = dataclasses.replace(exp, seeds=seeds)
+    if args.methods:
+        chosen = [m.strip() for m in args.methods.split(",") if m.strip()]
+        unknown = [m for m in chosen if m not in exp.methods]
+        if unknown or not chosen:
+            print(
+                f"pollen: error: --methods: {', '.join(unknown) or 'none given'}; "
+                f"{exp.name} has {', '.join(exp.methods)}",
+                file=sys.stderr,
+            )
+            return 2
+        exp = dataclasses.replace(exp, methods={m: exp.methods[m] for m in chosen})
     out = Path(args.out) if args.out else Path("results") / exp.name
+    if args.table_only and not out.is_dir():
+        print(f"pollen: error: --table-only: {out} holds no runs", file=sys.stderr)
+        return 2
     table = tabulate(exp, out) if args.table_only else run(exp, out)
     print((out / "results.md").read_text())
     return 0 if table["methods"] else 1
@@ -432,6 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--table-only", action="store_true", help="only tabulate the runs already in --out"
     )
     p.add_argument("--seeds", help="run these seeds instead of the file's, e.g. 0 or 0,1")
+    p.add_argument("--methods", help="run only these of the file's methods, e.g. fedem,fedavg")
     p.set_defaults(func=cmd_experiment)
 
     data = sub.add_parser("data", help="datasets: download, partition summary")

@@ -153,3 +153,23 @@ def test_an_interrupted_run_resumes_and_an_unstarted_one_starts_afresh(
     assert (interrupted / "metrics.jsonl").read_text() == "kept\n"
     assert "--resume" not in fresh and "algorithm=local" in fresh
     assert not (unstarted / "metrics.jsonl").exists()
+
+
+def test_methods_option_runs_a_subset_and_names_unknown_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pollen.cli import main
+
+    path = _write(
+        tmp_path,
+        '[experiment]\nname = "two"\nseeds = [0]\n[methods.a]\nalgorithm = "fedavg"\n'
+        '[methods.b]\nalgorithm = "local"\n',
+    )
+    out = tmp_path / "out"
+    assert main(["experiment", str(path), "--out", str(out), "--table-only"]) == 2
+    assert "holds no runs" in capsys.readouterr().err
+    out.mkdir()
+    assert main(["experiment", str(path), "--out", str(out), "--table-only", "--methods", "b"]) == 0
+    assert set(json.loads((out / "results.json").read_text())["methods"]) == {"b"}
+    assert main(["experiment", str(path), "--out", str(out), "--methods", "b,zz"]) == 2
+    assert "--methods: zz; two has a, b" in capsys.readouterr().err
