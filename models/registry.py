@@ -12,6 +12,7 @@ from models.classifiers import MLP, SmallCNN
 from models.femnist import FemnistCNN
 from models.linear import LinearModel
 from models.mobilenet import build_mobilenet_v2
+from models.resnet_cifar import ResNet18Classifier
 
 # Each builder raises ValueError for an input shape its model cannot take.
 _BUILDERS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
@@ -20,6 +21,8 @@ _BUILDERS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "linear": LinearModel,
     "mobilenet-v2": build_mobilenet_v2,
     "femnist-cnn": FemnistCNN,
+    # FeDLRT's CIFAR-10 model: ResNet-18 with a fully connected head (hidden layers factorizable)
+    "resnet18-cifar": ResNet18Classifier,
     "char-lstm": NextCharacterLSTM,
     # the same model with one layer of 64 units (26,244 parameters, 1/31 of it), for quick CPU runs
     "char-lstm-small": partial(NextCharacterLSTM, hidden_size=64, num_layers=1),
@@ -28,7 +31,7 @@ ALL_MODEL_NAMES = tuple(sorted(_BUILDERS))
 """Every name build_model accepts."""
 SEQUENCE_MODEL_NAMES = ("char-lstm", "char-lstm-small")
 """Models that read token sequences (and only those)."""
-MODEL_NAMES = ("cnn", "linear", "mlp", "mobilenet-v2")
+MODEL_NAMES = ("cnn", "linear", "mlp", "mobilenet-v2", "resnet18-cifar")
 """Models that take any image (C, H, W), whatever its size, and output (batch, classes) logits.
 The others are tied to one kind of input: femnist-cnn needs images of side >= 16, char-lstm
 token sequences (char-lstm-small too; both output per-position logits)."""

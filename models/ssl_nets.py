@@ -18,6 +18,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F  # noqa: N812
 
+from models.resnet_cifar import RESNET34_BLOCKS, CifarResNet
+
 ENCODERS = ("cnn", "fixup-resnet20", "resnet34-cifar")
 
 
@@ -102,45 +104,6 @@ class FixupResNet20(nn.Module):
         return F.adaptive_avg_pool2d(out, 1).flatten(1) + self.bias_out
 
 
-class _BasicBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.short: nn.Module = nn.Identity()
-        if stride != 1 or cin != cout:
-            self.short = nn.Sequential(
-                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
-            )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.relu(self.bn1(self.conv1(x)))
-        return F.relu(self.bn2(self.conv2(out)) + self.short(x))
-
-
-class ResNet34Cifar(nn.Module):
-    """CIFAR-style ResNet with BasicBlocks [3, 4, 6, 3], widths 64..512, no max-pool."""
-
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.stem = nn.Sequential(
-            nn.Conv2d(channels, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU()
-        )
-        layers: list[nn.Module] = []
-        cin = 64
-        for stage, (width, count) in enumerate(zip((64, 128, 256, 512), (3, 4, 6, 3), strict=True)):
-            for i in range(count):
-                layers.append(_BasicBlock(cin, width, 2 if stage and i == 0 else 1))
-                cin = width
-        self.layers = nn.Sequential(*layers)
-        self.out_features = 512
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.adaptive_avg_pool2d(self.layers(self.stem(x)), 1).flatten(1)
-
-
 class ContrastiveNet(nn.Module):
     """Backbone + projector (Linear -> ReLU -> Linear); forward gives the representation z."""
 
@@ -170,7 +133,7 @@ def build_contrastive_net(
     elif encoder == "fixup-resnet20":
         backbone = FixupResNet20(channels)
     elif encoder == "resnet34-cifar":
-        backbone = ResNet34Cifar(channels)
+        backbone = CifarResNet(channels, RESNET34_BLOCKS)
     else:
         raise ValueError(f"unknown encoder {encoder!r}; known: {', '.join(ENCODERS)}")
     features = int(backbone.out_features)  # type: ignore[arg-type]

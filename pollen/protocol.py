@@ -87,7 +87,14 @@ def arrays_of(content: RecordDict, name: str = ARRAYS) -> dict[str, np.ndarray]:
 
 
 def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
-    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+    return ArrayRecord({k: Array(_contiguous(v)) for k, v in arrays.items()})
+
+
+def _contiguous(value: np.ndarray) -> np.ndarray:
+    """C-contiguous without changing the shape (np.ascontiguousarray turns a 0-d array, e.g.
+    BatchNorm's num_batches_tracked, into shape (1,))."""
+    array = np.asarray(value)
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
 
 def from_record(record: ArrayRecord) -> dict[str, np.ndarray]:

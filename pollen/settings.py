@@ -99,6 +99,7 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
             "mobilenet-v2",
             "char-lstm",
             "char-lstm-small",
+            "resnet18-cifar",
         ),
     ),
     Setting("num-rounds", 3, "number of server rounds", minimum=1),
@@ -194,9 +195,11 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
         "lr-schedule",
         "constant",
         "'multistep' multiplies lr by 0.1 at round num-rounds//2 and again at 3*(num-rounds//4); "
-        "'cosine' anneals it to 0 over the rounds, lr (1 + cos(pi (t-1)/num-rounds))/2",
+        "'cosine' anneals it to lr-min over the rounds, "
+        "lr-min + (lr - lr-min)(1 + cos(pi (t-1)/num-rounds))/2",
         choices=("constant", "multistep", "cosine"),
     ),
+    Setting("lr-min", 0.0, "the learning rate 'cosine' anneals to", minimum=0.0),
     # orchestration
     Setting(
         "fraction-train",

@@ -14,7 +14,9 @@ def learning_rate(settings: Mapping[str, Scalar], server_round: int) -> float:
     (FedSC's reference code)."""
     lr = float(settings["lr"])
     if settings["lr-schedule"] == "cosine":
-        return lr * 0.5 * (1 + math.cos(math.pi * (server_round - 1) / int(settings["num-rounds"])))
+        low = float(settings.get("lr-min", 0.0))
+        rounds = int(settings["num-rounds"])
+        return low + (lr - low) * 0.5 * (1 + math.cos(math.pi * (server_round - 1) / rounds))
     if settings["lr-schedule"] == "multistep":
         rounds = int(settings["num-rounds"])
         for milestone in (rounds // 2, 3 * (rounds // 4)):

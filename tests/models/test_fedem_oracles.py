@@ -37,6 +37,7 @@ def one_thread() -> Iterator[None]:
     yield
     torch.set_num_threads(before)
 
+
 LR, MOMENTUM, WD, BATCH = 0.1, 0.9, 5e-4, 32
 
 

@@ -255,6 +255,7 @@ def test_every_model_is_named_and_unknown_names_list_them() -> None:
         "char-lstm-small",
         "mlp",
         "cnn",
+        "resnet18-cifar",
     } == set(ALL_MODEL_NAMES)
     with pytest.raises(ValueError, match="known: char-lstm, char-lstm-small, cnn, femnist-cnn"):
         build_model("resnet", (3, 32, 32), 10)

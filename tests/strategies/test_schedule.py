@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from pollen.settings import Scalar
+from strategies.schedule import learning_rate
+
+
+def test_cosine_anneals_to_lr_min() -> None:
+    """FeDLRT's Table 2 schedule: 1e-3 cosine to 5e-4 over T rounds."""
+    settings: dict[str, Scalar] = {
+        "lr": 1e-3,
+        "lr-min": 5e-4,
+        "lr-schedule": "cosine",
+        "num-rounds": 200,
+    }
+    assert learning_rate(settings, 1) == pytest.approx(1e-3)
+    assert learning_rate(settings, 101) == pytest.approx(7.5e-4)
+    assert learning_rate(settings, 200) == pytest.approx(5e-4, rel=1e-3)
+    rates = [learning_rate(settings, t) for t in range(1, 201)]
+    assert all(a >= b for a, b in itertools.pairwise(rates))
