@@ -226,6 +226,14 @@ def cmd_server(args: argparse.Namespace) -> int:
         raise LaunchError("--auth (SuperNode authentication) needs TLS: give --tls-dir too")
     if args.allow_list and not args.auth:
         raise LaunchError("--allow-list is for --auth: give both")
+    argv = superlink_argv(args, tls)
+    if not args.allow_list:
+        return _exec(argv)
+    return _serve_with_allow_list(argv, args, tls)
+
+
+def superlink_argv(args: argparse.Namespace, tls: TLS | None) -> list[str]:
+    """The `flower-superlink` command line `pollen server` runs."""
     argv = [
         "flower-superlink",
         "--host",
@@ -245,9 +253,7 @@ def cmd_server(args: argparse.Namespace) -> int:
         argv += ["--database", args.database]
     if args.auth:
         argv.append("--enable-supernode-auth")
-    if not args.allow_list:
-        return _exec(argv)
-    return _serve_with_allow_list(argv, args, tls)
+    return argv
 
 
 def _serve_with_allow_list(argv: list[str], args: argparse.Namespace, tls: TLS | None) -> int:
@@ -270,6 +276,11 @@ def _serve_with_allow_list(argv: list[str], args: argparse.Namespace, tls: TLS |
 
 def cmd_client(args: argparse.Namespace) -> int:
     """Run a SuperNode in the foreground with this machine's partition, data and state."""
+    return _exec(supernode_argv_of(args))
+
+
+def supernode_argv_of(args: argparse.Namespace) -> list[str]:
+    """The `flower-supernode` command line `pollen client` runs."""
     node: dict[str, Scalar] = {
         "partition-id": args.partition_id,
         "num-partitions": args.num_partitions,
@@ -279,7 +290,7 @@ def cmd_client(args: argparse.Namespace) -> int:
         node["data-dir"] = str(Path(args.data_dir).resolve())
     if args.cache_dir:
         node["cache-dir"] = str(Path(args.cache_dir).resolve())
-    argv = supernode_argv(
+    return supernode_argv(
         args.superlink,
         args.port,
         node,
@@ -287,7 +298,6 @@ def cmd_client(args: argparse.Namespace) -> int:
         Path(args.auth_key) if args.auth_key else None,
         host="127.0.0.1",
     )
-    return _exec(argv)
 
 
 def _exec(argv: list[str]) -> NoReturn:
