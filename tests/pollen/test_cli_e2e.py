@@ -207,7 +207,9 @@ def test_server_client_and_run_commands(tmp_path: Path, shared_cache: Path) -> N
 def test_deploy_with_tls(tmp_path: Path, shared_cache: Path) -> None:
     certs = tmp_path / "certs"
     script = Path(__file__).resolve().parents[2] / "scripts" / "generate-certs.sh"
-    subprocess.run(["bash", str(script), str(certs), "--nodes", "2"], check=True, capture_output=True)
+    subprocess.run(
+        ["bash", str(script), str(certs), "--nodes", "2"], check=True, capture_output=True
+    )
     out = tmp_path / "tls"
     done = _pollen(
         "deploy --dataset digits --clients 2 --rounds 1 --set poll-interval=0.5 "
