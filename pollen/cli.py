@@ -117,12 +117,12 @@ def _check_data(resolved: dict[str, Scalar]) -> None:
 
 # ---- commands ----------------------------------------------------------------------------
 def cmd_deploy(args: argparse.Namespace) -> int:
-    resolved = resolve_run_settings(args)
-    out = Path(str(resolved["out-dir"]))
-    n = int(resolved["num-clients"])
     tls = TLS.from_dir(args.tls_dir) if args.tls_dir else None
     if args.auth and not tls:
         raise LaunchError("--auth (SuperNode authentication) needs TLS: give --tls-dir too")
+    resolved = resolve_run_settings(args)
+    out = Path(str(resolved["out-dir"]))
+    n = int(resolved["num-clients"])
     keys = [node_key(args.tls_dir, i) for i in range(n)] if args.auth else []
     fed = Federation(out / "processes")
     security = ("with TLS" if tls else "insecure") + (" and node authentication" if keys else "")
