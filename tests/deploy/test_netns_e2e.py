@@ -103,7 +103,7 @@ def namespaces() -> Iterator[Namespaces]:
     ns = Namespaces(f"pl{os.getpid() % 100000}", CLIENTS)
     try:
         ns.up()
-    except RuntimeError as exc:
+    except (RuntimeError, OSError) as exc:
         ns.down()
         pytest.skip(f"network namespaces not usable: {exc}")
     yield ns
