@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,8 +22,10 @@ from pollen.launcher import (
     TLS,
     Federation,
     LaunchError,
+    allow_list,
     bin_path,
     follow,
+    node_key,
     supernode_argv,
     tls_args_superlink,
 )
@@ -114,23 +117,27 @@ def _check_data(resolved: dict[str, Scalar]) -> None:
 
 # ---- commands ----------------------------------------------------------------------------
 def cmd_deploy(args: argparse.Namespace) -> int:
+    tls = TLS.from_dir(args.tls_dir) if args.tls_dir else None
+    if args.auth and not tls:
+        raise LaunchError("--auth (SuperNode authentication) needs TLS: give --tls-dir too")
     resolved = resolve_run_settings(args)
     out = Path(str(resolved["out-dir"]))
     n = int(resolved["num-clients"])
-    tls = TLS.from_dir(args.tls_dir) if args.tls_dir else None
+    keys = [node_key(args.tls_dir, i) for i in range(n)] if args.auth else []
     fed = Federation(out / "processes")
+    security = ("with TLS" if tls else "insecure") + (" and node authentication" if keys else "")
     print(
         f"Pollen deploy: {resolved['algorithm']} on {resolved['dataset']}, {n} clients, "
-        f"{resolved['num-rounds']} rounds, gRPC {'with TLS' if tls else 'insecure'}; "
-        f"results in {out}",
+        f"{resolved['num-rounds']} rounds, gRPC {security}; results in {out}",
         flush=True,
     )
     try:
-        _, fleet_port = fed.start_superlink(tls=tls)
+        _, fleet_port = fed.start_superlink(tls=tls, auth=bool(keys))
+        fed.register_nodes([key.with_suffix(".pub") for key in keys])
         for i in range(n):
             # the partition cache follows the run's cache-dir setting, which nodes also read
             fed.start_supernode(
-                i, n, f"127.0.0.1:{fleet_port}", tls=tls,
+                i, n, f"127.0.0.1:{fleet_port}", tls=tls, auth_key=keys[i] if keys else None,
                 node_config={"state-dir": str(out / "client-state")},
             )  # fmt: skip
         fed.wait_nodes(n)
@@ -177,6 +184,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     fed.write_connection(
         args.superlink, Path(args.root_certificates) if args.root_certificates else None
     )
+    fed.wait_reachable(args.wait_superlink)
     return _run_and_report(fed, resolved, args.timeout)
 
 
@@ -214,6 +222,18 @@ def _run_and_report(fed: Federation, resolved: dict[str, Scalar], timeout: float
 def cmd_server(args: argparse.Namespace) -> int:
     """Run a SuperLink in the foreground: clients connect to --fleet-port (gRPC)."""
     tls = TLS.from_dir(args.tls_dir) if args.tls_dir else None
+    if args.auth and not tls:
+        raise LaunchError("--auth (SuperNode authentication) needs TLS: give --tls-dir too")
+    if args.allow_list and not args.auth:
+        raise LaunchError("--allow-list is for --auth: give both")
+    argv = superlink_argv(args, tls)
+    if not args.allow_list:
+        return _exec(argv)
+    return _serve_with_allow_list(argv, args, tls)
+
+
+def superlink_argv(args: argparse.Namespace, tls: TLS | None) -> list[str]:
+    """The `flower-superlink` command line `pollen server` runs."""
     argv = [
         "flower-superlink",
         "--host",
@@ -225,17 +245,42 @@ def cmd_server(args: argparse.Namespace) -> int:
         "--fleet-api-address",
         f"{args.host}:{args.fleet_port}",
         "--disable-runtime-dependency-installation",
+        "--isolation",
+        args.isolation,
         *tls_args_superlink(tls),
     ]
     if args.database:
         argv += ["--database", args.database]
     if args.auth:
         argv.append("--enable-supernode-auth")
-    return _exec(argv)
+    return argv
+
+
+def _serve_with_allow_list(argv: list[str], args: argparse.Namespace, tls: TLS | None) -> int:
+    """Run the SuperLink as a child, register the allow-list's keys once it answers, then
+    stay in the foreground until it exits (Ctrl-C or SIGTERM stop it)."""
+    keys = allow_list(args.allow_list)
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="superlink-"))
+    fed = Federation(workdir)
+    proc = fed.spawn("superlink", [bin_path(argv[0]), *argv[1:]], console=True)
+    try:
+        local = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+        fed.wait_health(f"https://{local}:{args.port}/health", proc, tls)
+        fed.write_connection(f"{local}:{args.port}", tls.ca_cert if tls else None)
+        fed.register_nodes(keys)
+        print(f"allow-list: {len(keys)} SuperNode keys from {args.allow_list}", flush=True)
+        return proc.popen.wait()
+    finally:
+        fed.stop()
 
 
 def cmd_client(args: argparse.Namespace) -> int:
     """Run a SuperNode in the foreground with this machine's partition, data and state."""
+    return _exec(supernode_argv_of(args))
+
+
+def supernode_argv_of(args: argparse.Namespace) -> list[str]:
+    """The `flower-supernode` command line `pollen client` runs."""
     node: dict[str, Scalar] = {
         "partition-id": args.partition_id,
         "num-partitions": args.num_partitions,
@@ -245,7 +290,7 @@ def cmd_client(args: argparse.Namespace) -> int:
         node["data-dir"] = str(Path(args.data_dir).resolve())
     if args.cache_dir:
         node["cache-dir"] = str(Path(args.cache_dir).resolve())
-    argv = supernode_argv(
+    return supernode_argv(
         args.superlink,
         args.port,
         node,
@@ -253,7 +298,6 @@ def cmd_client(args: argparse.Namespace) -> int:
         Path(args.auth_key) if args.auth_key else None,
         host="127.0.0.1",
     )
-    return _exec(argv)
 
 
 def _exec(argv: list[str]) -> NoReturn:
@@ -393,6 +437,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("deploy", help="SuperLink + N SuperNodes as processes on loopback (gRPC)")
     _add_run_options(p)
     p.add_argument("--tls-dir", help="directory with ca.crt, server.pem, server.key")
+    p.add_argument(
+        "--auth",
+        action="store_true",
+        help="SuperNode authentication: node i signs with <tls-dir>/supernodes/node-i.key, "
+        "the SuperLink accepts only the registered keys",
+    )
     p.set_defaults(func=cmd_deploy)
 
     p = sub.add_parser("simulate", help="the same run on Flower's simulation runtime")
@@ -404,6 +454,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(p)
     p.add_argument("--superlink", required=True, help="SuperLink HOST:PORT (its --port)")
     p.add_argument("--root-certificates", help="CA certificate when the SuperLink uses TLS")
+    p.add_argument(
+        "--wait-superlink",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="how long to wait for the SuperLink to answer before submitting",
+    )
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("server", help="start a SuperLink for clients on other machines")
@@ -412,7 +469,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fleet-port", type=int, default=9092, help="SuperNode API (gRPC)")
     p.add_argument("--tls-dir", help="directory with ca.crt, server.pem, server.key")
     p.add_argument("--auth", action="store_true", help="accept only registered SuperNodes")
+    p.add_argument(
+        "--allow-list",
+        metavar="DIR",
+        help="with --auth: register the SuperNode public keys (*.pub) in DIR at start",
+    )
+    p.add_argument(
+        "--isolation",
+        choices=["subprocess", "process"],
+        default="subprocess",
+        help="process: the ServerApp runs in a separate `flower-superexec` (another container)",
+    )
     p.add_argument("--database", help="SQLite file keeping runs across SuperLink restarts")
+    p.add_argument("--workdir", help="with --allow-list: where the flwr CLI keeps its files")
     p.set_defaults(func=cmd_server)
 
     p = sub.add_parser("client", help="start a SuperNode serving one partition")

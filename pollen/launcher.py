@@ -96,6 +96,25 @@ class TLS:
         return tls
 
 
+def node_key(tls_dir: str | Path, index: int) -> Path:
+    """SuperNode `index`'s private key, as scripts/generate-certs.sh --nodes lays them out."""
+    key = Path(tls_dir).resolve() / "supernodes" / f"node-{index}.key"
+    if not key.is_file() or not key.with_suffix(".pub").is_file():
+        raise LaunchError(
+            f"SuperNode key {key} (and its .pub) not found: create the keys with "
+            f"scripts/generate-certs.sh {tls_dir} --nodes N"
+        )
+    return key
+
+
+def allow_list(directory: str | Path) -> list[Path]:
+    """The public keys (*.pub) of the SuperNodes a SuperLink accepts."""
+    keys = sorted(Path(directory).resolve().glob("*.pub"))
+    if not keys:
+        raise LaunchError(f"no SuperNode public keys (*.pub) in {directory}")
+    return keys
+
+
 @dataclass
 class Proc:
     name: str
@@ -128,13 +147,22 @@ class Federation:
         self.env["PATH"] = os.pathsep.join([bindir, self.env.get("PATH", "")])
 
     # ---- processes -----------------------------------------------------------------------
-    def spawn(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Proc:
+    def spawn(
+        self,
+        name: str,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        *,
+        console: bool = False,
+    ) -> Proc:
+        """Start `argv` logging to `<workdir>/<name>.log` (to this process's output if
+        `console`)."""
         log_path = self.workdir / f"{name}.log"
         with open(log_path, "ab") as log:
             popen = subprocess.Popen(
                 list(argv),
-                stdout=log,
-                stderr=subprocess.STDOUT,
+                stdout=None if console else log,
+                stderr=None if console else subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=dict(env or self.env),
                 start_new_session=True,
@@ -173,9 +201,21 @@ class Federation:
             argv.append("--enable-supernode-auth")
         proc = self.spawn("superlink", argv)
         scheme = "https" if tls else "http"
-        self._wait_health(f"{scheme}://{host}:{http_port}/health", proc, tls)
+        self.wait_health(f"{scheme}://{host}:{http_port}/health", proc, tls)
         self.write_connection(f"{host}:{http_port}", tls.ca_cert if tls else None)
         return http_port, fleet_port
+
+    def register_nodes(self, public_keys: Sequence[Path]) -> None:
+        """Put SuperNode public keys on the SuperLink's allow-list (`flwr supernode register`).
+        A key registered before (a SuperLink restarted on its database) is fine."""
+        for key in public_keys:
+            out = self.flwr("supernode", "register", str(key), self.connection, "--format", "json")
+            try:
+                reply = json.loads(out.stdout)
+            except json.JSONDecodeError:
+                reply = {}
+            if not reply.get("success") and "already in use" not in str(reply):
+                raise LaunchError(f"could not register {key}:\n{out.stdout}{out.stderr}")
 
     def start_supernode(
         self,
@@ -193,7 +233,7 @@ class Federation:
         env = dict(self.env, FLWR_HOME=str(self.workdir / f"node-{partition_id}"))
         return self.spawn(f"supernode-{partition_id}", argv, env)
 
-    def _wait_health(self, url: str, proc: Proc, tls: TLS | None, timeout: float = 60) -> None:
+    def wait_health(self, url: str, proc: Proc, tls: TLS | None, timeout: float = 60) -> None:
         import ssl
 
         ctx = ssl.create_default_context(cafile=str(tls.ca_cert)) if tls else None
@@ -262,13 +302,31 @@ class Federation:
             check=False,
         )
 
-    def online_nodes(self) -> int:
+    def nodes(self) -> list[dict[str, Any]]:
+        """The SuperLink's SuperNodes (`flwr supernode ls`): node-id, status, ..."""
         out = self.flwr("supernode", "ls", self.connection, "--format", "json")
         try:
-            nodes = json.loads(out.stdout).get("nodes", [])
+            return list(json.loads(out.stdout).get("nodes", []))
         except json.JSONDecodeError:
-            return 0
-        return sum(1 for n in nodes if n.get("status") == "online")
+            return []
+
+    def wait_reachable(self, timeout: float = 120) -> None:
+        """Until the SuperLink answers the flwr CLI: `pollen run` may start before it does
+        (compose starts the services together)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            out = self.flwr("supernode", "ls", self.connection, "--format", "json", timeout=60)
+            try:
+                if json.loads(out.stdout).get("success"):
+                    return
+            except json.JSONDecodeError:
+                pass
+            if time.monotonic() > deadline:
+                raise LaunchError(f"SuperLink not reachable after {timeout:g} s:\n{out.stdout}")
+            time.sleep(2.0)
+
+    def online_nodes(self) -> int:
+        return sum(1 for n in self.nodes() if n.get("status") == "online")
 
     def wait_nodes(self, count: int, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout

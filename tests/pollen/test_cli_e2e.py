@@ -207,17 +207,22 @@ def test_server_client_and_run_commands(tmp_path: Path, shared_cache: Path) -> N
 def test_deploy_with_tls(tmp_path: Path, shared_cache: Path) -> None:
     certs = tmp_path / "certs"
     script = Path(__file__).resolve().parents[2] / "scripts" / "generate-certs.sh"
-    subprocess.run(["bash", str(script), str(certs)], check=True, capture_output=True)
+    subprocess.run(
+        ["bash", str(script), str(certs), "--nodes", "2"], check=True, capture_output=True
+    )
     out = tmp_path / "tls"
     done = _pollen(
         "deploy --dataset digits --clients 2 --rounds 1 --set poll-interval=0.5 "
-        "--set final-eval=false",
+        "--set final-eval=false --auth",
         "--out", str(out), "--tls-dir", str(certs), cache=shared_cache,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "with TLS" in done.stdout
+    assert "with TLS and node authentication" in done.stdout
     log = (out / "processes" / "superlink.log").read_text()
     assert "running on https://" in log and "--insecure" not in log
+    for i in range(2):  # each node signed in with its own registered key
+        node_log = (out / "processes" / f"supernode-{i}.log").read_text()
+        assert "SuperNode ID" in node_log and "Failed to activate" not in node_log
     assert read_jsonl(out / "metrics.jsonl")[0]["train"]["clients"] == 2.0
     missing = _pollen(
         "deploy", "--out", str(tmp_path / "x"), "--tls-dir", str(tmp_path), cache=shared_cache
