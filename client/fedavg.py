@@ -60,6 +60,10 @@ def _model_metrics(
     sgd = dataclasses.replace(
         sgd_for_round(content, env), epochs=int(env.settings["fedavg-plus.adapt-epochs"])
     )
+    if protocol.config_of(content).get("unseen"):
+        # A newcomer's own schedule has not started: the reference code counts each client's own
+        # local epochs, so it tunes at the initial rate, not at the decayed rate of the last round.
+        sgd = dataclasses.replace(sgd, lr=float(env.settings["lr"]))
     rnd = protocol.round_of(content)
     train_locally(tuned, split_tensors(env, "train"), sgd, generator(env, rnd, "adapt"))
     return {**test_metrics(tuned, data, split), **{f"global-{k}": v for k, v in received.items()}}

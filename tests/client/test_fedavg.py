@@ -1,0 +1,41 @@
+"""FedAvg+'s local adaptation before evaluation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from client import fedavg
+from client.common import SGDSettings
+from client.env import ClientEnv
+from pollen import protocol
+
+
+@pytest.mark.parametrize(("unseen", "expected_lr"), [(False, 0.001), (True, 0.1)])
+def test_fedavg_plus_tunes_newcomers_at_the_initial_rate(
+    run_config: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    unseen: bool,
+    expected_lr: float,
+) -> None:
+    settings = {**run_config, "algorithm": "fedavg-plus", "lr": 0.1}
+    env = ClientEnv(0, settings, tmp_path, "run", Path(str(settings["cache-dir"])), None)
+    model = fedavg.new_model(env)
+    rates: list[float] = []
+
+    def record(*args: Any, **kwargs: Any) -> float:
+        sgd = args[2]
+        assert isinstance(sgd, SGDSettings)
+        rates.append(sgd.lr)
+        return 0.0
+
+    monkeypatch.setattr(fedavg, "train_locally", record)
+    content = protocol.instruction(
+        200, "evaluate", {"lr": 0.001, "unseen": unseen}, arrays=fedavg.get_weights(model)
+    )
+    metrics = fedavg._model_metrics(model, content, env, "fedavg-plus")
+    assert rates == [expected_lr]
+    assert "global-test-accuracy" in metrics and "test-accuracy" in metrics
