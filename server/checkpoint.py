@@ -126,11 +126,22 @@ RESUMABLE_CHANGES = frozenset(
 
 
 def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
+    """A setting added to Pollen after the checkpoint was written counts as unchanged when the
+    resumed run keeps its default (the behaviour the saved run had)."""
+    from pollen.settings import all_settings
+
+    declared = all_settings()
+
+    def before(key: str) -> Any:
+        if key in saved or key not in declared:
+            return saved.get(key)
+        return declared[key].default
+
     changed = sorted(
         k
         for k in set(saved) | set(current)
-        if k not in RESUMABLE_CHANGES and saved.get(k) != current.get(k)
+        if k not in RESUMABLE_CHANGES and before(k) != current.get(k)
     )
     if changed:
-        detail = ", ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in changed)
+        detail = ", ".join(f"{k}: {before(k)!r} -> {current.get(k)!r}" for k in changed)
         raise CheckpointError(f"cannot resume: settings differ from the checkpoint ({detail})")

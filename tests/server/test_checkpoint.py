@@ -53,3 +53,12 @@ def test_compatibility_allows_only_resumable_changes() -> None:
     checkpoint.check_compatible({"lr": 0.1, "num-rounds": 3}, {"lr": 0.1, "num-rounds": 5})
     with pytest.raises(CheckpointError, match=r"lr: 0\.1 -> 0\.2"):
         checkpoint.check_compatible({"lr": 0.1}, {"lr": 0.2})
+
+
+def test_a_setting_added_since_the_checkpoint_resumes_only_at_its_default() -> None:
+    # a run saved before `lr-min` existed behaved as lr-min = 0 (its default)
+    checkpoint.check_compatible({"lr": 0.1}, {"lr": 0.1, "lr-min": 0.0})
+    with pytest.raises(checkpoint.CheckpointError, match=r"lr-min: 0.0 -> 0.001"):
+        checkpoint.check_compatible({"lr": 0.1}, {"lr": 0.1, "lr-min": 0.001})
+    with pytest.raises(checkpoint.CheckpointError, match="not-a-setting"):
+        checkpoint.check_compatible({"lr": 0.1}, {"lr": 0.1, "not-a-setting": 1})
