@@ -209,7 +209,9 @@ def test_adept_dgm_trains_denoisers_averages_sigma_and_samples(
     assert np.isfinite(final["sample-kid"]) and final["test-error"] > 0
     samples = Path(cfg["out-dir"]) / "samples"
     assert sorted(p.name for p in samples.glob("client-?.png")) == [
-        "client-0.png", "client-1.png", "client-2.png"
+        "client-0.png",
+        "client-1.png",
+        "client-2.png",
     ]
     line = json.loads((samples / "client-1.json").read_text())
     assert line["role"] == "adept" and line["sample-examples"] == 12
