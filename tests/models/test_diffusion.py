@@ -19,6 +19,8 @@ from models.diffusion import (
 )
 from models.unet_small import SmallUNet
 
+torch.set_num_threads(1)  # as the clients do: small tensors, many threads only contend
+
 
 def test_default_unet_is_the_authors_309k_basic_unet() -> None:
     net = SmallUNet((1, 28, 28))
@@ -82,7 +84,6 @@ def test_ddim_with_the_exact_denoiser_reproduces_gaussian_data(steps: int) -> No
 
 
 def test_denoising_round_trains_the_unet_and_sampling_is_seeded() -> None:
-    torch.set_num_threads(1)  # as the clients do; many threads crawl on a loaded machine
     torch.manual_seed(0)
     net = SmallUNet((1, 8, 8), channels=(4, 8), kernel=3)
     x = torch.zeros(16, 1, 8, 8)
