@@ -1,10 +1,13 @@
-"""ADEPT clients (PCA and AE): the personal model (U_i or theta_i) and theta_i's momentum stay in
-the state store; each round moves the personal model, then the received mu and sigma, and
-returns those two (see strategies.adept). The baselines of `adept.method` run here too.
+"""ADEPT clients (PCA, AE and DGM): the personal model (U_i or theta_i) and theta_i's optimizer
+state stay in the state store; each round moves the personal model, then the received mu and
+sigma, and returns those two (see strategies.adept). The baselines of `adept.method` run here too.
+ADEPT-DGM is ADEPT-AE's loop with a UNet denoiser, the denoising loss and Adam for theta_i.
 
 Metrics describe the client's own model after the round (FedAvg: the received global model):
-reconstruction error on the test split, for autoencoders also the energy captured, and on
-pca-synthetic the population error relative to the client's true subspace.
+reconstruction error on the test split (DGM: of clean inputs, the authors' selection measure),
+for autoencoders also the energy captured, and on pca-synthetic the population error relative to
+the client's true subspace. DGM's final evaluation also samples images and reports their KID
+(client.adept_dgm).
 """
 
 from __future__ import annotations
@@ -36,10 +39,16 @@ def initial_global_model(settings: Mapping[str, Scalar], seed: int) -> dict[str,
     from client.training import get_weights
 
     torch.manual_seed(seed)
-    return get_weights(_autoencoder(settings, shape))
+    return get_weights(_network(settings, shape))
 
 
-def _autoencoder(settings: Mapping[str, Scalar], shape: tuple[int, ...]) -> Any:
+def _network(settings: Mapping[str, Scalar], shape: tuple[int, ...]) -> Any:
+    """theta's architecture: the linear autoencoder (AE) or the small UNet denoiser (DGM)."""
+    if settings["algorithm"] == "adept-dgm":
+        from models.unet_small import SmallUNet
+
+        width = int(settings["adept-dgm.channels"])
+        return SmallUNet(shape, (width, 2 * width), int(settings["adept-dgm.kernel"]))
     from models.autoencoder import LinearAutoencoder
 
     return LinearAutoencoder(shape, int(settings["adept-ae.latent"]))
@@ -158,7 +167,7 @@ def _ae_model(env: ClientEnv, weights: Mapping[str, np.ndarray] | None) -> Any:
 
     torch.set_num_threads(1)
     torch.manual_seed(env.seed(0, "init"))
-    model = _autoencoder(env.settings, env.data.train.input_shape)
+    model = _network(env.settings, env.data.train.input_shape)
     if weights is not None:
         set_weights(model, weights)
     return model
@@ -172,6 +181,49 @@ def _ae_metrics(env: ClientEnv, model: Any) -> dict[str, int | float]:
     return reconstruction_metrics(model, torch.from_numpy(_inputs(env, "test")))
 
 
+def _theta_optimizer(
+    model: Any, content: RecordDict, env: ClientEnv, stored: Mapping[str, np.ndarray]
+) -> Any:
+    """SGD with momentum for the autoencoders; Adam for the DGM denoiser (all methods, as the
+    authors), its moments kept across rounds like the momentum buffers."""
+    from client.common import optimizer, sgd_for_round
+
+    sgd = sgd_for_round(content, env)
+    if env.settings["algorithm"] != "adept-dgm":
+        return optimizer(model, sgd, env, stored)
+    from client.adept_dgm import adam
+
+    return adam(model, sgd.lr, stored)
+
+
+def _optimizer_arrays(opt: Any, env: ClientEnv) -> dict[str, np.ndarray]:
+    import torch
+
+    from client.common import momentum_arrays
+
+    if isinstance(opt, torch.optim.Adam):
+        from client.adept_dgm import adam_arrays
+
+        return adam_arrays(opt)
+    return momentum_arrays(opt, env)
+
+
+def _data_term(env: ClientEnv, rnd: int) -> Any:
+    """Per-sample errors of a batch: reconstruction (AE) or denoising of a freshly corrupted
+    batch (DGM; the noise is seeded by client and round)."""
+    from models.autoencoder import squared_errors
+
+    if env.settings["algorithm"] != "adept-dgm":
+        return squared_errors
+    from functools import partial
+
+    from client.common import generator
+    from models.diffusion import denoising_errors
+
+    kind = str(env.settings["adept-dgm.diffusion"])
+    return partial(denoising_errors, kind=kind, generator=generator(env, rnd, "noise"))
+
+
 def _personal_weights(stored: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
     weights = {k.removeprefix("theta."): v for k, v in stored.items() if k.startswith("theta.")}
     return weights or None
@@ -180,7 +232,7 @@ def _personal_weights(stored: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]
 def _ae_train(content: RecordDict, env: ClientEnv) -> RecordDict:
     import torch
 
-    from client.common import generator, momentum_arrays, optimizer, sgd_for_round
+    from client.common import generator
     from client.training import batches, get_weights
     from models.adept_ae import local_round
 
@@ -196,7 +248,7 @@ def _ae_train(content: RecordDict, env: ClientEnv) -> RecordDict:
     steps = int(env.settings["adept-ae.local-steps"])
     order = batches(n, max(1, n // steps), generator(env, rnd, "train"))
     chunks = [x[idx] for _, idx in zip(range(steps), order, strict=False)]
-    opt = optimizer(model, sgd_for_round(content, env), env, stored)
+    opt, errors = _theta_optimizer(model, content, env, stored), _data_term(env, rnd)
     hp = _ae_hyper(env, n)
     names = [name for name, _ in model.named_parameters()]
     mu_out: dict[str, np.ndarray] = mu
@@ -205,18 +257,20 @@ def _ae_train(content: RecordDict, env: ClientEnv) -> RecordDict:
         tensors = [torch.tensor(mu[k]) for k in names]
         sigmas = [torch.tensor(sigma_out[k]) for k in names]
         lazy = rnd <= int(env.settings["adept-ae.lazy-rounds"])
-        new_mu, new_sigma, loss = local_round(model, chunks, opt, hp, tensors, sigmas, not lazy)
+        new_mu, new_sigma, loss = local_round(
+            model, chunks, opt, hp, tensors, sigmas, not lazy, errors
+        )
         assert new_mu is not None and new_sigma is not None
         mu_out = {k: t.numpy() for k, t in zip(names, new_mu, strict=True)}
         sigma_out = {k: t.numpy() for k, t in zip(names, new_sigma, strict=True)}
     else:
-        _, _, loss = local_round(model, chunks, opt, hp)
+        _, _, loss = local_round(model, chunks, opt, hp, errors=errors)
         if role == "global":
             mu_out = get_weights(model)
     theta = {f"theta.{k}": v for k, v in get_weights(model).items()}
     sig_state = {f"sigma.{k}": v for k, v in sigma_out.items()} if role == "adept" else {}
     env.state.save(
-        rnd, {**theta, **sig_state, **momentum_arrays(opt, env)}, {"round": rnd, "role": role}
+        rnd, {**theta, **sig_state, **_optimizer_arrays(opt, env)}, {"round": rnd, "role": role}
     )
     if role != "global":
         metrics = _ae_metrics(env, model)
@@ -232,6 +286,10 @@ def _ae_evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
     personal = _personal_weights(saved[0]) if saved and role != "global" else None
     model = _ae_model(env, personal or protocol.arrays_of(content, MU))
     metrics = {**_ae_metrics(env, model), protocol.NUM_EXAMPLES: len(env.data.train)}
+    if env.settings["algorithm"] == "adept-dgm":
+        from client.adept_dgm import sample_report
+
+        metrics.update(sample_report(env, model, _inputs(env, "test"), role))
     return protocol.reply(content, env.cid, metrics)
 
 

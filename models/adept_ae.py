@@ -12,7 +12,7 @@ iteration.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -106,12 +106,14 @@ def local_round(
     mu: Sequence[torch.Tensor] | None = None,
     sigma: Sequence[torch.Tensor] | None = None,
     update_sigma: bool = False,
+    errors: Callable[[nn.Module, torch.Tensor], torch.Tensor] = squared_errors,
 ) -> tuple[list[torch.Tensor] | None, list[torch.Tensor] | None, float]:
     """One round of local iterations on `model` (theta_i, updated in place).
 
     With mu and sigma given this is ADEPT (returns the drifted mu and sigma to send); without
-    them, plain training on the reconstruction loss (local and FedAvg baselines). Returns
-    (mu, sigma, mean training loss)."""
+    them, plain training on the data term (local and FedAvg baselines). The data term is the
+    per-sample mean of `errors(model, batch)`: the reconstruction error (ADEPT-AE) or the
+    denoising error (ADEPT-DGM, models.diffusion). Returns (mu, sigma, mean training loss)."""
     params = [p for p in model.parameters() if p.requires_grad]
     prior = mu is not None and sigma is not None
     mu_loc = [m.detach().clone() for m in mu] if mu is not None else None
@@ -124,7 +126,7 @@ def local_round(
             assert mu_loc is not None and sig_loc is not None
             sig_loc = sigma_step(theta, mu_loc, sig_loc, hp)
         opt.zero_grad()
-        loss = squared_errors(model, x).mean()
+        loss = errors(model, x).mean()
         objective = loss
         if prior:
             assert mu_loc is not None and sig_loc is not None

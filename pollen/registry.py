@@ -170,6 +170,23 @@ ADEPT_AE_SETTINGS = (
     ),
     Setting("adept-ae.lazy-rounds", 2, "rounds before sigma starts to move", minimum=0),
 )
+ADEPT_DGM_SETTINGS = (
+    Setting(
+        "adept-dgm.diffusion",
+        "soft",
+        "'soft': the authors' released corruption (1 - a) x + a U[0,1) noise and mixing "
+        "sampler; 'vp': variance-preserving, cosine schedule, x-prediction, DDIM sampler",
+        choices=("soft", "vp"),
+    ),
+    Setting("adept-dgm.channels", 32, "UNet widths c and 2c (authors: 32)", minimum=1),
+    Setting("adept-dgm.kernel", 5, "UNet convolution kernel size (odd; authors: 5)", minimum=1),
+    Setting("adept-dgm.samples", 200, "images each client samples at the end", minimum=0),
+    Setting("adept-dgm.sample-steps", 500, "sampler steps (authors: 500)", minimum=1),
+    Setting("adept-dgm.kid-subsets", 100, "random subsets the KID is averaged over", minimum=1),
+    Setting(
+        "adept-dgm.feature-epochs", 10, "epochs of the KID feature network's training", minimum=1
+    ),
+)
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {
     spec.name: spec
@@ -391,6 +408,16 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             client="client.adept",
             message_types=ADEPT_MESSAGES,
             settings=ADEPT_AE_SETTINGS,
+        ),
+        AlgorithmSpec(
+            name="adept-dgm",
+            description="ADEPT-DGM: personal UNet denoisers (diffusion models) theta_i, a global "
+            "mu and a per-weight sigma (uses the adept.* settings and adept-ae's local-steps, "
+            "prior-scale, mu-gradient, lazy-rounds)",
+            strategy="strategies.adept:ADEPT",
+            client="client.adept",
+            message_types=ADEPT_MESSAGES,
+            settings=ADEPT_DGM_SETTINGS,
         ),
         AlgorithmSpec(
             name="local",

@@ -1,7 +1,8 @@
 """ADEPT server (Ozkara et al., AISTATS 2025): it holds the global model mu (V for PCA) and the
-prior width sigma, and combines the clients' drifted copies of both with equal weights 1/m
-("sigma averaging": the plain elementwise mean of sigma itself). For ADEPT-PCA the mean step of
-V is retracted onto the Stiefel manifold. Personal models never leave the clients.
+prior width sigma (one per weight for AE and DGM), and combines the clients' drifted copies of
+both with equal weights 1/m ("sigma averaging": the plain elementwise mean of sigma itself).
+For ADEPT-PCA the mean step of V is retracted onto the Stiefel manifold. Personal models never
+leave the clients.
 
 `adept.method` runs the baselines in the same framework: 'local' shares nothing, 'fedavg'
 averages one model (sigma unused), 'fedavg-ft' switches to local fine-tuning after

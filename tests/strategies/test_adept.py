@@ -177,3 +177,53 @@ def test_strategy_state_round_trips(run_config: dict[str, Any]) -> None:
     for key in strategy.mu:
         np.testing.assert_array_equal(restored.mu[key], strategy.mu[key])
         np.testing.assert_array_equal(restored.sigma[key], strategy.sigma[key])
+
+
+def _dgm(run_config: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return settings_of({
+        **run_config, "algorithm": "adept-dgm", "partitioner": "classes",
+        "classes-per-client": 1, "num-clients": 3, "num-rounds": 3, "adept-dgm.channels": 4,
+        "adept-dgm.kernel": 3, "adept-ae.local-steps": 4, "adept-ae.lazy-rounds": 1,
+        "adept-dgm.samples": 12, "adept-dgm.sample-steps": 5, "adept-dgm.kid-subsets": 3,
+        "adept-dgm.feature-epochs": 1, "lr": 1e-3, "adept.sigma-init": 0.8,
+        "server-eval": False, **extra,
+    })  # fmt: skip
+
+
+def test_adept_dgm_trains_denoisers_averages_sigma_and_samples(
+    run_config: dict[str, Any],
+) -> None:
+    cfg = _dgm(run_config)
+    strategy, _ = _run(cfg, 3)
+    assert set(strategy.sigma) == set(strategy.mu) and "down_layers.0.weight" in strategy.mu
+    assert not np.allclose(strategy.sigma["up_layers.2.weight"], 0.8)
+    root = Path(cfg["out-dir"]) / "client-state" / "test"
+    sigmas = []
+    for cid in range(3):
+        saved = StateStore(root / f"client-{cid}").load(99)
+        assert saved is not None and saved[1]["round"] == 3
+        assert float(saved[0]["adam.0.step"]) == 12.0  # Adam's moments survive the rounds
+        sigmas.append(saved[0]["sigma.up_layers.2.weight"])
+    np.testing.assert_allclose(strategy.sigma["up_layers.2.weight"], np.mean(sigmas, 0), rtol=1e-6)
+    final = _final(cfg)
+    assert np.isfinite(final["sample-kid"]) and final["test-error"] > 0
+    samples = Path(cfg["out-dir"]) / "samples"
+    assert sorted(p.name for p in samples.glob("client-?.png")) == [
+        "client-0.png",
+        "client-1.png",
+        "client-2.png",
+    ]
+    line = json.loads((samples / "client-1.json").read_text())
+    assert line["role"] == "adept" and line["sample-examples"] == 12
+
+
+@pytest.mark.parametrize("method", ["local", "fedavg-ft"])
+def test_dgm_baselines_sample_from_their_own_models(
+    run_config: dict[str, Any], method: str
+) -> None:
+    cfg = _dgm(run_config, **{"adept.method": method, "num-rounds": 2, "adept-dgm.diffusion":
+                              "vp", "out-dir": f"{run_config['out-dir']}-{method}",
+                              "run-name": method})  # fmt: skip
+    _run(cfg, 3)
+    line = json.loads((Path(cfg["out-dir"]) / "samples" / "client-0.json").read_text())
+    assert line["role"] == method and np.isfinite(line["sample-kid"])
