@@ -30,6 +30,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,6 +110,19 @@ def resumable(directory: Path) -> bool:
     ).exists()
 
 
+RUNTIME_START_ATTEMPTS = 3
+RUNTIME_START_FAILURE = "timed out during startup"
+"""Ray's message when its node does not come up within its fixed 30 s (a loaded machine)."""
+
+
+def runtime_failed_to_start(directory: Path) -> bool:
+    try:
+        log = (directory / "server.log").read_text(errors="replace")
+    except OSError:
+        return False
+    return RUNTIME_START_FAILURE in log and not resumable(directory)
+
+
 def run(exp: Experiment, out: Path) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     for seed in exp.seeds:  # seed-major: a partial experiment still compares methods
@@ -117,22 +131,32 @@ def run(exp: Experiment, out: Path) -> dict[str, Any]:
             if completed(target):
                 print(f"== {method} seed {seed}: already done", flush=True)
                 continue
-            argv = [sys.executable, "-m", "pollen.cli", exp.mode, "--out", str(target)]
-            if resumable(target):  # an interrupted run continues from its last checkpoint
-                argv.append("--resume")
-                print(f"== {method} seed {seed}: resuming", flush=True)
-            else:
-                if target.exists():  # interrupted before its first checkpoint
-                    shutil.rmtree(target)
-                settings = {**exp.common, **cfg, "seed": seed}
-                for key, value in settings.items():
-                    text = value if isinstance(value, str) else toml_value(value)
-                    argv += ["--set", f"{key}={text}"]
-                print(f"== {method} seed {seed}", flush=True)
-            done = subprocess.run(argv, check=False)
-            if done.returncode != 0:
+            for attempt in range(1, RUNTIME_START_ATTEMPTS + 1):
+                done = subprocess.run(_argv(exp, cfg, method, seed, target), check=False)
+                if done.returncode == 0:
+                    break
+                if attempt < RUNTIME_START_ATTEMPTS and runtime_failed_to_start(target):
+                    print(f"== {method} seed {seed}: the runtime did not start; again", flush=True)
+                    time.sleep(10.0)
+                    continue
                 raise SettingsError(f"{method} seed {seed} failed (exit {done.returncode})")
     return tabulate(exp, out)
+
+
+def _argv(
+    exp: Experiment, cfg: Mapping[str, Any], method: str, seed: int, target: Path
+) -> list[str]:
+    argv = [sys.executable, "-m", "pollen.cli", exp.mode, "--out", str(target)]
+    if resumable(target):  # an interrupted run continues from its last checkpoint
+        print(f"== {method} seed {seed}: resuming", flush=True)
+        return [*argv, "--resume"]
+    if target.exists():  # interrupted before its first checkpoint
+        shutil.rmtree(target)
+    for key, value in {**exp.common, **cfg, "seed": seed}.items():
+        text = value if isinstance(value, str) else toml_value(value)
+        argv += ["--set", f"{key}={text}"]
+    print(f"== {method} seed {seed}", flush=True)
+    return argv
 
 
 def tabulate(exp: Experiment, out: Path) -> dict[str, Any]:

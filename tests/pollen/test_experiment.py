@@ -173,3 +173,31 @@ def test_methods_option_runs_a_subset_and_names_unknown_ones(
     assert set(json.loads((out / "results.json").read_text())["methods"]) == {"b"}
     assert main(["experiment", str(path), "--out", str(out), "--methods", "b,zz"]) == 2
     assert "--methods: zz; two has a, b" in capsys.readouterr().err
+
+
+def test_a_runtime_that_did_not_start_is_retried_other_failures_are_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+
+    from pollen import experiment
+
+    exp = Experiment.load(
+        _write(tmp_path, '[experiment]\nseeds = [0]\n[methods.a]\nalgorithm = "fedavg"\n')
+    )
+    out = tmp_path / "out"
+    target = run_dir(out, "a", 0)
+    outcomes = iter([experiment.RUNTIME_START_FAILURE, None, "ValueError: broken"])
+
+    def fake_run(argv: list[str], check: bool) -> subprocess.CompletedProcess[str]:
+        failure = next(outcomes)
+        target.mkdir(parents=True, exist_ok=True)
+        (target / "server.log").write_text(f"Exception: {failure}\n" if failure else "ok\n")
+        return subprocess.CompletedProcess(argv, 1 if failure else 0)
+
+    monkeypatch.setattr(experiment.subprocess, "run", fake_run)
+    monkeypatch.setattr(experiment.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(experiment, "tabulate", lambda exp, out: {})
+    experiment.run(exp, out)  # failed to start, then succeeded
+    with pytest.raises(SettingsError, match="a seed 0 failed"):
+        experiment.run(exp, out)  # a failure of the run itself stops the experiment
