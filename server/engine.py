@@ -150,18 +150,11 @@ class Engine:
                         self._forget_node(node_id)
                     continue
                 content = msg.content
-                try:
-                    size = protocol.payload_bytes(content)
-                    self._check_reply(content, message_type, key if expect_cid else None, size)
-                    if validate is not None:
-                        validate(key, content)
-                except InvalidReply as exc:
-                    failures[key] = f"invalid reply: {exc}"
+                reason = self.screen(content, message_type, key, validate, expect_cid)
+                if reason is not None:
+                    failures[key] = reason
                     continue
-                except Exception as exc:  # a malformed reply must never stop the server
-                    failures[key] = f"invalid reply ({type(exc).__name__}): {exc}"
-                    continue
-                bytes_received += size
+                bytes_received += protocol.payload_bytes(content)
                 replies[key] = content
             self.results.event(
                 "phase-progress",
@@ -209,6 +202,27 @@ class Engine:
                     }
                 )
         return replies, failures
+
+    def screen(
+        self,
+        content: RecordDict,
+        message_type: str,
+        key: int,
+        validate: Validator | None,
+        expect_cid: bool = True,
+    ) -> str | None:
+        """Why a reply must be skipped (None: it may be used): the engine's checks, then the
+        strategy's validator. A malformed reply never raises out of here."""
+        try:
+            size = protocol.payload_bytes(content)
+            self._check_reply(content, message_type, key if expect_cid else None, size)
+            if validate is not None:
+                validate(key, content)
+        except InvalidReply as exc:
+            return f"invalid reply: {exc}"
+        except Exception as exc:  # a malformed reply must never stop the server
+            return f"invalid reply ({type(exc).__name__}): {exc}"
+        return None
 
     def _check_reply(
         self, content: RecordDict, message_type: str, cid: int | None, size: int
