@@ -172,10 +172,13 @@ def _settings(run_config: dict[str, Any], algorithm: str, tag: str) -> dict[str,
 
 
 def _run(
-    cfg: dict[str, Any], fault: Callable[[ScreeningEngine, int, Message], Any]
+    cfg: dict[str, Any],
+    fault: Callable[[ScreeningEngine, int, Message], Any],
+    leaky: bool = False,
 ) -> tuple[ScreeningEngine, dict[str, Any]]:
     """Runs with `fault(engine, node, message)` deciding the fate of each message."""
     grid = FakeGrid(client_app, int(cfg["num-clients"]), cfg)
+    grid.leaky = leaky
     clock = FakeClock()
     strategy = get_algorithm(str(cfg["algorithm"])).strategy_class()(cfg)
     engine = ScreeningEngine(
