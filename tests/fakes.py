@@ -34,6 +34,8 @@ class FakeGrid(Grid):
         self._late: dict[str, Message] = {}
         # True: pull_messages also hands over replies nobody asked for (stray deliveries)
         self.leaky = False
+        # True: a ClientApp exception becomes an error reply, as a SuperNode sends it
+        self.errors_as_replies = False
         self.sent: list[tuple[int, str]] = []
         self.faults: list[Fault] = []
         self.contexts: dict[int, Context] = {}
@@ -98,7 +100,16 @@ class FakeGrid(Grid):
                     Error(code=5, reason="node unavailable (injected)"), reply_to=msg
                 )
                 continue
-            reply = self.client_app(copy.deepcopy(msg), self.contexts[node])
+            try:
+                reply = self.client_app(copy.deepcopy(msg), self.contexts[node])
+            except Exception as exc:
+                if not self.errors_as_replies:
+                    raise
+                reason = str(type(exc)) + ":<'" + str(exc) + "'>"  # as flwr-clientapp words it
+                self._replies[msg.metadata.message_id] = Message(
+                    Error(code=2, reason=reason), reply_to=msg
+                )
+                continue
             if isinstance(action, RecordDict):
                 reply = Message(action, reply_to=msg)
             elif callable(action):
