@@ -55,6 +55,12 @@ ROUNDS: dict[str, tuple[dict[str, Any], list[str]]] = {
     "noop": ({"noop.payload-kb": 1}, ["query.noop"]),
 }
 MAX_REPLY_MB = 4.0
+# Two in-process runs that should agree differ by float rounding, which a round of training (and
+# FeDLRT's truncation) amplifies: up to ~1e-4 (FeDLRT) here. A reply wrongly averaged
+# in moves weights by ~1e-2 and a NaN or Inf everywhere, so arrays are compared to 1e-3 and
+# metrics (an accuracy may flip by one example) to 1e-2.
+TOL = 1e-3
+METRIC_TOL = 1e-2
 
 # corruption -> what the logged reason must say
 ARRAY_KINDS = {
@@ -261,16 +267,14 @@ def test_bad_replies_are_skipped_with_a_reason_in_every_phase(
     ref_arrays, ref_meta = ref.strategy.state()
     bad_arrays, bad_meta = bad.strategy.state()
     assert bad_meta == ref_meta and set(bad_arrays) == set(ref_arrays)
-    # equal up to float32 rounding (kernels may sum in another order with other memory
-    # alignment); an aggregated NaN or Inf would differ everywhere
     for key, value in ref_arrays.items():
-        np.testing.assert_allclose(bad_arrays[key], value, rtol=1e-5, atol=1e-7, err_msg=key)
+        np.testing.assert_allclose(bad_arrays[key], value, rtol=TOL, atol=TOL, err_msg=key)
     assert _untimed(bad_summary["final"].get("eval", {})) == pytest.approx(
-        _untimed(ref_summary["final"].get("eval", {})), rel=1e-4, abs=1e-6
+        _untimed(ref_summary["final"].get("eval", {})), rel=METRIC_TOL, abs=METRIC_TOL
     )
     ref_rows = read_jsonl(Path(ref_cfg["out-dir"]) / "metrics.jsonl")
     for row, ref_row in zip(rows, ref_rows, strict=True):
         want = _untimed(ref_row["train"])
-        assert _untimed(row["train"]) == pytest.approx(want, rel=1e-4, abs=1e-6)
+        assert _untimed(row["train"]) == pytest.approx(want, rel=METRIC_TOL, abs=METRIC_TOL)
     summary = json.loads(Path(bad_cfg["out-dir"], "summary.json").read_text())
     assert summary["status"] == "completed"  # as written to disk

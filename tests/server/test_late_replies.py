@@ -13,7 +13,7 @@ from flwr.app import Message
 
 from server.results import read_jsonl
 from tests.fakes import FakeGrid
-from tests.server.test_bad_replies import ROUNDS, ScreeningEngine, _run, _settings
+from tests.server.test_bad_replies import ROUNDS, TOL, ScreeningEngine, _run, _settings
 
 CASES = [(a, p) for a in ("fedlrt", "fedsc") for p in ROUNDS[a][1]]
 
@@ -53,5 +53,5 @@ def test_a_late_reply_is_never_mixed_into_a_later_phase_or_round(
     arrays, meta = late.strategy.state()
     ref_arrays, ref_meta = silent.strategy.state()
     assert meta == ref_meta and set(arrays) == set(ref_arrays)
-    for key, value in ref_arrays.items():  # float32 rounding, as in test_bad_replies
-        np.testing.assert_allclose(arrays[key], value, rtol=1e-5, atol=1e-7, err_msg=key)
+    for key, value in ref_arrays.items():
+        np.testing.assert_allclose(arrays[key], value, rtol=TOL, atol=TOL, err_msg=key)
