@@ -57,7 +57,7 @@ def _federation(workdir: Path, state_dir: Path, n: int = 3) -> Iterator[tuple[Fe
         fed.stop()
 
 
-def _wait(what: str, ready: Callable[[], bool], timeout: float = 120) -> None:
+def _wait(what: str, ready: Callable[[], bool], timeout: float = 400) -> None:
     deadline = time.monotonic() + timeout
     while not ready():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -78,7 +78,7 @@ def _rounds(out: Path, count: int) -> Callable[[], bool]:
     return lambda: len(read_jsonl(out / "metrics.jsonl")) >= count
 
 
-def _finish(fed: Federation, run_id: str, timeout: float = 180) -> dict[str, Any]:
+def _finish(fed: Federation, run_id: str, timeout: float = 400) -> dict[str, Any]:
     status: dict[str, Any] = {}
 
     def finished() -> bool:
@@ -111,7 +111,7 @@ def test_a_stopped_supernode_is_a_straggler_and_the_run_goes_on(
         node = _node(fed, 2)
         node.send_signal(signal.SIGSTOP)
         try:
-            _wait("round 1 to end", _rounds(out, 1), timeout=TIMEOUT + 60)
+            _wait("round 1 to end", _rounds(out, 1))
         finally:
             node.send_signal(signal.SIGCONT)
         status = _finish(fed, run_id)
@@ -138,7 +138,7 @@ def test_a_killed_supernode_restarts_with_its_personal_state_intact(
     client_dir = state / "faults" / "client-2"
     with _federation(tmp_path / "processes", state) as (fed, fleet):
         run_id = fed.submit(settings)
-        _wait("round 2 training", _started(out, 2, "train"), timeout=150)
+        _wait("round 2 training", _started(out, 2, "train"))
         node = _node(fed, 2)
         os.killpg(node.pid, signal.SIGKILL)  # the SuperNode and whatever it spawned
         node.wait()
@@ -175,7 +175,7 @@ def test_the_server_side_killed_mid_run_resumes_to_the_uninterrupted_result(
             "--out", str(out)]  # fmt: skip
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait("round 1", _rounds(out, 1), timeout=150)
+        _wait("round 1", _rounds(out, 1))
     finally:
         proc.kill()
         proc.wait()
