@@ -179,7 +179,7 @@ def test_the_server_side_killed_mid_run_resumes_to_the_uninterrupted_result(
     finally:
         proc.kill()
         proc.wait()
-    _wait("the federation to die", lambda: not _processes_under(out), timeout=30)
+    _wait("the federation to die", lambda: not _processes_under(out), timeout=120)
     assert not (out / "summary.json").exists() or (
         json.loads((out / "summary.json").read_text())["status"] != "completed"
     )
