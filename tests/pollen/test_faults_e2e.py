@@ -123,7 +123,9 @@ def test_a_stopped_supernode_is_a_straggler_and_the_run_goes_on(
     reason = first["phases"][-1]["failed"]["2"]
     assert reason == f"no reply within {TIMEOUT:g} s" or "Node Unavailable" in reason, reason
     assert set(first["phases"][-1]["failed"]) == {"2"}
-    assert second["train"]["clients"] >= 2.0
+    # the run went on (node 2 first works off its late round-1 message, so on a busy machine
+    # round 2 may time out for it too)
+    assert second["round"] == 2 and second["train"]["clients"] >= 1.0
 
 
 def test_a_killed_supernode_restarts_with_its_personal_state_intact(
