@@ -61,6 +61,11 @@ def linear_probe(
     mean, std = train.mean(0), train.std(0).clamp_min(1e-6)
     train, test = (train - mean) / std, (test - mean) / std
     head = torch.nn.Linear(train.shape[1], num_classes)
+    if generator is not None:  # PyTorch's default init, drawn from the generator: reproducible
+        bound = 1.0 / train.shape[1] ** 0.5
+        with torch.no_grad():
+            head.weight.uniform_(-bound, bound, generator=generator)
+            head.bias.uniform_(-bound, bound, generator=generator)
     opt = torch.optim.Adam(head.parameters(), lr=lr)
     last = best = float("nan")
     for _ in range(epochs):

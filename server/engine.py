@@ -54,6 +54,8 @@ class Engine:
         self.rng = np.random.default_rng(int(settings["seed"]))
         self._clients: dict[int, ClientInfo] = {}  # by client id
         self._node_to_cid: dict[int, int] = {}
+        self._silent: set[int] = set()  # nodes whose last instruction went unanswered
+        self._replaced: set[int] = set()  # silent nodes whose client has restarted elsewhere
         self._phases: list[dict[str, Any]] = []
 
     # ---- what strategies use -------------------------------------------------------------
@@ -143,6 +145,7 @@ class Engine:
                     continue  # not a reply to this phase: ignore, never mix phases
                 pending.discard(mid)
                 node_id = by_message[mid]
+                self._silent.discard(node_id)
                 key = targets[node_id]
                 if msg.has_error():
                     failures[key] = f"error reply (code {msg.error.code}): {msg.error.reason}"
@@ -150,18 +153,11 @@ class Engine:
                         self._forget_node(node_id)
                     continue
                 content = msg.content
-                try:
-                    size = protocol.payload_bytes(content)
-                    self._check_reply(content, message_type, key if expect_cid else None, size)
-                    if validate is not None:
-                        validate(key, content)
-                except InvalidReply as exc:
-                    failures[key] = f"invalid reply: {exc}"
+                reason = self.screen(content, message_type, key, validate, expect_cid)
+                if reason is not None:
+                    failures[key] = reason
                     continue
-                except Exception as exc:  # a malformed reply must never stop the server
-                    failures[key] = f"invalid reply ({type(exc).__name__}): {exc}"
-                    continue
-                bytes_received += size
+                bytes_received += protocol.payload_bytes(content)
                 replies[key] = content
             self.results.event(
                 "phase-progress",
@@ -182,6 +178,7 @@ class Engine:
         timeout = float(self.settings["phase-timeout"])
         for mid in pending:
             failures[targets[by_message[mid]]] = f"no reply within {timeout:g} s"
+            self._silent.add(by_message[mid])
         for key, reason in sorted(failures.items()):
             log.warning(
                 "round %s %s: client %s skipped: %s", self.server_round, message_type, key, reason
@@ -209,6 +206,27 @@ class Engine:
                     }
                 )
         return replies, failures
+
+    def screen(
+        self,
+        content: RecordDict,
+        message_type: str,
+        key: int,
+        validate: Validator | None,
+        expect_cid: bool = True,
+    ) -> str | None:
+        """Why a reply must be skipped (None: it may be used): the engine's checks, then the
+        strategy's validator. A malformed reply never raises out of here."""
+        try:
+            size = protocol.payload_bytes(content)
+            self._check_reply(content, message_type, key if expect_cid else None, size)
+            if validate is not None:
+                validate(key, content)
+        except InvalidReply as exc:
+            return f"invalid reply: {exc}"
+        except Exception as exc:  # a malformed reply must never stop the server
+            return f"invalid reply ({type(exc).__name__}): {exc}"
+        return None
 
     def _check_reply(
         self, content: RecordDict, message_type: str, cid: int | None, size: int
@@ -261,7 +279,8 @@ class Engine:
         for node_id in list(self._node_to_cid):
             if node_id not in online:
                 self._forget_node(node_id)
-        new = sorted(online - set(self._node_to_cid))
+        self._replaced &= online
+        new = sorted(online - set(self._node_to_cid) - self._replaced)
         if not new:
             return
         hello = {n: protocol.instruction(self.server_round, HELLO) for n in new}
@@ -270,7 +289,14 @@ class Engine:
             cid = protocol.as_int(content[protocol.ENVELOPE]["client-id"])  # type: ignore[index]
             m = protocol.metrics_of(content)
             old = self._clients.get(cid)
-            if old is not None and old.node_id in online and old.node_id != node_id:
+            # a node that went silent is taken to be the crashed predecessor of a restarted one
+            # (Flower lists a crashed node as online until its heartbeat expires, ~1 min)
+            if (
+                old is not None
+                and old.node_id in online
+                and old.node_id != node_id
+                and old.node_id not in self._silent
+            ):
                 log.warning(
                     "nodes %s and %s both claim client %s; keeping %s",
                     old.node_id,
@@ -279,8 +305,10 @@ class Engine:
                     old.node_id,
                 )
                 continue
-            if old is not None:
+            if old is not None and old.node_id != node_id:
+                log.info("client %s moved from node %s to node %s", cid, old.node_id, node_id)
                 self._node_to_cid.pop(old.node_id, None)
+                self._replaced.add(old.node_id)
             self._clients[cid] = ClientInfo(
                 cid=cid,
                 node_id=node_id,

@@ -6,8 +6,10 @@ client echoes back, to see how time grows with bytes."""
 from __future__ import annotations
 
 import numpy as np
+from flwr.app import RecordDict
 
 from pollen import protocol
+from strategies.aggregate import expect_arrays
 from strategies.base import Federation, Strategy
 
 
@@ -24,5 +26,10 @@ class NoOp(Strategy):
             else protocol.instruction(fed.server_round, "query.noop")
             for c in fed.sample()
         }
-        replies = fed.exchange("query.noop", payloads)
+        replies = fed.exchange("query.noop", payloads, self.validate)
         return {"clients": float(len(replies))}
+
+    def validate(self, _cid: int, content: RecordDict) -> None:
+        """The echo must be what was sent (keys, shapes, dtypes)."""
+        if self.payload:
+            expect_arrays(content, protocol.ARRAYS, self.payload)

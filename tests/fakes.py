@@ -14,8 +14,9 @@ from flwr.serverapp import Grid
 from torch import nn
 
 # A fault decides, per (node id, message), what happens instead of a normal answer:
-# return "drop" (never answered), "error" (error reply), a RecordDict (replaces the content),
-# or None (answer normally).
+# return "drop" (never answered), "late" (answered, but the reply arrives only with the next
+# push, i.e. during the next phase), "error" (error reply), a RecordDict (replaces the
+# content), a function of the content (changes it), or None (answer normally).
 Fault = Callable[[int, Message, RecordDict | None], Any]
 
 
@@ -30,6 +31,11 @@ class FakeGrid(Grid):
         self.client_app = client_app
         self.run_config = run_config
         self._replies: dict[str, Message] = {}
+        self._late: dict[str, Message] = {}
+        # True: pull_messages also hands over replies nobody asked for (stray deliveries)
+        self.leaky = False
+        # True: a ClientApp exception becomes an error reply, as a SuperNode sends it
+        self.errors_as_replies = False
         self.sent: list[tuple[int, str]] = []
         self.faults: list[Fault] = []
         self.contexts: dict[int, Context] = {}
@@ -75,6 +81,8 @@ class FakeGrid(Grid):
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []
+        self._replies.update(self._late)  # late replies arrive now
+        self._late = {}
         for msg in messages:
             msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex
             node = msg.metadata.dst_node_id
@@ -92,16 +100,27 @@ class FakeGrid(Grid):
                     Error(code=5, reason="node unavailable (injected)"), reply_to=msg
                 )
                 continue
-            reply = self.client_app(copy.deepcopy(msg), self.contexts[node])
+            try:
+                reply = self.client_app(copy.deepcopy(msg), self.contexts[node])
+            except Exception as exc:
+                if not self.errors_as_replies:
+                    raise
+                reason = str(type(exc)) + ":<'" + str(exc) + "'>"  # as flwr-clientapp words it
+                self._replies[msg.metadata.message_id] = Message(
+                    Error(code=2, reason=reason), reply_to=msg
+                )
+                continue
             if isinstance(action, RecordDict):
                 reply = Message(action, reply_to=msg)
             elif callable(action):
                 reply = Message(action(copy.deepcopy(reply.content)), reply_to=msg)
-            self._replies[msg.metadata.message_id] = copy.deepcopy(reply)
+            held = self._late if action == "late" else self._replies
+            held[msg.metadata.message_id] = copy.deepcopy(reply)
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        return [self._replies.pop(i) for i in list(message_ids) if i in self._replies]
+        ids = list(self._replies) if self.leaky else list(message_ids)
+        return [self._replies.pop(i) for i in ids if i in self._replies]
 
     def send_and_receive(
         self, messages: Iterable[Message], *, timeout: float | None = None

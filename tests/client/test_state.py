@@ -26,11 +26,17 @@ def test_old_versions_are_pruned(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state-000004.npz", "state-000005.npz"]
 
 
-def test_corrupt_state_is_reported_not_replaced(tmp_path: Path) -> None:
+@pytest.mark.parametrize("damage", ["truncate", "flip-a-byte"])
+def test_corrupt_state_is_reported_not_replaced(tmp_path: Path, damage: str) -> None:
     store = StateStore(tmp_path)
     store.save(1, {"w": np.zeros(100)}, {"a": 1})
     path = tmp_path / "state-000001.npz"
-    path.write_bytes(path.read_bytes()[:60])
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":
+        data = data[:60]
+    else:  # inside the array data: the zip's CRC-32 catches it
+        data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
     with pytest.raises(StateError, match=r"state-000001\.npz"):
         store.load(before_round=2)
-    assert path.stat().st_size == 60
+    assert path.read_bytes() == bytes(data)

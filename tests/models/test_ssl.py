@@ -64,3 +64,17 @@ def test_knn_and_probe_separate_clusters_and_not_shuffled_labels() -> None:
     assert knn_accuracy(bank, shuffled, query, qy, 3, k=10) < 0.7
     last, best = linear_probe(bank, by, query, qy, 3, epochs=50, lr=0.05)
     assert last == 1.0 and best == 1.0
+
+
+def test_probe_with_a_generator_ignores_the_global_random_state() -> None:
+    """The server's final probe must not depend on what else drew random numbers before it."""
+    bank, by = _clusters(90, 0)
+    bank = bank + 3 * torch.randn(90, 5, generator=torch.Generator().manual_seed(5))
+    query, qy = _clusters(30, 1)
+
+    def probe(global_seed: int) -> tuple[float, float]:
+        torch.manual_seed(global_seed)
+        gen = torch.Generator().manual_seed(7)
+        return linear_probe(bank, by, query, qy, 3, epochs=1, lr=0.01, generator=gen)
+
+    assert probe(0) == probe(1)
