@@ -33,6 +33,9 @@ FEDSC = {"fedsc.dim": 8, "fedsc.passes": 1, "fedsc.views-per-pass": 1, "fedsc.kn
 PCA = {"dataset": "pca-synthetic", "partitioner": "natural", "val-fraction": 0.0,
        "synthetic.dimension": 12, "synthetic.rank": 3, "synthetic.train-size": 10,
        "synthetic.test-size": 20, "adept-pca.rank": 3, "lr": 2e-3}  # fmt: skip
+DGM = {"adept-dgm.channels": 4, "adept-dgm.kernel": 3, "adept-ae.local-steps": 2,
+       "adept-dgm.samples": 8, "adept-dgm.sample-steps": 3, "adept-dgm.kid-subsets": 2,
+       "adept-dgm.feature-epochs": 1, "lr": 1e-3}  # fmt: skip
 
 # algorithm -> (settings, the phases of its round in order; "evaluate" is the final one)
 ROUNDS: dict[str, tuple[dict[str, Any], list[str]]] = {
@@ -51,6 +54,7 @@ ROUNDS: dict[str, tuple[dict[str, Any], list[str]]] = {
     "fedavg-sc": (FEDSC, ["train"]),
     "adept-pca": (PCA, ["train"]),
     "adept-ae": ({"adept-ae.latent": 4, "adept-ae.local-steps": 2}, ["train"]),
+    "adept-dgm": (DGM, ["train"]),
     "local": ({}, ["train"]),
     "noop": ({"noop.payload-kb": 1}, ["query.noop"]),
 }
