@@ -100,27 +100,28 @@ STARTUP_SNIPPETS = {
     "import flwr.clientapp (Flower's own)": "import flwr.clientapp",
     "import client.app (Pollen ClientApp)": "import client.app",
     "import torch": "import torch",
+    "import flwr.clientapp, torch (floor of a torch ClientApp)": "import flwr.clientapp, torch",
     "hello handler, cached partition": "hello",
     "fedavg train handler, first message": "train",
+    "fedavg train handler, no training (epochs 0)": "train-no-compute",
 }
+PROBES = ("hello", "train", "train-no-compute")
 
 
 def measure_startup(cache: Path, repeats: int) -> dict[str, Any]:
     env = dict(os.environ, POLLEN_CACHE_DIR=str(cache), FLWR_TELEMETRY_ENABLED="0")
-    results: dict[str, Any] = {}
-    for label, code in STARTUP_SNIPPETS.items():
-        times = []
-        for _ in range(repeats):
+    times: dict[str, list[float]] = {label: [] for label in STARTUP_SNIPPETS}
+    for _ in range(repeats):  # interleaved, so that a change of machine load hits every probe
+        for label, code in STARTUP_SNIPPETS.items():
             t0 = time.monotonic()
             argv = (
                 [sys.executable, str(ROOT / "benchmarks" / "startup_probe.py"), code]
-                if code in ("hello", "train")
+                if code in PROBES
                 else [sys.executable, "-c", code]
             )
             subprocess.run(argv, cwd=ROOT, env=env, check=True, capture_output=True)
-            times.append(time.monotonic() - t0)
-        results[label] = round(statistics.median(times), 3)
-    return results
+            times[label].append(time.monotonic() - t0)
+    return {label: round(statistics.median(t), 3) for label, t in times.items()}
 
 
 def main() -> int:
