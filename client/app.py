@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import resource
+import sys
 import time
 
 from flwr.app import Context, Message, MetricRecord, RecordDict
@@ -41,17 +42,29 @@ def handle(msg: Message, context: Context) -> Message:
     entered = time.perf_counter()
     env = ClientEnv.from_context(context)
     message_type = msg.metadata.message_type
+    timing = bool(env.settings["client-timing"])
+    if timing and message_type != HELLO and env.settings["algorithm"] != "noop":
+        _time_torch_import(env)
     if message_type == HELLO:
         content = hello(msg.content, env)
     else:
         spec = get_algorithm(str(env.settings["algorithm"]))
         content = spec.client_handler(message_type)(msg.content, env)
-    if env.settings["client-timing"]:
+    if timing:
         add_timing(content, env, time.perf_counter() - entered)
     return Message(content, reply_to=msg)
 
 
 _first_message = True
+
+
+def _time_torch_import(env: ClientEnv) -> None:
+    """With client-timing, torch is imported up front so that its share is known apart."""
+    if "torch" not in sys.modules:
+        started = time.perf_counter()
+        import torch  # noqa: F401
+
+        env._extra["torch-import-seconds"] = time.perf_counter() - started
 
 
 def _seconds_since_process_start() -> float | None:
@@ -67,7 +80,8 @@ def _seconds_since_process_start() -> float | None:
 
 
 def add_timing(content: RecordDict, env: ClientEnv, handler_seconds: float) -> None:
-    """Where a client's time went (setting `client-timing`): time-startup is process start ->
+    """Where a client's time went (setting `client-timing`); time-handler includes
+    time-data and time-import-torch. time-startup is process start ->
     reply ready minus the handler, reported for the first message of a process only (in
     deployment every message starts a process; in simulation the worker lives on)."""
     global _first_message
@@ -75,6 +89,7 @@ def add_timing(content: RecordDict, env: ClientEnv, handler_seconds: float) -> N
     assert isinstance(metrics, MetricRecord)
     metrics["time-handler"] = handler_seconds
     metrics["time-data"] = float(env._extra.get("data-seconds", 0.0))
+    metrics["time-import-torch"] = float(env._extra.get("torch-import-seconds", 0.0))
     alive = _seconds_since_process_start()
     if _first_message and alive is not None:
         metrics["time-startup"] = max(0.0, alive - handler_seconds)
