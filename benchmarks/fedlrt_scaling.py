@@ -21,7 +21,7 @@ BATCH = 64
 STEPS = 20
 
 
-def _step_seconds(layer: nn.Module, n: int, trained: list[nn.Parameter], repeats: int) -> float:
+def _step_seconds(layer: nn.Module, n: int, trained: list[torch.Tensor], repeats: int) -> float:
     x = torch.randn(BATCH, n)
     target = torch.randn(BATCH, n)
     times = []

@@ -14,6 +14,7 @@ import itertools
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -38,7 +39,7 @@ def main(grid: Grid, context: Context) -> None:
     rounds = int(cfg["num-rounds"])
     strategy = FedAvg(min_train_nodes=n, min_evaluate_nodes=n, min_available_nodes=n)
     marks: list[float] = []
-    test: list[dict[str, float]] = []
+    test: list[dict[str, Any]] = []
 
     def mark(server_round: int, _arrays: ArrayRecord) -> MetricRecord | None:
         marks.append(time.monotonic())
@@ -53,7 +54,8 @@ def main(grid: Grid, context: Context) -> None:
         evaluate_fn=mark,
     )
     for rnd in range(1, rounds + 1):
-        test.append(dict(result.evaluate_metrics_clientapp.get(rnd, {})))
+        metrics = result.evaluate_metrics_clientapp.get(rnd)
+        test.append({k: v for k, v in metrics.items()} if metrics else {})
     out = Path(str(cfg["out-dir"]))
     out.mkdir(parents=True, exist_ok=True)
     report = {
@@ -76,7 +78,7 @@ def train(msg: Message, context: Context) -> Message:
     torch.set_num_threads(1)
     config = msg.content["config"]
     assert isinstance(config, ConfigRecord)
-    rnd = int(config["server-round"])  # type: ignore[call-overload]
+    rnd = int(str(config["server-round"]))
     model = new_model(env)
     record = msg.content["arrays"]
     assert isinstance(record, ArrayRecord)
@@ -107,6 +109,5 @@ def evaluate(msg: Message, context: Context) -> Message:
     assert isinstance(record, ArrayRecord)
     set_weights(model, protocol.from_record(record))
     data = split_tensors(env, "test")
-    metrics = test_metrics(model, data)
-    metrics["num-examples"] = len(data)
+    metrics: dict[str, Any] = {**test_metrics(model, data), "num-examples": len(data)}
     return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
