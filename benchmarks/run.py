@@ -10,7 +10,8 @@ Parts (each writes benchmarks/results/<part>.json):
               memory of server and clients (setting client-timing=true)
   flower      Pollen's FedAvg against Flower's built-in FedAvg (train + evaluate exchange per
               round; benchmarks/flower_fedavg_app.py) on the same model, data, training code and
-              runtime, back to back: seconds per round, their ratio, final test accuracy of both
+              runtime, back to back: seconds per round, their ratio, final test accuracy of both;
+              then the no-op algorithm (the runtime's messaging floor)
   scaling     FedAvg seconds per round and server peak memory as clients grow (simulation and
               deployment)
   fedlrt      FeDLRT against FedAvg in-process as the layer width n and rank r grow: bytes per
@@ -195,12 +196,16 @@ def part_flower(args: argparse.Namespace, work: Path, cache: Path) -> dict[str, 
                 if "error" not in ours and "error" not in theirs
                 else None
             )
-            rows.append({"mode": mode, "pollen": ours, "flower": theirs, "ratio": ratio})
+            floor = pollen_run(mode, "noop", 2, args.rounds, work / f"{mode}-noop-{repeat}", cache)
+            rows.append(
+                {"mode": mode, "pollen": ours, "flower": theirs, "noop": floor, "ratio": ratio}
+            )
             _say(
                 f"flower    {mode:9s} pollen {ours.get('round-seconds', 'err')} s/round "
                 f"(acc {ours.get('final-test-accuracy')}), flower "
                 f"{theirs.get('round-seconds', 'err')} s/round "
-                f"(acc {theirs.get('final-test-accuracy')}), ratio {ratio}"
+                f"(acc {theirs.get('final-test-accuracy')}), ratio {ratio}; no-op floor "
+                f"{floor.get('round-seconds', 'err')} s/round"
             )
     return {"rows": rows}
 
