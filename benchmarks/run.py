@@ -281,7 +281,7 @@ def part_startup(args: argparse.Namespace, work: Path, cache: Path) -> dict[str,
     pollen_run("simulate", "noop", 2, 1, work / "startup-warm", cache)
     result = measure_startup(cache, args.repeats_startup)
     for label, secs in result.items():
-        _say(f"start-up  {label:45s} {secs:6.3f} s")
+        _say(f"start-up  {label:58s} {secs['wall']:7.3f} s wall {secs['cpu']:6.3f} s CPU")
     return result
 
 
