@@ -219,7 +219,7 @@ def part_flower(args: argparse.Namespace, work: Path, cache: Path) -> dict[str, 
 # ---- the other parts --------------------------------------------------------------------------
 ALGORITHM_SETS: dict[str, list[str]] = {
     # where an algorithm's defaults do not fit mnist-5k's MLP
-    "adept-pca": ["--set", "dataset=pca-synthetic"],
+    "adept-pca": ["--set", "dataset=pca-synthetic", "--set", "partitioner=natural"],
 }
 
 
