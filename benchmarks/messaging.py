@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -100,27 +101,38 @@ STARTUP_SNIPPETS = {
     "import flwr.clientapp (Flower's own)": "import flwr.clientapp",
     "import client.app (Pollen ClientApp)": "import client.app",
     "import torch": "import torch",
+    "import flwr.clientapp, torch (floor of a torch ClientApp)": "import flwr.clientapp, torch",
     "hello handler, cached partition": "hello",
     "fedavg train handler, first message": "train",
+    "fedavg train handler, no training (epochs 0)": "train-no-compute",
 }
+PROBES = ("hello", "train", "train-no-compute")
 
 
 def measure_startup(cache: Path, repeats: int) -> dict[str, Any]:
     env = dict(os.environ, POLLEN_CACHE_DIR=str(cache), FLWR_TELEMETRY_ENABLED="0")
-    results: dict[str, Any] = {}
-    for label, code in STARTUP_SNIPPETS.items():
-        times = []
-        for _ in range(repeats):
+    times: dict[str, list[float]] = {label: [] for label in STARTUP_SNIPPETS}
+    cpu: dict[str, list[float]] = {label: [] for label in STARTUP_SNIPPETS}
+    for _ in range(repeats):  # interleaved, so that a change of machine load hits every probe
+        for label, code in STARTUP_SNIPPETS.items():
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.monotonic()
             argv = (
                 [sys.executable, str(ROOT / "benchmarks" / "startup_probe.py"), code]
-                if code in ("hello", "train")
+                if code in PROBES
                 else [sys.executable, "-c", code]
             )
             subprocess.run(argv, cwd=ROOT, env=env, check=True, capture_output=True)
-            times.append(time.monotonic() - t0)
-        results[label] = round(statistics.median(times), 3)
-    return results
+            times[label].append(time.monotonic() - t0)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu[label].append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return {
+        label: {
+            "wall": round(statistics.median(times[label]), 3),
+            "cpu": round(statistics.median(cpu[label]), 3),
+        }
+        for label in STARTUP_SNIPPETS
+    }
 
 
 def main() -> int:
@@ -158,7 +170,7 @@ def main() -> int:
             )
     report["startup-seconds"] = measure_startup(cache, args.repeats)
     for label, secs in report["startup-seconds"].items():
-        print(f"start-up  {label:40s} {secs:6.3f} s")
+        print(f"start-up  {label:40s} {secs['wall']:6.3f} s wall {secs['cpu']:6.3f} s CPU")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

@@ -1,5 +1,5 @@
 """What a deployed ClientApp process does for one message, timed from a fresh interpreter:
-`python benchmarks/startup_probe.py hello|train` (used by messaging.py)."""
+`python benchmarks/startup_probe.py hello|train|train-no-compute` (used by messaging.py)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,11 @@ def main(kind: str) -> None:
 
         content = protocol.instruction(1, "train", arrays=initial_weights(cfg, 0))
         message_type = "train"
+    if kind == "train-no-compute":  # all a training message does but the training and testing
+        import client.fedavg
+
+        client.fedavg.train_locally = lambda *args, **kwargs: 0.0  # type: ignore[assignment]
+        client.fedavg.test_metrics = lambda model, data, split="test": {}  # type: ignore[assignment]
     app(Message(content, dst_node_id=1, message_type=message_type), ctx)
 
 

@@ -7,6 +7,7 @@ handler that needs none of them (a no-op probe) costs nothing beyond the import 
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -74,7 +75,10 @@ class ClientEnv:
     def data(self) -> ClientData:
         from federated_data import load_client_data
 
-        return load_client_data(self.data_spec, self.cid, self.cache_dir)
+        started = time.perf_counter()
+        data = load_client_data(self.data_spec, self.cid, self.cache_dir)
+        self._extra["data-seconds"] = time.perf_counter() - started
+        return data
 
     @cached_property
     def state(self) -> StateStore:

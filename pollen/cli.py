@@ -160,18 +160,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     try:
         fed.start_superlink(simulation=True)
         cpus = max(1, (os.cpu_count() or 1) // max(1, args.parallel))
-        done = fed.flwr(
-            "federation",
-            "simulation-config",
-            "@none/default",
-            fed.connection,
-            "--num-supernodes",
-            str(n),
-            "--client-resources-num-cpus",
-            str(cpus),
-        )
-        if done.returncode != 0:
-            raise LaunchError(f"could not configure the simulation:\n{done.stdout}{done.stderr}")
+        fed.configure_simulation(n, cpus)
         return _run_and_report(fed, resolved, args.timeout)
     finally:
         fed.stop()

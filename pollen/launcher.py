@@ -337,14 +337,33 @@ class Federation:
             time.sleep(1.0)
         raise LaunchError(f"fewer than {count} SuperNodes online after {timeout:g} s")
 
+    def configure_simulation(self, num_supernodes: int, cpus_per_client: int) -> None:
+        """Simulated SuperNodes and their CPUs for runs on this (simulation) SuperLink."""
+        done = self.flwr(
+            "federation",
+            "simulation-config",
+            "@none/default",
+            self.connection,
+            "--num-supernodes",
+            str(num_supernodes),
+            "--client-resources-num-cpus",
+            str(cpus_per_client),
+        )
+        if done.returncode != 0:
+            raise LaunchError(f"could not configure the simulation:\n{done.stdout}{done.stderr}")
+
     def submit(
-        self, settings: Mapping[str, Scalar], federation_config: Mapping[str, Scalar] | None = None
+        self,
+        settings: Mapping[str, Scalar],
+        federation_config: Mapping[str, Scalar] | None = None,
+        app: Path | None = None,
     ) -> str:
+        """Start a run of the app in `app` (default: Pollen's own, this checkout)."""
         config_file = self.workdir / "run-config.toml"
         config_file.write_text(run_configtoml_value(settings))
         args = [
             "run",
-            str(app_dir()),
+            str(app or app_dir()),
             self.connection,
             "--run-config",
             str(config_file),

@@ -225,6 +225,12 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
         minimum=0.01,
         maximum=30.0,
     ),
+    Setting(
+        "client-timing",
+        False,
+        "clients add time-* metrics (process start-up, data load, handler) and peak-rss-mb "
+        "to each reply (benchmarks)",
+    ),
     Setting("max-examples", 100_000_000, "largest example count a reply may claim", minimum=1),
     Setting("max-reply-mb", 2048.0, "largest reply payload accepted, in MB", minimum=0.001),
     Setting(

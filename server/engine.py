@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import resource
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -404,6 +405,7 @@ class Engine:
                 "final": final,
                 "seconds": round(self.clock() - t0, 3),
                 "clients": sorted(self._clients),
+                "peak-rss-mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             }
             self.results.summary(summary)
             return summary

@@ -23,8 +23,12 @@ def weighted_average(
     w = w / w.sum()
     out: dict[str, np.ndarray] = {}
     for key, first in models[0].items():
-        stacked = np.stack([np.asarray(m[key], dtype=np.float64) for m in models])
-        mean = np.tensordot(w, stacked, axes=1)
+        # accumulated in place: memory of one tensor, not of a (clients x tensor) float64 stack
+        mean = np.zeros(np.shape(first), dtype=np.float64)
+        term = np.empty_like(mean)
+        for wi, m in zip(w, models, strict=True):
+            np.multiply(m[key], wi, out=term, dtype=np.float64)
+            mean += term
         out[key] = (
             mean.astype(first.dtype)
             if first.dtype.kind == "f"

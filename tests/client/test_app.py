@@ -76,3 +76,21 @@ def test_unknown_message_type_for_the_algorithm_is_an_error(run_config: dict[str
     ctx = _context({**run_config, "algorithm": "local"}, **{"partition-id": 0})
     with pytest.raises(KeyError, match=r"no client handler for 'query\.noop'"):
         _send("query.noop", ctx)
+
+
+def test_client_timing_adds_where_the_time_went(run_config: dict[str, Any]) -> None:
+    from strategies.classifier import initial_weights
+
+    node = {"partition-id": 0, "num-partitions": 3}
+    weights = initial_weights(run_config, 0)
+    plain: Any = protocol.metrics_of(
+        _send("train", _context(run_config, **node), arrays=weights).content
+    )
+    assert not any(k.startswith("time-") for k in plain)
+    timed_cfg = {**run_config, "client-timing": True}
+    timed: Any = protocol.metrics_of(
+        _send("train", _context(timed_cfg, **node), arrays=weights).content
+    )
+    assert timed["time-handler"] >= timed["time-data"] > 0
+    assert timed["peak-rss-mb"] > 0
+    assert {k: v for k, v in timed.items() if not k.startswith(("time-", "peak-"))} == dict(plain)

@@ -113,3 +113,24 @@ def test_calibrated_noise_gives_the_target_epsilon() -> None:
     assert rdp_epsilon(100, 2 * sigma, w, 1e-2) < eps < rdp_epsilon(200, sigma, w, 1e-2)
     assert rdp_epsilon(100, sigma, sensitivity(2.0, 20_000), 1e-2) < eps
     assert rdp_epsilon(100, sigma, sensitivity(4.0, 10_000), 1e-2) > eps
+
+
+@pytest.mark.parametrize(
+    ("releases", "sigma", "n", "delta"),
+    [
+        (1, 0.01, 1000, 1e-5),
+        (10, 0.01, 1000, 1e-5),
+        (100, 0.0018, 10_000, 1e-2),
+        (7, 0.3, 50, 1e-3),
+    ],
+)
+def test_rdp_epsilon_matches_opacus(releases: int, sigma: float, n: int, delta: float) -> None:
+    """The accountant computed here equals Opacus' RDPAccountant at sample rate 1."""
+    from opacus.accountants import RDPAccountant
+
+    w = sensitivity(1.0, n)
+    accountant = RDPAccountant()
+    accountant.history = [(sigma / w, 1.0, releases)]
+    assert rdp_epsilon(releases, sigma, w, delta) == pytest.approx(
+        accountant.get_epsilon(delta), rel=1e-12
+    )

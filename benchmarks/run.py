@@ -1,0 +1,361 @@
+"""Pollen's benchmark suite: one command, JSON per part in benchmarks/results/, a table printed.
+
+    .venv/bin/python benchmarks/run.py                       # every part
+    .venv/bin/python benchmarks/run.py --parts flower,startup --rounds 3
+
+Parts (each writes benchmarks/results/<part>.json):
+  algorithms  every registered algorithm in simulation: seconds per round split into phases
+              (exchange seconds, bytes per client each way), server time outside exchanges
+              (aggregation, checkpoint), client time (start-up, data load, handler) and peak
+              memory of server and clients (setting client-timing=true)
+  flower      Pollen's FedAvg against Flower's built-in FedAvg (train + evaluate exchange per
+              round; benchmarks/flower_fedavg_app.py) on the same model, data, training code and
+              runtime, back to back: seconds per round, their ratio, final test accuracy of both;
+              then the no-op algorithm (the runtime's messaging floor)
+  scaling     FedAvg seconds per round and server peak memory as clients grow (simulation and
+              deployment)
+  fedlrt      FeDLRT against FedAvg in-process as the layer width n and rank r grow: bytes per
+              client per round and seconds of one client's local step
+  startup     ClientApp start-up pieces in fresh interpreters (benchmarks/messaging.py)
+
+Run it niced on a quiet machine if you can; figures on a loaded one are noisy, ratios measured
+back to back less so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from messaging import measure_startup  # noqa: E402  (this directory is on sys.path)
+
+RESULTS = ROOT / "benchmarks" / "results"
+QUIET = ["--set", "server-eval=false", "--set", "client-timing=true"]
+
+
+def _env(cache: Path) -> dict[str, str]:
+    return dict(os.environ, POLLEN_CACHE_DIR=str(cache), FLWR_TELEMETRY_ENABLED="0")
+
+
+def _median(values: Sequence[float]) -> float:
+    return round(statistics.median(values), 4) if values else float("nan")
+
+
+def pollen_run(
+    mode: str,
+    algorithm: str,
+    clients: int,
+    rounds: int,
+    out: Path,
+    cache: Path,
+    extra: Sequence[str] = (),
+) -> dict[str, Any]:
+    """`pollen deploy|simulate` once; its metrics.jsonl, clients.jsonl and summary.json
+    reduced to figures per round (round 1 left out of medians when there are more)."""
+    argv = [
+        sys.executable, "-m", "pollen.cli", mode, "--algorithm", algorithm,
+        "--clients", str(clients), "--rounds", str(rounds), "--out", str(out), *QUIET, *extra,
+    ]  # fmt: skip
+    started = time.monotonic()
+    done = subprocess.run(argv, cwd=ROOT, env=_env(cache), capture_output=True, text=True)
+    wall = time.monotonic() - started
+    if done.returncode != 0:
+        error = done.stderr[-600:]
+        return {"algorithm": algorithm, "mode": mode, "clients": clients, "error": error}
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    steady = rows[1:] if len(rows) > 1 else rows
+    phases: dict[str, dict[str, list[float]]] = {}
+    for row in steady:
+        for p in row["phases"]:
+            acc = phases.setdefault(p["phase"], {"seconds": [], "down": [], "up": []})
+            acc["seconds"].append(p["seconds"])
+            acc["down"].append(p["bytes-sent"] / max(p["sent"], 1))
+            acc["up"].append(p["bytes-received"] / max(p["valid"], 1))
+    client_rows = [json.loads(x) for x in (out / "clients.jsonl").read_text().splitlines()]
+    first = rows[0]["round"]
+    timing: dict[str, list[float]] = {}
+    for c in client_rows:
+        for key, value in c["metrics"].items():
+            if not (key.startswith("time-") or key == "peak-rss-mb"):
+                continue
+            # round 1 of a long-lived (simulation) worker includes its imports: left out of
+            # the per-message figures, like round 1 of the round times
+            if key in ("time-handler", "time-data") and len(rows) > 1 and c["round"] == first:
+                continue
+            timing.setdefault(key, []).append(float(value))
+    summary = json.loads((out / "summary.json").read_text())
+    final = (summary.get("final") or {}).get("eval") or {}
+    seconds = [r["seconds"] for r in steady]
+    outside = [r["seconds"] - sum(p["seconds"] for p in r["phases"]) for r in steady]
+    return {
+        "algorithm": algorithm,
+        "mode": mode,
+        "clients": clients,
+        "rounds": rounds,
+        "wall-seconds": round(wall, 2),
+        "round-seconds-first": rows[0]["seconds"],
+        "round-seconds": _median(seconds),
+        "server-outside-exchanges-seconds": _median(outside),
+        "phases": {
+            name: {
+                "seconds": _median(acc["seconds"]),
+                "bytes-to-client": int(statistics.mean(acc["down"])),
+                "bytes-from-client": int(statistics.mean(acc["up"])),
+            }
+            for name, acc in phases.items()
+        },
+        "client": {
+            key: {"median": _median(v), "max": round(max(v), 4)} for key, v in timing.items()
+        },
+        "server-peak-rss-mb": summary.get("peak-rss-mb"),
+        "final-test-accuracy": final.get("test-accuracy"),
+    }
+
+
+# ---- Flower's FedAvg through the same launcher ------------------------------------------------
+def flower_app_dir(work: Path) -> Path:
+    """Pollen's packages plus benchmarks/flower_fedavg_app.py as a Flower app of its own (same
+    bundle contents and settings; only the components differ)."""
+    app = work / "flower-fedavg-app"
+    if app.exists():
+        return app
+    app.mkdir(parents=True)
+    for pkg in ("pollen", "server", "client", "strategies", "models", "federated_data"):
+        shutil.copytree(ROOT / pkg, app / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "benchmarks" / "flower_fedavg_app.py", app / "flower_fedavg_app.py")
+    shutil.copy(ROOT / "LICENSE", app / "LICENSE")
+    text = (ROOT / "pyproject.toml").read_text()
+    text = text.replace('serverapp = "server.app:app"', 'serverapp = "flower_fedavg_app:server"')
+    text = text.replace('clientapp = "client.app:app"', 'clientapp = "flower_fedavg_app:client"')
+    text = text.replace('"/LICENSE",', '"/LICENSE", "flower_fedavg_app.py",')
+    (app / "pyproject.toml").write_text(text)
+    return app
+
+
+def flower_run(mode: str, clients: int, rounds: int, out: Path, cache: Path) -> dict[str, Any]:
+    from pollen import settings as settings_mod
+    from pollen.launcher import Federation, follow
+
+    os.environ.update(_env(cache))
+    resolved = settings_mod.resolve(
+        {"num-clients": clients, "num-rounds": rounds, "run-name": out.name}
+    )
+    resolved["out-dir"] = str(out.resolve())
+    fed = Federation(out / "processes")
+    started = time.monotonic()
+    try:
+        if mode == "deploy":
+            _, fleet = fed.start_superlink()
+            for i in range(clients):
+                fed.start_supernode(i, clients, f"127.0.0.1:{fleet}")
+            fed.wait_nodes(clients)
+        else:
+            fed.start_superlink(simulation=True)
+            fed.configure_simulation(clients, max(1, (os.cpu_count() or 1)))
+        run_id = fed.submit(resolved, app=flower_app_dir(out.parent))
+        status = follow(fed, run_id, out, 1800, stream=io.StringIO())
+    finally:
+        fed.stop()
+    wall = time.monotonic() - started
+    if status.get("status") != "finished:completed":
+        return {"algorithm": "flower-fedavg", "mode": mode, "error": str(status)}
+    report = json.loads((out / "flower-fedavg.json").read_text())
+    secs = report["round-seconds"]
+    return {
+        "algorithm": "flower-fedavg",
+        "mode": mode,
+        "clients": clients,
+        "rounds": rounds,
+        "wall-seconds": round(wall, 2),
+        "round-seconds-first": secs[0],
+        "round-seconds": _median(secs[1:] if len(secs) > 1 else secs),
+        "final-test-accuracy": report["client-eval"][-1].get("test-accuracy"),
+    }
+
+
+def part_flower(args: argparse.Namespace, work: Path, cache: Path) -> dict[str, Any]:
+    rows = []
+    for mode in args.modes:
+        for repeat in range(args.repeats):
+            ours = pollen_run(
+                mode, "fedavg", 2, args.rounds, work / f"{mode}-pollen-{repeat}", cache,
+                ["--set", "final-eval=true"],
+            )  # fmt: skip
+            theirs = flower_run(mode, 2, args.rounds, work / f"{mode}-flower-{repeat}", cache)
+            ratio = (
+                round(ours["round-seconds"] / theirs["round-seconds"], 3)
+                if "error" not in ours and "error" not in theirs
+                else None
+            )
+            floor = pollen_run(mode, "noop", 2, args.rounds, work / f"{mode}-noop-{repeat}", cache)
+            rows.append(
+                {"mode": mode, "pollen": ours, "flower": theirs, "noop": floor, "ratio": ratio}
+            )
+            _say(
+                f"flower    {mode:9s} pollen {ours.get('round-seconds', 'err')} s/round "
+                f"(acc {ours.get('final-test-accuracy')}), flower "
+                f"{theirs.get('round-seconds', 'err')} s/round "
+                f"(acc {theirs.get('final-test-accuracy')}), ratio {ratio}; no-op floor "
+                f"{floor.get('round-seconds', 'err')} s/round"
+            )
+    return {"rows": rows}
+
+
+# ---- the other parts --------------------------------------------------------------------------
+ALGORITHM_SETS: dict[str, list[str]] = {
+    # where an algorithm's defaults do not fit mnist-5k's MLP
+    "adept-pca": ["--set", "dataset=pca-synthetic", "--set", "partitioner=natural"],
+}
+
+
+def part_algorithms(args: argparse.Namespace, work: Path, cache: Path) -> dict[str, Any]:
+    from pollen.registry import ALGORITHMS
+
+    rows = []
+    for name in args.algorithms or list(ALGORITHMS):
+        row = pollen_run(
+            "simulate", name, 2, args.rounds, work / f"alg-{name}", cache,
+            ["--set", "final-eval=false", *ALGORITHM_SETS.get(name, [])],
+        )  # fmt: skip
+        rows.append(row)
+        if "error" in row:
+            _say(f"algorithm {name:11s} failed: {row['error'][-200:]}")
+            continue
+        split = ", ".join(
+            f"{p} {v['seconds']:.2f} s "
+            f"{v['bytes-to-client'] // 1024}/{v['bytes-from-client'] // 1024} KiB"
+            for p, v in row["phases"].items()
+        )
+        handler = row["client"].get("time-handler", {}).get("median", float("nan"))
+        _say(
+            f"algorithm {name:11s} {row['round-seconds']:.2f} s/round; {split}; server outside "
+            f"exchanges {row['server-outside-exchanges-seconds']:.2f} s; client handler "
+            f"{handler:.2f} s; peak RSS server {row['server-peak-rss-mb']} MB client "
+            f"{row['client'].get('peak-rss-mb', {}).get('max')} MB"
+        )
+    return {"rows": rows}
+
+
+def part_scaling(args: argparse.Namespace, work: Path, cache: Path) -> dict[str, Any]:
+    rows = []
+    for mode, counts in (("simulate", args.sim_clients), ("deploy", args.deploy_clients)):
+        if mode not in args.modes:
+            continue
+        for n in counts:
+            row = pollen_run(
+                mode, "fedavg", n, args.scaling_rounds, work / f"scale-{mode}-{n}", cache,
+                ["--set", "final-eval=false"],
+            )  # fmt: skip
+            rows.append(row)
+            _say(
+                f"scaling   {mode:9s} {n:3d} clients: {row.get('round-seconds', 'err')} s/round, "
+                f"server peak RSS {row.get('server-peak-rss-mb')} MB"
+            )
+    return {"rows": rows}
+
+
+def part_fedlrt(args: argparse.Namespace, work: Path, cache: Path) -> dict[str, Any]:
+    from fedlrt_scaling import measure
+
+    rows = measure(args.fedlrt_sizes)
+    for r in rows:
+        _say(
+            f"fedlrt    n={r['n']:5d} r={r['rank']:3d}: "
+            f"bytes/client/round {r['fedlrt-bytes']:>10d} "
+            f"vs FedAvg {r['fedavg-bytes']:>10d} ({r['bytes-ratio']:.3f}); local step "
+            f"{r['fedlrt-seconds']:.4f} s vs {r['fedavg-seconds']:.4f} s"
+        )
+    return {"rows": rows}
+
+
+def part_startup(args: argparse.Namespace, work: Path, cache: Path) -> dict[str, Any]:
+    # a partition in the cache first, as in a run
+    pollen_run("simulate", "noop", 2, 1, work / "startup-warm", cache)
+    result = measure_startup(cache, args.repeats_startup)
+    for label, secs in result.items():
+        _say(f"start-up  {label:58s} {secs['wall']:7.3f} s wall {secs['cpu']:6.3f} s CPU")
+    return result
+
+
+PARTS: dict[str, Callable[[argparse.Namespace, Path, Path], dict[str, Any]]] = {
+    "startup": part_startup,
+    "algorithms": part_algorithms,
+    "flower": part_flower,
+    "fedlrt": part_fedlrt,
+    "scaling": part_scaling,
+}
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--parts", default=",".join(PARTS))
+    parser.add_argument("--modes", default="simulate,deploy", type=lambda s: s.split(","))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=1, help="flower comparison repeats")
+    parser.add_argument("--repeats-startup", type=int, default=3)
+    parser.add_argument("--algorithms", type=lambda s: s.split(","), default=None)
+    parser.add_argument("--sim-clients", type=_ints, default=_ints("2,10,50,100"))
+    parser.add_argument("--deploy-clients", type=_ints, default=_ints("2,4,8"))
+    parser.add_argument("--scaling-rounds", type=int, default=2)
+    parser.add_argument(
+        "--fedlrt-sizes", type=lambda s: [tuple(_ints(x)) for x in s.split(";")],
+        default="256,16;1024,32;4096,64", help="n,r pairs separated by ;",
+    )  # fmt: skip
+    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--tag", default="", help="suffix of the JSON file names")
+    args = parser.parse_args()
+    if isinstance(args.fedlrt_sizes, str):
+        args.fedlrt_sizes = [tuple(_ints(x)) for x in args.fedlrt_sizes.split(";")]
+    work = Path(tempfile.mkdtemp(prefix="pollen-bench-"))
+    cache = work / "cache"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    machine = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+    for part in args.parts.split(","):
+        load = os.getloadavg()[0]
+        result = PARTS[part](args, work, cache)
+        doc = {
+            "part": part,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "machine": machine,
+            "load-average-1min-before": round(load, 2),
+            "result": result,
+        }
+        path = out / f"{part}{args.tag}.json"
+        path.write_text(json.dumps(doc, indent=2) + "\n")
+        _say(f"-> {path}")
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

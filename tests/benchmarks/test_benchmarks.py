@@ -1,0 +1,53 @@
+"""The benchmark suite's own pieces keep working as the code they call changes."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+
+from pollen import protocol
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_flower_fedavg_client_trains_and_evaluates(run_config: dict[str, Any]) -> None:
+    """Flower's-FedAvg comparison app: the train reply has Flower's FedAvg layout (arrays +
+    metrics with num-examples) and moves the weights; evaluate reports test accuracy."""
+    from strategies.classifier import initial_weights
+
+    app = _load("flower_fedavg_app")
+    node: dict[str, bool | float | int | str] = {"partition-id": 0, "num-partitions": 3}
+    ctx = Context(run_id=1, node_id=1, node_config=node, state=RecordDict(), run_config=run_config)
+    start = initial_weights(run_config, 0)
+    content = RecordDict(
+        {
+            "arrays": protocol.to_record(start),
+            "config": ConfigRecord({"lr": 0.1, "server-round": 1}),
+        }
+    )
+    reply = app.client(Message(content, dst_node_id=1, message_type="train"), ctx).content
+    trained = protocol.from_record(reply["arrays"])
+    assert trained.keys() == start.keys()
+    assert any((trained[k] != start[k]).any() for k in start)
+    assert reply["metrics"]["num-examples"] > 0
+    evaluated = app.client(Message(content, dst_node_id=1, message_type="evaluate"), ctx).content
+    assert 0.0 <= evaluated["metrics"]["test-accuracy"] <= 1.0
+
+
+def test_fedlrt_scaling_saves_more_as_the_layer_grows() -> None:
+    rows = _load("fedlrt_scaling").measure([(64, 4), (256, 8)], repeats=1)
+    assert rows[0]["bytes-ratio"] < 1 and rows[1]["bytes-ratio"] < rows[0]["bytes-ratio"]
