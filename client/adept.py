@@ -61,6 +61,12 @@ def _inputs(env: ClientEnv, split: str) -> np.ndarray:
     return ds.x.astype(np.float32) / 255.0 if ds.x.dtype == np.uint8 else ds.x
 
 
+def _vectors(env: ClientEnv, split: str) -> np.ndarray:
+    """PCA's samples as rows of R^d (images flattened, as the server's d = prod(shape) is)."""
+    x = _inputs(env, split)
+    return x.reshape(len(x), -1).astype(np.float64)
+
+
 def _phase(content: RecordDict, env: ClientEnv) -> tuple[int, bool, str]:
     """(round, whether mu and sigma go back, this round's role of the personal model)."""
     rnd = protocol.round_of(content)
@@ -90,7 +96,7 @@ def _pca_hyper(env: ClientEnv, d: int) -> Any:
 def _pca_metrics(env: ClientEnv, u: np.ndarray) -> dict[str, int | float]:
     from models.adept_pca import error_ratio, reconstruction_error
 
-    x = _inputs(env, "test").astype(np.float64)
+    x = _vectors(env, "test")
     out: dict[str, int | float] = {"test-examples": len(x)}
     if len(x):
         out["test-error"] = reconstruction_error(u, x)
@@ -108,7 +114,7 @@ def _pca_train(content: RecordDict, env: ClientEnv) -> RecordDict:
     from models.stiefel import polar_factor, top_eigenvectors
 
     rnd, share, role = _phase(content, env)
-    x = _inputs(env, "train").astype(np.float64)
+    x = _vectors(env, "train")
     n, d = x.shape
     s = x.T @ x / max(n, 1)
     hp = _pca_hyper(env, d)

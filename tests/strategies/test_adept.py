@@ -66,6 +66,19 @@ def test_adept_pca_round_keeps_v_on_the_manifold_and_u_on_the_client(
     np.testing.assert_allclose(u.T @ u, np.eye(3), atol=1e-10)
 
 
+def test_adept_pca_flattens_images(run_config: dict[str, Any]) -> None:
+    """On image data PCA works on the flattened pixels (d = 64 for the 8x8 digits)."""
+    cfg = settings_of({
+        **run_config, "algorithm": "adept-pca", "dataset": "digits", "num-rounds": 2,
+        "adept-pca.rank": 4, "lr": 1e-3, "server-eval": False,
+    })  # fmt: skip
+    strategy, _ = _run(cfg, 3)
+    v = strategy.global_arrays()["V"]  # type: ignore[index]
+    assert v.shape == (64, 4)
+    np.testing.assert_allclose(v.T @ v, np.eye(4), atol=1e-8)
+    assert np.isfinite(_final(cfg)["test-error"])
+
+
 @pytest.mark.slow
 def test_pca_global_baseline_finds_the_pooled_subspace(run_config: dict[str, Any]) -> None:
     from federated_data.synthetic_pca import generate_pca_synthetic
