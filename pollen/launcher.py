@@ -510,6 +510,17 @@ def format_round(row: Mapping[str, Any]) -> str:
     return "  ".join(parts)
 
 
+STATUS_POLL_MIN = 3.0
+STATUS_POLL_MAX = 15.0
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
 def follow(
     fed: Federation,
     run_id: str,
@@ -518,19 +529,30 @@ def follow(
     stream: TextIO = sys.stdout,
     num_rounds: int = 0,
 ) -> dict[str, Any]:
-    """Show progress until the run finishes; returns its final status record."""
+    """Show progress until the run finishes; returns its final status record.
+
+    Each status query is a `flwr ls` process (about a CPU-second of imports), so the run's
+    status is asked at once when the server writes its summary.json (at the end of a run, also a
+    failed one) and otherwise at intervals growing from STATUS_POLL_MIN to STATUS_POLL_MAX
+    seconds: a ServerApp that dies without writing a summary is still noticed."""
     progress = Progress(out_dir, stream, num_rounds)
     deadline = time.monotonic() + timeout
-    last_status = 0.0
+    summary = out_dir / "summary.json"
+    summary_seen = _mtime(summary)
+    interval = STATUS_POLL_MIN
+    next_status = time.monotonic()
     while True:
         progress.poll()
         fed.check_alive()
-        if time.monotonic() - last_status > 3.0:
-            last_status = time.monotonic()
+        written = _mtime(summary)
+        if written != summary_seen or time.monotonic() >= next_status:
+            summary_seen = written
             status = fed.run_status(run_id)
             if str(status.get("status", "")).startswith("finished"):
                 progress.poll()
                 return status
+            next_status = time.monotonic() + interval
+            interval = min(interval * 1.5, STATUS_POLL_MAX)
         if time.monotonic() > deadline:
             fed.stop_run(run_id)
             raise LaunchError(f"run {run_id} did not finish within {timeout:g} s; stopped it")

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from pollen.launcher import Progress
@@ -51,3 +53,74 @@ def test_rounds_and_phases_print_in_order(tmp_path: Path) -> None:
         .endswith("final evaluate: 1/2 valid replies in 2.0 s, 1 skipped")
     )
     assert out.getvalue().splitlines()[-1].endswith("client 1: no reply within 5 s")
+
+
+class _Clock:
+    """Virtual time for follow(): sleep advances it, and a callback runs at each step."""
+
+    def __init__(self, on_tick: Callable[[float], None]) -> None:
+        self.now = 0.0
+        self.on_tick = on_tick
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.on_tick(self.now)
+
+
+class _Federation:
+    def __init__(self, clock: _Clock, finished_at: float) -> None:
+        self.clock = clock
+        self.finished_at = finished_at
+        self.queries: list[float] = []
+
+    def check_alive(self) -> None:
+        pass
+
+    def run_status(self, run_id: str) -> dict[str, str]:
+        self.queries.append(self.clock.now)
+        done = self.clock.now >= self.finished_at
+        return {"status": "finished:completed" if done else "running"}
+
+
+def _follow(tmp_path: Path, finished_at: float, summary_at: float | None, monkeypatch) -> tuple:
+    import pollen.launcher as launcher
+
+    def tick(now: float) -> None:
+        if (
+            summary_at is not None
+            and now >= summary_at
+            and not (tmp_path / "summary.json").exists()
+        ):
+            (tmp_path / "summary.json").write_text("{}")
+
+    clock = _Clock(tick)
+    monkeypatch.setattr(launcher, "time", clock)
+    fed = _Federation(clock, finished_at)
+    status = launcher.follow(fed, "1", tmp_path, timeout=1000, stream=io.StringIO())  # type: ignore[arg-type]
+    return status, fed.queries, clock.now
+
+
+def test_follow_asks_for_the_status_at_once_when_the_summary_is_written(
+    tmp_path: Path, monkeypatch
+) -> None:
+    status, queries, ended = _follow(
+        tmp_path, finished_at=100.0, summary_at=100.0, monkeypatch=monkeypatch
+    )
+    assert status["status"] == "finished:completed"
+    assert ended <= 100.5  # noticed at the first poll after the summary, not at the next interval
+    # `flwr ls` processes are spaced out: at most one per 3 s at first, then one per 15 s
+    assert len(queries) <= 12
+    gaps = [b - a for a, b in itertools.pairwise(queries)]
+    assert min(gaps) >= 3.0
+    assert max(gaps[:-1]) <= 15.5
+
+
+def test_follow_notices_a_run_that_ends_without_a_summary(tmp_path: Path, monkeypatch) -> None:
+    status, _queries, ended = _follow(
+        tmp_path, finished_at=60.0, summary_at=None, monkeypatch=monkeypatch
+    )
+    assert status["status"] == "finished:completed"
+    assert 60.0 <= ended <= 60.0 + 15.5
