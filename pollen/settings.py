@@ -231,6 +231,13 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
         "clients add time-* metrics (process start-up, data load, handler) and peak-rss-mb "
         "to each reply (benchmarks)",
     ),
+    Setting(
+        "server-blas-threads",
+        1,
+        "threads of NumPy's BLAS in the server process (0: the library's default); more only "
+        "help large models on a server machine of its own",
+        minimum=0,
+    ),
     Setting("max-examples", 100_000_000, "largest example count a reply may claim", minimum=1),
     Setting("max-reply-mb", 2048.0, "largest reply payload accepted, in MB", minimum=0.001),
     Setting(

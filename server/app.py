@@ -15,6 +15,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from pollen.registry import get_algorithm
 from pollen.settings import from_run_config
+from server.blas import limit_blas_threads
 from server.engine import Engine
 from server.results import ResultsWriter
 
@@ -43,6 +44,7 @@ def main(grid: Grid, context: Context) -> None:
     if os.path.basename(sys.argv[0]) == "flwr-serverapp":  # not when driven in-process
         threading.Thread(target=exit_with_parent, daemon=True).start()
     settings = from_run_config(context.run_config)
+    limit_blas_threads(int(settings["server-blas-threads"]))
     out_dir = Path(str(settings["out-dir"]) or f"results/run-{context.run_id}")
     strategy = get_algorithm(str(settings["algorithm"])).strategy_class()(settings)
     Engine(grid, settings, strategy, ResultsWriter(out_dir)).run()
