@@ -385,7 +385,12 @@ class Federation:
         return str(reply["run-id"])
 
     def run_status(self, run_id: str) -> dict[str, Any]:
-        out = self.flwr("ls", self.connection, "--run-id", run_id, "--format", "json")
+        """The run's record from `flwr ls`; empty when unknown for now (no answer in time on a
+        loaded machine, or unreadable output): the caller asks again, the run goes on."""
+        try:
+            out = self.flwr("ls", self.connection, "--run-id", run_id, "--format", "json")
+        except subprocess.TimeoutExpired:
+            return {}
         try:
             runs = json.loads(out.stdout).get("runs", [])
         except json.JSONDecodeError:

@@ -124,3 +124,16 @@ def test_follow_notices_a_run_that_ends_without_a_summary(tmp_path: Path, monkey
     )
     assert status["status"] == "finished:completed"
     assert 60.0 <= ended <= 60.0 + 15.5
+
+
+def test_a_status_query_that_times_out_is_unknown_not_fatal(tmp_path: Path, monkeypatch) -> None:
+    import subprocess
+
+    from pollen.launcher import Federation
+
+    def slow(*args: object, **kwargs: object) -> None:
+        raise subprocess.TimeoutExpired(cmd="flwr ls", timeout=120)
+
+    fed = Federation(tmp_path / "fed")
+    monkeypatch.setattr(fed, "flwr", slow)
+    assert fed.run_status("1") == {}
