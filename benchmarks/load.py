@@ -9,7 +9,7 @@ ClientApp (one process per message in deployment), simulation worker. Writes JSO
 benchmarks/results/load.json) and prints a table.
 
     nice -n 10 .venv/bin/python benchmarks/load.py [--algorithms fedavg,fedem] [--rounds 2]
-        [--sim-clients 100] [--nodes 8] [--modes simulate,deploy] [--out FILE]
+        [--sim-clients 100] [--sim-sampled 10] [--nodes 8] [--modes simulate,deploy] [--out FILE]
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ EXTRA: dict[str, dict[str, Any]] = {
 ROLES = (
     ("flower-superlink", "superlink"),
     ("flwr-serverapp", "serverapp"),
+    ("flwr-simulation", "serverapp"),
     ("flower-supernode", "supernode"),
     ("flwr-clientapp", "clientapp"),
     ("flower-superexec", "superexec"),
@@ -83,15 +84,22 @@ def sample(needle: bytes, peaks: dict[int, dict[str, Any]]) -> None:
         if kb == 0:
             continue
         text = cmd.replace(b"\0", b" ").decode(errors="replace")
-        entry = peaks.setdefault(int(pid), {"role": _role(text), "mb": 0.0})
+        entry = peaks.setdefault(int(pid), {"role": _role(text), "mb": 0.0, "cmd": text[:120]})
         entry["mb"] = max(entry["mb"], kb / 1024)
 
 
-def run(mode: str, algorithm: str, clients: int, rounds: int, work: Path) -> dict[str, Any]:
+def run(
+    mode: str, algorithm: str, clients: int, rounds: int, work: Path, sampled: int = 0
+) -> dict[str, Any]:
+    """One run; `sampled` > 0 samples that many of the clients per round (all answer the
+    greeting, so all are connected and known to the server)."""
     out = work / f"{mode}-{algorithm}-{clients}"
     argv = [sys.executable, "-m", "pollen.cli", mode, "--algorithm", algorithm,
             "--clients", str(clients), "--rounds", str(rounds), "--out", str(out),
             "--set", "final-eval=false", "--set", "poll-interval=0.5"]  # fmt: skip
+    if sampled:
+        argv += ["--set", f"fraction-train={sampled / clients}",
+                 "--set", f"min-train-clients={sampled}"]  # fmt: skip
     extra = {"dataset": "digits", **EXTRA.get(algorithm, {})}
     argv += ["--dataset", str(extra.pop("dataset"))]
     for key, value in extra.items():
@@ -107,8 +115,10 @@ def run(mode: str, algorithm: str, clients: int, rounds: int, work: Path) -> dic
     log.close()
     seconds = time.monotonic() - started
     by_role: dict[str, list[float]] = {}
+    commands: dict[str, str] = {}
     for entry in peaks.values():
         by_role.setdefault(entry["role"], []).append(entry["mb"])
+        commands.setdefault(entry["role"], entry["cmd"])
     summary = {}
     if (out / "summary.json").exists():
         summary = json.loads((out / "summary.json").read_text())
@@ -116,6 +126,7 @@ def run(mode: str, algorithm: str, clients: int, rounds: int, work: Path) -> dic
         "mode": mode,
         "algorithm": algorithm,
         "clients": clients,
+        "sampled-per-round": sampled or clients,
         "rounds": rounds,
         "returncode": proc.returncode,
         "status": summary.get("status", "missing"),
@@ -128,6 +139,7 @@ def run(mode: str, algorithm: str, clients: int, rounds: int, work: Path) -> dic
             }
             for role, v in sorted(by_role.items())
         },
+        "command-per-role": commands,
     }
 
 
@@ -141,6 +153,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--sim-clients", type=int, default=100)
     parser.add_argument("--nodes", type=int, default=8)
+    parser.add_argument(
+        "--sim-sampled",
+        type=int,
+        default=0,
+        help="clients sampled per round in simulation (0: all)",
+    )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "load.json"))
     args = parser.parse_args()
     results: list[dict[str, Any]] = []
@@ -150,7 +168,8 @@ def main() -> None:
         for algorithm in args.algorithms.split(","):
             for mode in args.modes.split(","):
                 clients = args.sim_clients if mode == "simulate" else args.nodes
-                result = run(mode, algorithm, clients, args.rounds, Path(tmp))
+                sampled = args.sim_sampled if mode == "simulate" else 0
+                result = run(mode, algorithm, clients, args.rounds, Path(tmp), sampled)
                 results.append(result)
                 mem = result["memory-mb"]
                 cells = "  ".join(
