@@ -161,9 +161,41 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         fed.start_superlink(simulation=True)
         cpus = max(1, (os.cpu_count() or 1) // max(1, args.parallel))
         fed.configure_simulation(n, cpus)
-        return _run_and_report(fed, resolved, args.timeout)
+        return simulate_run(fed, resolved, args.timeout)
     finally:
         fed.stop()
+
+
+RUNTIME_START_ATTEMPTS = 3
+RUNTIME_START_FAILURE = "timed out during startup"
+"""Ray's message when its node does not come up within its fixed 30 s (a loaded machine)."""
+
+
+def simulate_run(
+    fed: Federation, resolved: dict[str, Scalar], timeout: float, pause: float = 10.0
+) -> int:
+    """A run on the simulation runtime, submitted again (at most RUNTIME_START_ATTEMPTS times in
+    all) when Ray's runtime did not start. That failure comes before any client has answered,
+    so the next attempt starts from where this one did (the beginning or the checkpoint it
+    resumed from)."""
+    out = Path(str(resolved["out-dir"]))
+    for attempt in range(1, RUNTIME_START_ATTEMPTS):
+        code = _run_and_report(fed, resolved, timeout)
+        log = out / "server.log"
+        if code == 0 or RUNTIME_START_FAILURE not in log.read_text(errors="replace"):
+            return code
+        log.replace(out / f"server-attempt{attempt}.log")
+        if not resolved["resume"]:  # what the failed attempt wrote; a resume keeps its history
+            for name in ("events.jsonl", "summary.json"):
+                (out / name).unlink(missing_ok=True)
+        print(
+            f"the simulation runtime did not start (attempt {attempt} of "
+            f"{RUNTIME_START_ATTEMPTS}, log in server-attempt{attempt}.log); submitting again",
+            file=sys.stderr,
+            flush=True,
+        )
+        time.sleep(pause)
+    return _run_and_report(fed, resolved, timeout)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -30,7 +30,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,19 +109,6 @@ def resumable(directory: Path) -> bool:
     ).exists()
 
 
-RUNTIME_START_ATTEMPTS = 3
-RUNTIME_START_FAILURE = "timed out during startup"
-"""Ray's message when its node does not come up within its fixed 30 s (a loaded machine)."""
-
-
-def runtime_failed_to_start(directory: Path) -> bool:
-    try:
-        log = (directory / "server.log").read_text(errors="replace")
-    except OSError:
-        return False
-    return RUNTIME_START_FAILURE in log and not resumable(directory)
-
-
 def run(exp: Experiment, out: Path) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     for seed in exp.seeds:  # seed-major: a partial experiment still compares methods
@@ -131,14 +117,9 @@ def run(exp: Experiment, out: Path) -> dict[str, Any]:
             if completed(target):
                 print(f"== {method} seed {seed}: already done", flush=True)
                 continue
-            for attempt in range(1, RUNTIME_START_ATTEMPTS + 1):
-                done = subprocess.run(_argv(exp, cfg, method, seed, target), check=False)
-                if done.returncode == 0:
-                    break
-                if attempt < RUNTIME_START_ATTEMPTS and runtime_failed_to_start(target):
-                    print(f"== {method} seed {seed}: the runtime did not start; again", flush=True)
-                    time.sleep(10.0)
-                    continue
+            # `pollen simulate` itself submits again when Ray's runtime does not start
+            done = subprocess.run(_argv(exp, cfg, method, seed, target), check=False)
+            if done.returncode != 0:
                 raise SettingsError(f"{method} seed {seed} failed (exit {done.returncode})")
     return tabulate(exp, out)
 

@@ -33,6 +33,10 @@ FLWR_ENV = {
 }
 
 
+LAUNCHER_PID = "POLLEN_LAUNCHER_PID"
+"""Environment variable with the launcher's pid: the ServerApp exits once it is gone."""
+
+
 class LaunchError(RuntimeError):
     """A process did not start, a run could not be submitted, or a run failed."""
 
@@ -141,6 +145,7 @@ class Federation:
         self.home = self.workdir / "flwr-home"
         self.home.mkdir(exist_ok=True)
         self.env = dict(os.environ, FLWR_HOME=str(self.home), **FLWR_ENV)
+        self.env[LAUNCHER_PID] = str(os.getpid())
         self.env["PYTHONUNBUFFERED"] = "1"
         # Flower's daemons start `flower-superexec` and app processes by name: same environment.
         bindir = str(Path(sys.executable).parent)

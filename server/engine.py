@@ -57,6 +57,7 @@ class Engine:
         self._node_to_cid: dict[int, int] = {}
         self._silent: set[int] = set()  # nodes whose last instruction went unanswered
         self._replaced: set[int] = set()  # silent nodes whose client has restarted elsewhere
+        self._refused: dict[int, int] = {}  # node -> the client it claimed from a live holder
         self._phases: list[dict[str, Any]] = []
 
     # ---- what strategies use -------------------------------------------------------------
@@ -285,30 +286,38 @@ class Engine:
             if node_id not in online:
                 self._forget_node(node_id)
         self._replaced &= online
-        new = sorted(online - set(self._node_to_cid) - self._replaced)
+        # a refused claimant is greeted again once its client's holder is gone or silent
+        self._refused = {
+            n: c for n, c in self._refused.items() if n in online and self._held_live(c, online)
+        }
+        new = sorted(online - set(self._node_to_cid) - self._replaced - set(self._refused))
         if not new:
             return
         hello = {n: protocol.instruction(self.server_round, HELLO) for n in new}
         replies, _ = self._exchange(HELLO, hello, self._check_hello, expect_cid=False)
-        for node_id, content in replies.items():
+        for node_id, content in sorted(replies.items()):  # of simultaneous claims, the lowest id
             cid = protocol.as_int(content[protocol.ENVELOPE]["client-id"])  # type: ignore[index]
             m = protocol.metrics_of(content)
             old = self._clients.get(cid)
             # a node that went silent is taken to be the crashed predecessor of a restarted one
-            # (Flower lists a crashed node as online until its heartbeat expires, ~1 min)
-            if (
-                old is not None
-                and old.node_id in online
-                and old.node_id != node_id
-                and old.node_id not in self._silent
-            ):
+            # (Flower lists a crashed node as online until its heartbeat expires, ~1 min); a
+            # second claim while the holder answers is refused, so no client counts twice
+            if old is not None and old.node_id != node_id and self._held_live(cid, online):
                 log.warning(
-                    "nodes %s and %s both claim client %s; keeping %s",
-                    old.node_id,
+                    "round %s: node %s claims client %s, which live node %s holds; refused",
+                    self.server_round,
                     node_id,
                     cid,
                     old.node_id,
                 )
+                self.results.event(
+                    "client-refused",
+                    round=self.server_round,
+                    client=cid,
+                    node=node_id,
+                    holder=old.node_id,
+                )
+                self._refused[node_id] = cid
                 continue
             if old is not None and old.node_id != node_id:
                 log.info("client %s moved from node %s to node %s", cid, old.node_id, node_id)
@@ -323,6 +332,11 @@ class Engine:
             )
             self._node_to_cid[node_id] = cid
         self.results.event("clients", round=self.server_round, clients=sorted(self._clients))
+
+    def _held_live(self, cid: int, online: set[int]) -> bool:
+        """Whether a node that is online and answered its last instruction holds `cid`."""
+        info = self._clients.get(cid)
+        return info is not None and info.node_id in online and info.node_id not in self._silent
 
     def _check_hello(self, _node: int, content: RecordDict) -> None:
         cid = content[protocol.ENVELOPE].get("client-id")  # type: ignore[union-attr]

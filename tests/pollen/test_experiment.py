@@ -175,9 +175,11 @@ def test_methods_option_runs_a_subset_and_names_unknown_ones(
     assert "--methods: zz; two has a, b" in capsys.readouterr().err
 
 
-def test_a_runtime_that_did_not_start_is_retried_other_failures_are_not(
+def test_a_failed_run_stops_the_experiment_without_running_it_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Retrying a runtime that did not start is `pollen simulate`'s job (tests/pollen/
+    test_simulate.py); the experiment runs each command once."""
     import subprocess
 
     from pollen import experiment
@@ -185,19 +187,13 @@ def test_a_runtime_that_did_not_start_is_retried_other_failures_are_not(
     exp = Experiment.load(
         _write(tmp_path, '[experiment]\nseeds = [0]\n[methods.a]\nalgorithm = "fedavg"\n')
     )
-    out = tmp_path / "out"
-    target = run_dir(out, "a", 0)
-    outcomes = iter([experiment.RUNTIME_START_FAILURE, None, "ValueError: broken"])
+    calls: list[list[str]] = []
 
     def fake_run(argv: list[str], check: bool) -> subprocess.CompletedProcess[str]:
-        failure = next(outcomes)
-        target.mkdir(parents=True, exist_ok=True)
-        (target / "server.log").write_text(f"Exception: {failure}\n" if failure else "ok\n")
-        return subprocess.CompletedProcess(argv, 1 if failure else 0)
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 1)
 
     monkeypatch.setattr(experiment.subprocess, "run", fake_run)
-    monkeypatch.setattr(experiment.time, "sleep", lambda seconds: None)
-    monkeypatch.setattr(experiment, "tabulate", lambda exp, out: {})
-    experiment.run(exp, out)  # failed to start, then succeeded
-    with pytest.raises(SettingsError, match="a seed 0 failed"):
-        experiment.run(exp, out)  # a failure of the run itself stops the experiment
+    with pytest.raises(SettingsError, match="a seed 0 failed \\(exit 1\\)"):
+        experiment.run(exp, tmp_path / "out")
+    assert len(calls) == 1 and calls[0][3] == "simulate"

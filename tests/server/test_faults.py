@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pytest
 from flwr.app import Message
 
 from client.app import app as client_app
 from client.state import StateStore
 from server.engine import Engine
 from server.results import ResultsWriter, read_jsonl
+from strategies.fedavg import FedAvg
 from strategies.fedem import FedEM
 from strategies.local import LocalOnly
 from tests.fakes import FakeClock, FakeGrid, settings_of
@@ -83,3 +87,52 @@ def test_a_damaged_client_state_file_is_reported_and_never_overwritten(
     assert _digests(state_dir) == before  # nothing replaced, nothing added
     written = json.loads(Path(cfg["out-dir"], "summary.json").read_text())
     assert written["final"]["eval"]["clients"] == 2.0
+
+
+def test_of_two_live_nodes_claiming_one_client_the_first_keeps_it(
+    run_config: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Node 201 claims client 1 from the start, node 202 claims client 2 from round 2, while
+    101 and 102 answer: both are refused once and never greeted again while the holder answers.
+    When 102 goes silent (round 3), 202 takes client 2 over. Every client is trained and
+    aggregated once: the model equals that of the same run without the second claimants."""
+    cfg = settings_of({**run_config, "num-rounds": 4, "server-eval": False})
+
+    def run(duplicates: bool) -> tuple[FakeGrid, dict[str, np.ndarray]]:
+        grid = FakeGrid(client_app, 3, cfg)
+        if duplicates:
+            grid.add_node(201, 1, 3, {})
+
+        def faults(node: int, msg: Message, _: Any) -> str | None:
+            rnd, kind = msg.metadata.group_id, msg.metadata.message_type
+            if duplicates and (node, rnd, kind) == (100, "1", "train"):
+                grid.add_node(202, 2, 3, {})
+            return "drop" if (node, rnd, kind) == (102, "3", "train") else None
+
+        grid.faults.append(faults)
+        clock = FakeClock()
+        strategy = FedAvg(cfg)
+        writer = ResultsWriter(Path(cfg["out-dir"]) / str(duplicates))
+        engine = Engine(grid, cfg, strategy, writer, clock=clock, sleep=clock.sleep)
+        assert engine.run()["status"] == "completed"
+        return grid, dict(strategy.state()[0])
+
+    caplog.set_level(logging.WARNING, logger="flwr.pollen")
+    grid, model = run(duplicates=True)
+    out = Path(cfg["out-dir"]) / "True"
+    assert [r["train"]["clients"] for r in read_jsonl(out / "metrics.jsonl")] == [3, 3, 2, 3]
+    sent = {node: [t for n, t in grid.sent if n == node] for node in (102, 201, 202)}
+    assert sent[201] == ["query.hello"]
+    assert sent[202] == ["query.hello", "query.hello", "train", "evaluate"]
+    assert sent[102] == ["query.hello", "train", "train", "train"]
+    refused = [e for e in read_jsonl(out / "events.jsonl") if e["event"] == "client-refused"]
+    assert [(e["round"], e["client"], e["node"], e["holder"]) for e in refused] == [
+        (1, 1, 201, 101),
+        (2, 2, 202, 102),
+    ]
+    warnings = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert len(warnings) == 2 and "201" in warnings[0] and "101" in warnings[0]
+    _, alone = run(duplicates=False)
+    assert model.keys() == alone.keys()
+    for key in model:  # equal up to the order of float sums (replies arrive in any order)
+        np.testing.assert_allclose(model[key], alone[key], rtol=1e-5, atol=1e-6)

@@ -1,0 +1,80 @@
+"""`pollen simulate` submits a run again when Ray's runtime did not start (no Ray here: the
+federation and the run are faked)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pollen import cli
+from pollen.settings import Scalar
+
+
+class FakeFederation:
+    def __init__(self, workdir: Path) -> None:
+        workdir.mkdir(parents=True)
+
+    def start_superlink(self, simulation: bool) -> tuple[int, int]:
+        assert simulation
+        return 0, 0
+
+    def configure_simulation(self, num_supernodes: int, cpus_per_client: int) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+def _simulate(
+    tmp_path: Path, shared_cache: Path, monkeypatch: pytest.MonkeyPatch, failures: list[str]
+) -> tuple[int, list[dict[str, Scalar]], Path]:
+    """`pollen simulate` whose runs fail with `failures` in turn (then succeed)."""
+    out = tmp_path / "run"
+    submitted: list[dict[str, Scalar]] = []
+    outcomes = iter(failures)
+
+    def fake_run_and_report(fed: Any, resolved: dict[str, Scalar], timeout: float) -> int:
+        submitted.append(dict(resolved))
+        failure = next(outcomes, None)
+        (out / "events.jsonl").write_text(json.dumps({"attempt": len(submitted)}) + "\n")
+        (out / "server.log").write_text(f"Exception: {failure}\n" if failure else "done\n")
+        return 1 if failure else 0
+
+    monkeypatch.setattr(cli, "Federation", FakeFederation)
+    monkeypatch.setattr(cli, "_run_and_report", fake_run_and_report)
+    monkeypatch.setattr(cli.time, "sleep", lambda seconds: None)
+    argv = ["simulate", "--dataset", "digits", "--clients", "2", "--rounds", "1", "--out",
+            str(out), "--set", f"cache-dir={shared_cache}"]  # fmt: skip
+    return cli.main(argv), submitted, out
+
+
+def test_a_runtime_that_did_not_start_is_submitted_again(
+    tmp_path: Path,
+    shared_cache: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ray = "RuntimeError: The current node timed out during startup."
+    code, submitted, out = _simulate(tmp_path, shared_cache, monkeypatch, [ray, ray])
+    assert code == 0 and len(submitted) == 3
+    assert all(s == submitted[0] for s in submitted)  # the same run each time
+    assert cli.RUNTIME_START_FAILURE in ray
+    for attempt in (1, 2):  # each failed attempt's log kept, its events gone
+        assert ray in (out / f"server-attempt{attempt}.log").read_text()
+    assert (out / "server.log").read_text() == "done\n"
+    assert (out / "events.jsonl").read_text() == '{"attempt": 3}\n'
+    assert "the simulation runtime did not start (attempt 2 of 3" in capsys.readouterr().err
+
+
+def test_other_failures_are_not_retried_and_retries_are_bounded(
+    tmp_path: Path, shared_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, submitted, _ = _simulate(tmp_path / "a", shared_cache, monkeypatch, ["ValueError: x"])
+    assert code == 1 and len(submitted) == 1
+    ray = "timed out during startup"
+    code, submitted, out = _simulate(tmp_path / "b", shared_cache, monkeypatch, [ray] * 5)
+    assert code == 1 and len(submitted) == cli.RUNTIME_START_ATTEMPTS == 3
+    assert ray in (out / "server.log").read_text()  # the last attempt's log, as it was
