@@ -12,7 +12,9 @@ FeDLRT keeps the chosen linear layers as W = U diag(s) V^T (float64 on the serve
                   V_c = G − G_c, train S̃ (2r×2r) and the dense parameters with U, V frozen and
                   answer them; the server averages S̃, truncates it by SVD and averages the rest.
 Clients keep U, s, V (and Ū, V̄) of the round in their state store between phases, so only the
-new columns travel. FedLin is the same round with no factorized layer: a gradient phase, then
+new columns travel. A client lost in the train phase makes the server redo the coefficient
+phases with the others (see run_round), so the corrections always sum to zero over the clients
+averaged. FedLin is the same round with no factorized layer: a gradient phase, then
 corrected local training of the whole model.
 """
 
