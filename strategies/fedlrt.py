@@ -12,7 +12,9 @@ FeDLRT keeps the chosen linear layers as W = U diag(s) V^T (float64 on the serve
                   V_c = G − G_c, train S̃ (2r×2r) and the dense parameters with U, V frozen and
                   answer them; the server averages S̃, truncates it by SVD and averages the rest.
 Clients keep U, s, V (and Ū, V̄) of the round in their state store between phases, so only the
-new columns travel. FedLin is the same round with no factorized layer: a gradient phase, then
+new columns travel. A client lost in the train phase makes the server redo the coefficient
+phases with the others (see run_round), so the corrections always sum to zero over the clients
+averaged. FedLin is the same round with no factorized layer: a gradient phase, then
 corrected local training of the whole model.
 """
 
@@ -142,6 +144,13 @@ class FeDLRT(Strategy):
 
     # ---- a round -------------------------------------------------------------------------
     def run_round(self, fed: Federation) -> dict[str, float]:
+        """One round. The corrections V_c = G − G_c sum to zero (weighted) only over the clients
+        whose gradients G is the mean of; a client that fails in the train phase, after its
+        correction went out, would leave the others' corrections biased. The round is then
+        restarted with the clients that answered (spec §6.7): their basis-phase replies are
+        reused (gradients at the same point), so Ū, V̄, G and every V_c are recomputed over
+        them, and the coefficient phases are repeated. The update equals that of a round in
+        which only they had been sampled. Without corrections a failure needs no restart."""
         rnd = fed.server_round
         config: dict[str, Scalar] = {
             "lr": learning_rate(self.settings, rnd),
@@ -158,6 +167,61 @@ class FeDLRT(Strategy):
         }
         basis = fed.exchange(self.basis_phase, payloads, self._check_basis)
         traffic.add("basis", payloads, basis)
+        members = list(basis)
+        restarts = 0
+        while True:
+            bars, participants, trained = self._coefficient_phases(
+                fed, config, traffic, {c: basis[c] for c in members}
+            )
+            if not self._corrected or len(trained) == len(participants):
+                break
+            members = [c for c in participants if c in trained]
+            restarts += 1
+        basis = {c: basis[c] for c in members}
+        models = [protocol.arrays_of(r) for r in trained.values()]
+        counts = [num_examples(r) for r in trained.values()]
+        coefficients = _mean64(
+            [{f"{n}.S": m[f"{n}.S"] for n in self.factors} for m in models], counts
+        )
+
+        metrics = {**aggregate_metrics(basis), **aggregate_metrics(trained)}
+        metrics.update(traffic.metrics())
+        metrics.update(self.formula_bytes())
+        metrics["restarts"] = float(restarts)
+        ortho = 0.0
+        for name in list(self.factors):
+            u_aug = np.hstack([self.factors[name].U, bars[name][0]])
+            v_aug = np.hstack([self.factors[name].V, bars[name][1]])
+            cut = truncate(u_aug, coefficients[f"{name}.S"], v_aug, self.tau, self.relative,
+                           int(self.settings["fedlrt.min-rank"]), self.rank_cap(name))  # fmt: skip
+            self.factors[name] = cut.factors
+            metrics[f"truncation-ratio-{name}"] = (
+                cut.discarded / cut.threshold if cut.threshold > 0 else 0.0
+            )
+            ortho = max(ortho, orthonormality_error(cut.factors.U),
+                        orthonormality_error(cut.factors.V))  # fmt: skip
+            metrics[f"rank-{name}"] = float(cut.factors.rank)
+        self.dense = weighted_average([{k: m[k] for k in self.dense} for m in models], counts)
+        if self.factors:
+            metrics["orthonormality-error"] = ortho
+        return metrics
+
+    @property
+    def _corrected(self) -> bool:
+        """Whether clients get corrections (then every average must be over the same clients)."""
+        return self.var_cor != "none" and (bool(self.factors) or self.dense_correction)
+
+    def _coefficient_phases(
+        self,
+        fed: Federation,
+        config: dict[str, Scalar],
+        traffic: Traffic,
+        basis: Mapping[int, RecordDict],
+    ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], list[int], dict[int, RecordDict]]:
+        """Augmentation from the given basis replies, the coef-grad phase (full correction) and
+        the train phase: (Ū, V̄ per layer, the clients sent a train instruction, their valid
+        replies)."""
+        rnd = fed.server_round
         weight = {cid: float(num_examples(r)) for cid, r in basis.items()}
         grads = {cid: protocol.arrays_of(r, GRADS) for cid, r in basis.items()}
         mean = _mean64(list(grads.values()), list(weight.values()))
@@ -206,32 +270,7 @@ class FeDLRT(Strategy):
             payloads[cid] = protocol.instruction(rnd, self.train_phase, config, **arrays)
         trained = fed.exchange(self.train_phase, payloads, self._check_train)
         traffic.add("train", payloads, trained)
-        models = [protocol.arrays_of(r) for r in trained.values()]
-        counts = [num_examples(r) for r in trained.values()]
-        coefficients = _mean64(
-            [{f"{n}.S": m[f"{n}.S"] for n in self.factors} for m in models], counts
-        )
-
-        metrics = {**aggregate_metrics(basis), **aggregate_metrics(trained)}
-        metrics.update(traffic.metrics())
-        metrics.update(self.formula_bytes())
-        ortho = 0.0
-        for name in list(self.factors):
-            u_aug = np.hstack([self.factors[name].U, bars[name][0]])
-            v_aug = np.hstack([self.factors[name].V, bars[name][1]])
-            cut = truncate(u_aug, coefficients[f"{name}.S"], v_aug, self.tau, self.relative,
-                           int(self.settings["fedlrt.min-rank"]), self.rank_cap(name))  # fmt: skip
-            self.factors[name] = cut.factors
-            metrics[f"truncation-ratio-{name}"] = (
-                cut.discarded / cut.threshold if cut.threshold > 0 else 0.0
-            )
-            ortho = max(ortho, orthonormality_error(cut.factors.U),
-                        orthonormality_error(cut.factors.V))  # fmt: skip
-            metrics[f"rank-{name}"] = float(cut.factors.rank)
-        self.dense = weighted_average([{k: m[k] for k in self.dense} for m in models], counts)
-        if self.factors:
-            metrics["orthonormality-error"] = ortho
-        return metrics
+        return bars, participants, trained
 
     # ---- reply checks --------------------------------------------------------------------
     def _check_basis(self, _cid: int, content: RecordDict) -> None:

@@ -18,6 +18,7 @@ from models.fedlrt import (
     truncation_rank,
 )
 from models.least_squares import (
+    fedlrt_round,
     global_loss,
     heterogeneous_problem,
     homogeneous_problem,
@@ -186,3 +187,47 @@ def test_factorize_keeps_the_leading_singular_triplets() -> None:
     sigma = np.linalg.svd(W, compute_uv=False)
     np.testing.assert_allclose(F.s, sigma[:3])
     assert np.linalg.norm(W - F.dense()) == pytest.approx(np.linalg.norm(sigma[3:]))
+
+
+def _spec_round(clients: list, U: np.ndarray, s: np.ndarray, V: np.ndarray, var_cor: str,
+                lr: float, steps: int, tau: float) -> tuple[np.ndarray, ...]:  # fmt: skip
+    """Spec §2.2 phases A-C and §2.4 written out on the dense gradient, as independently of
+    models.fedlrt as possible: Ū = Q[:, r:2r] of qr([U | G_U]); the tail of σ(S̃*) strictly
+    below τ‖S̃*‖_F is cut."""
+    r, S = len(s), np.diag(s)
+    G = [c.grad(U @ S @ V.T) for c in clients]
+    Q_u = np.linalg.qr(np.hstack([U, np.mean([g @ V @ S.T for g in G], 0)]))[0]
+    Q_v = np.linalg.qr(np.hstack([V, np.mean([g.T @ U @ S for g in G], 0)]))[0]
+    U_t, V_t = np.hstack([U, Q_u[:, r:]]), np.hstack([V, Q_v[:, r:]])
+    S0 = np.zeros((2 * r, 2 * r))
+    S0[:r, :r] = S
+    own = [U_t.T @ g @ V_t for g in G]
+    if var_cor == "simplified":
+        own = [np.pad(o[:r, :r], ((0, r), (0, r))) for o in own]
+    trained = []
+    for c, o in zip(clients, own, strict=True):
+        corr = np.mean(own, 0) - o
+        St = S0.copy()
+        for _ in range(steps):
+            St = St - lr * (U_t.T @ c.grad(U_t @ St @ V_t.T) @ V_t + corr)
+        trained.append(St)
+    P, sigma, Qt = np.linalg.svd(np.mean(trained, 0))
+    theta = tau * np.linalg.norm(sigma)
+    r1 = max(1, next(j for j in range(len(sigma) + 1) if np.linalg.norm(sigma[j:]) < theta))
+    r1 = min(r1, U.shape[0] // 2)  # r_max: the next augmentation must fit
+    return U_t @ P[:, :r1], sigma[:r1], V_t @ Qt[:r1].T
+
+
+@pytest.mark.parametrize("var_cor", ["simplified", "full"])
+def test_rounds_equal_the_spec_rules_written_out(var_cor: str) -> None:
+    """Pins augmentation, correction, averaging and the truncation rule of a round to the
+    spec's formulas (H1's setting, scaled down, on the seed whose H1 run stays at rank 5),
+    rank by rank and iterate by iterate."""
+    clients, _ = homogeneous_problem(n=12, rank=3, points=2000, clients=4, seed=2)
+    F = initial_factors(12, 6, 2)
+    U, s, V = F.U, F.s, F.V
+    for _ in range(15):
+        F, _cut = fedlrt_round(clients, F, var_cor, lr=1e-2, steps=20, tau=0.1, r_max=6)
+        U, s, V = _spec_round(clients, U, s, V, var_cor, lr=1e-2, steps=20, tau=0.1)
+        assert F.rank == len(s)
+        np.testing.assert_allclose(F.dense(), (U * s) @ V.T, rtol=0, atol=1e-10)

@@ -91,10 +91,12 @@ def test_a_reply_of_the_wrong_rank_is_rejected_and_the_round_goes_on(
     Engine(grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock=clock, sleep=clock.sleep).run()
     rows = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")
     for row in rows:
-        train_phase = row["phases"][-1]
-        assert train_phase["valid"] == 2
-        assert "net.1.S has shape" in train_phase["failed"]["1"]
-        assert row["train"]["clients"] == 2.0
+        # its correction went out, so the coefficient phases are redone with the other two
+        first, again = row["phases"][-2:]
+        assert first["phase"] == again["phase"] == "train.fedlrt_coef"
+        assert first["valid"] == 2 and "net.1.S has shape" in first["failed"]["1"]
+        assert again["valid"] == 2 and not again.get("failed")
+        assert row["train"]["clients"] == 2.0 and row["train"]["restarts"] == 1.0
 
 
 def test_state_round_trips_and_fedlin_corrects_the_whole_model(
@@ -120,3 +122,46 @@ def test_state_round_trips_and_fedlin_corrects_the_whole_model(
     assert rows[-1]["train"]["test-accuracy"] > 0.6
     # the correction doubles FedAvg's traffic
     assert rows[0]["train"]["bytes-formula"] == rows[0]["train"]["bytes-fedlin"]
+
+
+@pytest.mark.parametrize("var_cor", ["simplified", "full"])
+def test_a_client_lost_after_its_correction_restarts_the_round_without_it(
+    run_config: dict[str, Any], var_cor: str
+) -> None:
+    """Corrections sum to zero only over the clients averaged: losing one in the train phase
+    must give exactly the round in which it had never been sampled."""
+
+    def one_round(lost_in: str) -> tuple[FeDLRT, FakeGrid, dict[str, Any]]:
+        tag = f"{var_cor}-{lost_in}"
+        cfg = _cfg(run_config, **{"fedlrt.var-cor": var_cor, "fedlrt.rank": 6, "num-rounds": 1,
+                                  "final-eval": False, "run-name": tag,
+                                  "out-dir": f"{run_config['out-dir']}-{tag}"})  # fmt: skip
+        strategy = FeDLRT(cfg)
+        grid = FakeGrid(client_app, 3, cfg)
+        grid.faults.append(
+            lambda node, msg, _r: (
+                "drop" if node == 101 and msg.metadata.message_type == lost_in else None
+            )
+        )
+        clock = FakeClock()
+        Engine(grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock=clock,
+               sleep=clock.sleep).run()  # fmt: skip
+        return strategy, grid, read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")[0]
+
+    late, grid, row = one_round("train.fedlrt_coef")
+    never, _, never_row = one_round("query.fedlrt_basis")
+    assert row["train"]["restarts"] == 1 and never_row["train"]["restarts"] == 0
+    coef = ["query.fedlrt_coef_grad"] if var_cor == "full" else []
+    assert [t for n, t in grid.sent if n == 100][1:] == (
+        ["query.fedlrt_basis", *coef, "train.fedlrt_coef", *coef, "train.fedlrt_coef"]
+    )
+    assert [t for n, t in grid.sent if n == 101][-1] == "train.fedlrt_coef"  # sent once only
+    assert row["train"]["clients"] == never_row["train"]["clients"] == 2.0
+    for name, fac in never.factors.items():
+        assert late.factors[name].rank == fac.rank
+        for part in ("U", "s", "V"):
+            np.testing.assert_allclose(
+                getattr(late.factors[name], part), getattr(fac, part), rtol=0, atol=1e-10
+            )
+    for key, value in never.dense.items():
+        np.testing.assert_allclose(late.dense[key], value, rtol=0, atol=1e-10)
