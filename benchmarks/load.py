@@ -42,16 +42,20 @@ EXTRA: dict[str, dict[str, Any]] = {
                   "synthetic.test-size": 20, "adept-pca.rank": 3, "lr": 2e-3},
     "adept-ae": {"adept-ae.latent": 4, "adept-ae.local-steps": 2},
 }  # fmt: skip
-ROLES = (
+ROLES = (  # first match wins; a Ray worker's arguments name the raylet, so workers come first
     ("flower-superlink", "superlink"),
     ("flwr-serverapp", "serverapp"),
     ("flwr-simulation", "serverapp"),
     ("flower-supernode", "supernode"),
     ("flwr-clientapp", "clientapp"),
     ("flower-superexec", "superexec"),
-    ("ray::", "simulation-worker"),
+    ("ray::ClientAppActor", "simulation-worker"),
+    ("default_worker.py", "simulation-worker"),
+    ("ray::", "ray"),
     ("raylet", "ray"),
     ("gcs_server", "ray"),
+    ("pollen.cli", "launcher"),
+    ("bin/flwr ", "flwr-cli"),
 )
 
 
@@ -84,7 +88,10 @@ def sample(needle: bytes, peaks: dict[int, dict[str, Any]]) -> None:
         if kb == 0:
             continue
         text = cmd.replace(b"\0", b" ").decode(errors="replace")
-        entry = peaks.setdefault(int(pid), {"role": _role(text), "mb": 0.0, "cmd": text[:120]})
+        entry = peaks.setdefault(int(pid), {"role": "other", "mb": 0.0, "cmd": text[:120]})
+        role = _role(text)  # a process may re-title itself (Ray workers do): keep the specific
+        if role != "other":
+            entry["role"], entry["cmd"] = role, text[:120]
         entry["mb"] = max(entry["mb"], kb / 1024)
 
 
