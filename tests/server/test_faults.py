@@ -136,3 +136,31 @@ def test_of_two_live_nodes_claiming_one_client_the_first_keeps_it(
     assert model.keys() == alone.keys()
     for key in model:  # equal up to the order of float sums (replies arrive in any order)
         np.testing.assert_allclose(model[key], alone[key], rtol=1e-5, atol=1e-6)
+
+
+def test_a_phase_waiting_thousands_of_polls_times_out_cleanly(run_config: dict[str, Any]) -> None:
+    """A reply that never comes, with a long timeout and a short poll interval: the engine keeps
+    polling until the phase timeout (once, waits grew as 2**polls and overflowed a float after
+    1,024 polls, which crashed a deployed run waiting for a lost message)."""
+    cfg = settings_of({**run_config, "num-rounds": 1, "final-eval": False, "server-eval": False,
+                       "phase-timeout": 600.0, "poll-interval": 0.05})  # fmt: skip
+    grid = FakeGrid(client_app, 3, cfg)
+    grid.faults.append(
+        lambda node, msg, _: (
+            "drop" if node == 101 and msg.metadata.message_type == "train" else None
+        )
+    )
+    clock = FakeClock()
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        clock.sleep(seconds)
+
+    summary = Engine(
+        grid, cfg, FedAvg(cfg), ResultsWriter(cfg["out-dir"]), clock=clock, sleep=sleep
+    ).run()
+    assert summary["status"] == "completed"
+    rows = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")
+    assert rows[0]["phases"][-1]["failed"] == {"1": "no reply within 600 s"}
+    assert len(sleeps) > 1100 and max(sleeps) <= 0.05
