@@ -137,3 +137,17 @@ def test_a_status_query_that_times_out_is_unknown_not_fatal(tmp_path: Path, monk
     fed = Federation(tmp_path / "fed")
     monkeypatch.setattr(fed, "flwr", slow)
     assert fed.run_status("1") == {}
+
+
+def test_a_server_log_query_that_times_out_leaves_a_note(tmp_path: Path, monkeypatch) -> None:
+    import subprocess
+
+    from pollen.launcher import Federation
+
+    def slow(*args: object, **kwargs: object) -> None:
+        raise subprocess.TimeoutExpired(cmd="flwr log", timeout=60)
+
+    fed = Federation(tmp_path / "fed")
+    monkeypatch.setattr(fed, "flwr", slow)
+    assert "unavailable" in fed.server_log("7")
+    fed.stop_run("7")  # best effort, no exception
