@@ -205,6 +205,7 @@ def test_fedsc_without_sharing_is_fedavg_sc(run_config: dict[str, Any]) -> None:
         np.testing.assert_array_equal(weights[1][key], value)
 
 
+@pytest.mark.slow
 def test_others_is_the_weighted_mean_of_the_other_clients_latest_matrices(
     run_config: dict[str, Any],
 ) -> None:
