@@ -4,6 +4,11 @@ A `ContrastiveNet` is backbone + projector; the projector's output z is what the
 correlation matrices use, the backbone's output is what a linear probe reads. Backbones:
 
 * 'cnn': a small CNN for the embedded 28x28 / 8x8 grayscale data;
+* 'cnn-gn': the same CNN with per-sample normalisation (GroupNorm / LayerNorm) instead of
+  BatchNorm. With one or two classes per client, train-mode BatchNorm subtracts the client's
+  class mean from every feature, so the contrast against other clients' matrices cannot move
+  it, and eval-mode outputs (averaged running statistics, the ones DP-CalR shares) differ from
+  the ones trained; the paper's CIFAR-10 backbone has no BatchNorm for the same reason;
 * 'fixup-resnet20': the paper's SVHN/CIFAR-10 backbone (Fixup ResNet-20, widen factor 8, no
   BatchNorm, 512-d features);
 * 'resnet34-cifar': the paper's CIFAR-100 backbone (CIFAR-style BasicBlock ResNet [3,4,6,3] with
@@ -20,32 +25,38 @@ from torch.nn import functional as F  # noqa: N812
 
 from models.resnet_cifar import RESNET34_BLOCKS, CifarResNet
 
-ENCODERS = ("cnn", "fixup-resnet20", "resnet34-cifar")
+ENCODERS = ("cnn", "cnn-gn", "fixup-resnet20", "resnet34-cifar")
 
 
 class SmallEncoder(nn.Module):
     """Three 3x3 conv layers (8, 16, 32 channels) with BatchNorm, kept narrow so CPU-only runs
     stay short. BatchNorm keeps the features' spread at unit scale; without it the projector's
-    mean direction grows first and training settles in the collapsed (rank-one) solution."""
+    mean direction grows first and training settles in the collapsed (rank-one) solution.
+    `per_sample` normalises each image on its own (GroupNorm, LayerNorm): no coupling of the
+    samples of a batch, and train and eval mode compute the same function."""
 
-    def __init__(self, channels: int, features: int = 128) -> None:
+    def __init__(self, channels: int, features: int = 128, per_sample: bool = False) -> None:
         super().__init__()
+
+        def norm2d(c: int) -> nn.Module:
+            return nn.GroupNorm(4, c) if per_sample else nn.BatchNorm2d(c)
+
         self.net = nn.Sequential(
             nn.Conv2d(channels, 8, 3, padding=1, bias=False),
-            nn.BatchNorm2d(8),
+            norm2d(8),
             nn.ReLU(),
             nn.MaxPool2d(2),
             nn.Conv2d(8, 16, 3, padding=1, bias=False),
-            nn.BatchNorm2d(16),
+            norm2d(16),
             nn.ReLU(),
             nn.MaxPool2d(2),
             nn.Conv2d(16, 32, 3, padding=1, bias=False),
-            nn.BatchNorm2d(32),
+            norm2d(32),
             nn.ReLU(),
             nn.AdaptiveAvgPool2d(2),
             nn.Flatten(),
             nn.Linear(128, features, bias=False),
-            nn.BatchNorm1d(features),
+            nn.LayerNorm(features) if per_sample else nn.BatchNorm1d(features),
             nn.ReLU(),
         )
         self.out_features = features
@@ -130,6 +141,8 @@ def build_contrastive_net(
     backbone: nn.Module
     if encoder == "cnn":
         backbone = SmallEncoder(channels)
+    elif encoder == "cnn-gn":
+        backbone = SmallEncoder(channels, per_sample=True)
     elif encoder == "fixup-resnet20":
         backbone = FixupResNet20(channels)
     elif encoder == "resnet34-cifar":

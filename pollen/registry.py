@@ -44,9 +44,10 @@ FEDSC_SETTINGS = (
     Setting(
         "fedsc.encoder",
         "cnn",
-        "backbone: 'cnn' (small, for 28x28/8x8 grayscale), the paper's 'fixup-resnet20' "
-        "(SVHN, CIFAR-10) or 'resnet34-cifar' (CIFAR-100)",
-        choices=("cnn", "fixup-resnet20", "resnet34-cifar"),
+        "backbone: 'cnn' (small, for 28x28/8x8 grayscale; BatchNorm), 'cnn-gn' (the same with "
+        "per-sample GroupNorm/LayerNorm: for few classes per client), the paper's "
+        "'fixup-resnet20' (SVHN, CIFAR-10) or 'resnet34-cifar' (CIFAR-100)",
+        choices=("cnn", "cnn-gn", "fixup-resnet20", "resnet34-cifar"),
     ),
     Setting(
         "fedsc.dim", 64, "representation dimension H (projector output; paper: 512)", minimum=1

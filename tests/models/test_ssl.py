@@ -11,8 +11,9 @@ from models.ssl_nets import build_contrastive_net
 
 
 @pytest.mark.parametrize("shape", [(1, 28, 28), (1, 8, 8)])
-def test_small_encoder_takes_embedded_images(shape: tuple[int, int, int]) -> None:
-    net = build_contrastive_net("cnn", shape, dim=32)
+@pytest.mark.parametrize("encoder", ["cnn", "cnn-gn"])
+def test_small_encoder_takes_embedded_images(shape: tuple[int, int, int], encoder: str) -> None:
+    net = build_contrastive_net(encoder, shape, dim=32)
     x = torch.randn(5, *shape)
     assert net(x).shape == (5, 32)
     assert net.backbone(x).shape == (5, 128)
@@ -28,6 +29,19 @@ def test_paper_backbones_have_the_published_sizes() -> None:
     assert net(torch.randn(2, 3, 32, 32)).shape == (2, 512)
     resnet = build_contrastive_net("resnet34-cifar", (3, 32, 32), dim=512)
     assert resnet.backbone(torch.randn(2, 3, 32, 32)).shape == (2, 512)
+
+
+def test_per_sample_encoder_does_not_couple_the_batch() -> None:
+    """'cnn-gn': an image's representation is the same whatever else is in the batch and in
+    train or eval mode (what DP-CalR shares is what training sees); 'cnn' (BatchNorm) is not."""
+    torch.manual_seed(0)
+    x, other = torch.randn(4, 1, 28, 28), torch.randn(4, 1, 28, 28) + 2.0
+    gn = build_contrastive_net("cnn-gn", (1, 28, 28), dim=16).train()
+    alone = gn(x)
+    torch.testing.assert_close(gn(torch.cat([x, other]))[:4], alone)
+    torch.testing.assert_close(gn.eval()(x), alone)
+    bn = build_contrastive_net("cnn", (1, 28, 28), dim=16).train()
+    assert not torch.allclose(bn(torch.cat([x, other]))[:4], bn(x), atol=1e-4)
 
 
 def test_unknown_encoder_and_non_images_are_refused() -> None:

@@ -203,3 +203,59 @@ def test_fedsc_without_sharing_is_fedavg_sc(run_config: dict[str, Any]) -> None:
         weights.append(strategy.weights)
     for key, value in weights[0].items():
         np.testing.assert_array_equal(weights[1][key], value)
+
+
+@pytest.mark.slow
+def test_others_is_the_weighted_mean_of_the_other_clients_latest_matrices(
+    run_config: dict[str, Any],
+) -> None:
+    """Wiring of Alg. 1 under partial participation: round t's matrices are computed at the
+    model the round trains from (theta^{t-1}), and the Rbar_{-j} a client trains with is
+    sum_{k != j} n_k R~_k / sum_{k != j} n_k over the latest copies (fresh for this round's
+    clients, stale for the others), never including its own."""
+    cfg = _cfg(run_config, **{"fraction-train": 0.5, "min-train-clients": 2, "num-rounds": 3,
+                              "server-eval": False, "final-eval": False})  # fmt: skip
+    strategy = FedSC(cfg)
+    grid = FakeGrid(client_app, 4, cfg)
+    released: dict[tuple[int, int], np.ndarray] = {}
+    trains: dict[tuple[int, int], Message] = {}
+    queries: dict[tuple[int, int], Message] = {}
+
+    def record(node: int, msg: Message, _reply: RecordDict | None) -> Any:
+        key = (protocol.round_of(msg.content), node - 100)
+        if msg.metadata.message_type == "train":
+            trains[key] = msg
+        if msg.metadata.message_type != "query.correlation":
+            return None
+        queries[key] = msg
+
+        def keep(content: RecordDict) -> RecordDict:
+            released[key] = protocol.arrays_of(content, "correlation")["r"].astype(np.float64)
+            return content
+
+        return keep
+
+    grid.faults.append(record)
+    clock = FakeClock()
+    Engine(grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock=clock, sleep=clock.sleep).run()
+
+    sizes = strategy.sizes
+    checked = 0
+    for t in (2, 3):
+        latest = {
+            cid: released[max(r for r, c in released if c == cid and r <= t), cid] for cid in sizes
+        }
+        for (rnd, cid), msg in trains.items():
+            if rnd != t:
+                continue
+            rest = [k for k in sizes if k != cid]
+            expected = sum(sizes[k] * latest[k] for k in rest) / sum(sizes[k] for k in rest)
+            sent = protocol.arrays_of(msg.content, "others")["r"]
+            np.testing.assert_allclose(sent, expected, rtol=1e-5, atol=1e-7)
+            model = protocol.arrays_of(msg.content)
+            for query_cid in [c for r, c in queries if r == t]:
+                asked = protocol.arrays_of(queries[t, query_cid].content)
+                for name, value in model.items():
+                    np.testing.assert_array_equal(asked[name], value)
+            checked += 1
+    assert checked == 4  # two clients in each of rounds 2 and 3
