@@ -1,5 +1,6 @@
 """ADEPT-PCA's figure (paper Fig. 3): error ratio against heterogeneity for ADEPT, local and
-global PCA, and the sigma ADEPT learned, from a finished `pollen experiment` results directory.
+global PCA and FedAvg + fine-tuning, and the sigma ADEPT learned, from a finished `pollen
+experiment` results directory.
 
     python scripts/adept_pca_plot.py experiments/adept_pca_synthetic.toml \
         results/adept-pca-synthetic
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from pollen.experiment import Experiment
 
-CURVES = {"adept": "ADEPT-PCA", "local": "local", "global": "global"}
+CURVES = {"adept": "ADEPT-PCA", "local": "local", "global": "global", "fedavg-ft": "FedAvg + FT"}
 
 
 def main(experiment: Path, results: Path) -> Path:
@@ -28,14 +29,15 @@ def main(experiment: Path, results: Path) -> Path:
     table = json.loads((results / "results.json").read_text())["methods"]
     points: dict[str, list[tuple[float, float, float]]] = {k: [] for k in CURVES}
     for method, stats in table.items():
-        kind = method.split("-")[0]
+        kind = method.rsplit("-", 1)[0]  # "fedavg-ft-h01" -> "fedavg-ft"
         ratio, sigma = stats.get("error-ratio", {}), stats.get("sigma-mean", {})
         if kind not in points or ratio.get("mean") is None:
             continue
         het = float({**exp.common, **exp.methods[method]}["synthetic.heterogeneity"])
         points[kind].append((het, float(ratio["mean"]), float(sigma.get("mean") or 0.0)))
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
-    print("| heterogeneity | ADEPT-PCA | local | global | learned sigma |\n|---|---|---|---|---|")
+    print(f"| heterogeneity | {' | '.join(CURVES.values())} | learned sigma |")
+    print("|---" * (len(CURVES) + 2) + "|")
     for kind, label in CURVES.items():
         rows = sorted(points[kind])
         left.plot([p[0] for p in rows], [p[1] for p in rows], marker="o", label=label)
