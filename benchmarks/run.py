@@ -219,7 +219,21 @@ def part_flower(args: argparse.Namespace, work: Path, cache: Path) -> dict[str, 
 # ---- the other parts --------------------------------------------------------------------------
 ALGORITHM_SETS: dict[str, list[str]] = {
     # where an algorithm's defaults do not fit mnist-5k's MLP
-    "adept-pca": ["--set", "dataset=pca-synthetic", "--set", "partitioner=natural"],
+    # (its defaults, d = 150 and r = 20, need adept.lr-sigma below sigma_0^2 / (d r))
+    "adept-pca": [
+        f"--set={key}={value}"
+        for key, value in {
+            "dataset": "pca-synthetic",
+            "partitioner": "natural",
+            "val-fraction": 0.0,
+            "synthetic.dimension": 12,
+            "synthetic.rank": 3,
+            "synthetic.train-size": 10,
+            "synthetic.test-size": 20,
+            "adept-pca.rank": 3,
+            "lr": 2e-3,
+        }.items()
+    ],
 }
 
 

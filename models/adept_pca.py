@@ -91,6 +91,12 @@ def client_round(
     Order matters: sigma uses the old U_i; U_i uses the received V and sigma; V_i uses the new
     U_i. V_i is not retracted: the server retracts the mean step."""
     sigma_i = sigma - hp.eta3 * sigma_gradient(distance_sq(v, u), sigma, hp.xi, hp.d_theta)
+    if not sigma_i > 0:
+        raise ValueError(
+            f"the sigma step went from {sigma:.4g} to {sigma_i:.4g}: adept.lr-sigma ({hp.eta3:g}) "
+            f"is too large for d_theta = {hp.d_theta:g}; keep it below sigma^2 / d_theta "
+            f"= {sigma**2 / hp.d_theta:.3g}"
+        )
     u_new = retract(u, -hp.eta1 * tangent_projection(u, grad_u(u, v, sigma, s, n, hp)))
     v_i = v - hp.eta2 * tangent_projection(v, grad_v(u_new, v, sigma))
     return u_new, v_i, sigma_i

@@ -176,3 +176,12 @@ def test_adept_pca_beats_local_and_global_at_moderate_heterogeneity() -> None:
     local, global_, adept, _ = rows[0.1]
     assert adept < min(local, global_) - 0.2
     assert all(rows[h][2] < rows[h][0] for h in rows)  # never worse than local
+
+
+def test_a_sigma_step_below_zero_is_an_error_naming_the_step_size() -> None:
+    u, v, s = _problem()
+    hp = PCAHyper(eta1=0.0, eta2=0.0, eta3=1.0, xi=1e-3, noise=NOISE, d_theta=D * R)
+    with pytest.raises(ValueError, match=r"adept.lr-sigma \(1\) is too large for d_theta = 24"):
+        client_round(u, v, SIGMA, s, N, hp)
+    ok = PCAHyper(eta1=0.0, eta2=0.0, eta3=1e-3, xi=1e-3, noise=NOISE, d_theta=D * R)
+    assert client_round(u, v, SIGMA, s, N, ok)[2] > 0
