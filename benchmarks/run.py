@@ -4,7 +4,8 @@
     .venv/bin/python benchmarks/run.py --parts flower,startup --rounds 3
 
 Parts (each writes benchmarks/results/<part>.json):
-  algorithms  every registered algorithm in simulation: seconds per round split into phases
+  algorithms  every registered algorithm (--modes: simulation, deployment with 2 SuperNodes):
+              seconds per round split into phases
               (exchange seconds, bytes per client each way), server time outside exchanges
               (aggregation, checkpoint), client time (start-up, data load, handler) and peak
               memory of server and clients (setting client-timing=true)
@@ -241,14 +242,15 @@ def part_algorithms(args: argparse.Namespace, work: Path, cache: Path) -> dict[s
     from pollen.registry import ALGORITHMS
 
     rows = []
-    for name in args.algorithms or list(ALGORITHMS):
+    runs = [(m, n) for m in args.modes for n in args.algorithms or list(ALGORITHMS)]
+    for mode, name in runs:
         row = pollen_run(
-            "simulate", name, 2, args.rounds, work / f"alg-{name}", cache,
+            mode, name, 2, args.rounds, work / f"alg-{mode}-{name}", cache,
             ["--set", "final-eval=false", *ALGORITHM_SETS.get(name, [])],
         )  # fmt: skip
         rows.append(row)
         if "error" in row:
-            _say(f"algorithm {name:11s} failed: {row['error'][-200:]}")
+            _say(f"algorithm {name:11s} {mode} failed: {row['error'][-200:]}")
             continue
         split = ", ".join(
             f"{p} {v['seconds']:.2f} s "
@@ -257,7 +259,8 @@ def part_algorithms(args: argparse.Namespace, work: Path, cache: Path) -> dict[s
         )
         handler = row["client"].get("time-handler", {}).get("median", float("nan"))
         _say(
-            f"algorithm {name:11s} {row['round-seconds']:.2f} s/round; {split}; server outside "
+            f"algorithm {name:11s} {mode:8s} {row['round-seconds']:.2f} s/round; {split}; "
+            f"server outside "
             f"exchanges {row['server-outside-exchanges-seconds']:.2f} s; client handler "
             f"{handler:.2f} s; peak RSS server {row['server-peak-rss-mb']} MB client "
             f"{row['client'].get('peak-rss-mb', {}).get('max')} MB"
