@@ -43,7 +43,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from messaging import measure_startup  # noqa: E402  (this directory is on sys.path)
+from load import EXTRA  # noqa: E402  (this directory is on sys.path)
+from messaging import measure_startup  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 QUIET = ["--set", "server-eval=false", "--set", "client-timing=true"]
@@ -219,22 +220,10 @@ def part_flower(args: argparse.Namespace, work: Path, cache: Path) -> dict[str, 
 
 # ---- the other parts --------------------------------------------------------------------------
 ALGORITHM_SETS: dict[str, list[str]] = {
-    # where an algorithm's defaults do not fit mnist-5k's MLP
-    # (its defaults, d = 150 and r = 20, need adept.lr-sigma below sigma_0^2 / (d r))
-    "adept-pca": [
-        f"--set={key}={value}"
-        for key, value in {
-            "dataset": "pca-synthetic",
-            "partitioner": "natural",
-            "val-fraction": 0.0,
-            "synthetic.dimension": 12,
-            "synthetic.rank": 3,
-            "synthetic.train-size": 10,
-            "synthetic.test-size": 20,
-            "adept-pca.rank": 3,
-            "lr": 2e-3,
-        }.items()
-    ],
+    # where an algorithm's defaults do not fit mnist-5k's MLP: ADEPT-PCA runs at the load
+    # benchmark's small size (its defaults, d = 150 and r = 20, need adept.lr-sigma below
+    # sigma_0^2 / (d r))
+    "adept-pca": [f"--set={key}={value}" for key, value in EXTRA["adept-pca"].items()],
 }
 
 

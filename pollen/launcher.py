@@ -33,6 +33,9 @@ FLWR_ENV = {
 }
 
 
+FLWR_TIMED_OUT = 124
+"""Exit code `Federation.flwr` gives a CLI call that did not answer in time (as timeout(1))."""
+
 LAUNCHER_PID = "POLLEN_LAUNCHER_PID"
 """Environment variable with the launcher's pid: the ServerApp exits once it is gone."""
 
@@ -297,15 +300,23 @@ class Federation:
         (self.home / "config.toml").write_text("\n".join(lines) + "\n")
 
     def flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [bin_path("flwr"), *args],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            cwd=self.workdir,
-            check=False,
-        )
+        """`flwr ARGS`. A call that does not answer within `timeout` (a busy machine) returns
+        exit code FLWR_TIMED_OUT with empty output, which every caller already reads as "no
+        answer yet" or a failure, instead of raising through the launcher."""
+        argv = [bin_path("flwr"), *args]
+        try:
+            return subprocess.run(
+                argv,
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                cwd=self.workdir,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            reason = f"`flwr {' '.join(args[:2])}` did not answer within {timeout:g} s\n"
+            return subprocess.CompletedProcess(argv, FLWR_TIMED_OUT, "", reason)
 
     def nodes(self) -> list[dict[str, Any]]:
         """The SuperLink's SuperNodes (`flwr supernode ls`): node-id, status, ..."""
@@ -392,10 +403,7 @@ class Federation:
     def run_status(self, run_id: str) -> dict[str, Any]:
         """The run's record from `flwr ls`; empty when unknown for now (no answer in time on a
         loaded machine, or unreadable output): the caller asks again, the run goes on."""
-        try:
-            out = self.flwr("ls", self.connection, "--run-id", run_id, "--format", "json")
-        except subprocess.TimeoutExpired:
-            return {}
+        out = self.flwr("ls", self.connection, "--run-id", run_id, "--format", "json")
         try:
             runs = json.loads(out.stdout).get("runs", [])
         except json.JSONDecodeError:
@@ -404,16 +412,14 @@ class Federation:
 
     def stop_run(self, run_id: str) -> None:
         """Best effort: a SuperLink too busy to answer in time must not mask why we stop."""
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.flwr("stop", run_id, self.connection, timeout=30)
+        self.flwr("stop", run_id, self.connection, timeout=30)
 
     def server_log(self, run_id: str) -> str:
         """The ServerApp's log; a note instead when `flwr log` does not answer in time (a
         loaded machine), since the run's results are already on disk."""
-        try:
-            out = self.flwr("log", run_id, self.connection, "--show", timeout=60)
-        except subprocess.TimeoutExpired:
-            return f"(server log of run {run_id} unavailable: `flwr log` did not answer in 60 s)\n"
+        out = self.flwr("log", run_id, self.connection, "--show", timeout=60)
+        if out.returncode == FLWR_TIMED_OUT:
+            return f"(server log of run {run_id} unavailable: {out.stderr.strip()})\n"
         return out.stdout
 
 

@@ -135,7 +135,7 @@ def test_a_status_query_that_times_out_is_unknown_not_fatal(tmp_path: Path, monk
         raise subprocess.TimeoutExpired(cmd="flwr ls", timeout=120)
 
     fed = Federation(tmp_path / "fed")
-    monkeypatch.setattr(fed, "flwr", slow)
+    monkeypatch.setattr(subprocess, "run", slow)  # the CLI process does not answer in time
     assert fed.run_status("1") == {}
 
 
@@ -148,6 +148,6 @@ def test_a_server_log_query_that_times_out_leaves_a_note(tmp_path: Path, monkeyp
         raise subprocess.TimeoutExpired(cmd="flwr log", timeout=60)
 
     fed = Federation(tmp_path / "fed")
-    monkeypatch.setattr(fed, "flwr", slow)
+    monkeypatch.setattr(subprocess, "run", slow)  # the CLI process does not answer in time
     assert "unavailable" in fed.server_log("7")
     fed.stop_run("7")  # best effort, no exception
