@@ -6,7 +6,10 @@
 Parts (each writes benchmarks/results/<part>.json):
   algorithms  every registered algorithm (--modes: simulation, deployment with 2 SuperNodes):
               seconds per round split into phases
-              (exchange seconds, bytes per client each way), server time outside exchanges
+              (exchange seconds, bytes per client each way), serialization (client: arrays <->
+              record bytes in the handler, Flower's object serialization of reply and
+              instruction; server: arrays <-> record bytes, pushing the instructions), server
+              time outside exchanges
               (aggregation, checkpoint), client time (start-up, data load, handler) and peak
               memory of server and clients (setting client-timing=true)
   flower      Pollen's FedAvg against Flower's built-in FedAvg (train + evaluate exchange per
@@ -84,8 +87,9 @@ def pollen_run(
     phases: dict[str, dict[str, list[float]]] = {}
     for row in steady:
         for p in row["phases"]:
-            acc = phases.setdefault(p["phase"], {"seconds": [], "down": [], "up": []})
+            acc = phases.setdefault(p["phase"], {"seconds": [], "push": [], "down": [], "up": []})
             acc["seconds"].append(p["seconds"])
+            acc["push"].append(p.get("push-seconds", float("nan")))
             acc["down"].append(p["bytes-sent"] / max(p["sent"], 1))
             acc["up"].append(p["bytes-received"] / max(p["valid"], 1))
     client_rows = [json.loads(x) for x in (out / "clients.jsonl").read_text().splitlines()]
@@ -113,9 +117,11 @@ def pollen_run(
         "round-seconds-first": rows[0]["seconds"],
         "round-seconds": _median(seconds),
         "server-outside-exchanges-seconds": _median(outside),
+        "server-codec-seconds": _median([r.get("codec-seconds", float("nan")) for r in steady]),
         "phases": {
             name: {
                 "seconds": _median(acc["seconds"]),
+                "push-seconds": _median(acc["push"]),
                 "bytes-to-client": int(statistics.mean(acc["down"])),
                 "bytes-from-client": int(statistics.mean(acc["up"])),
             }
@@ -247,6 +253,17 @@ def part_algorithms(args: argparse.Namespace, work: Path, cache: Path) -> dict[s
             for p, v in row["phases"].items()
         )
         handler = row["client"].get("time-handler", {}).get("median", float("nan"))
+        serial = {
+            k: row["client"].get(f"time-{k}", {}).get("median", float("nan"))
+            for k in ("codec", "serialize", "deserialize")
+        }
+        push = sum(v["push-seconds"] for v in row["phases"].values())
+        _say(
+            f"algorithm {name:11s} {mode:8s} serialization: client codec {serial['codec']:.4f} s, "
+            f"Flower serialize {serial['serialize']:.4f} s, deserialize "
+            f"{serial['deserialize']:.4f} s; server codec {row['server-codec-seconds']:.4f} s, "
+            f"push {push:.4f} s"
+        )
         _say(
             f"algorithm {name:11s} {mode:8s} {row['round-seconds']:.2f} s/round; {split}; "
             f"server outside "

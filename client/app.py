@@ -45,14 +45,17 @@ def handle(msg: Message, context: Context) -> Message:
     timing = bool(env.settings["client-timing"])
     if timing and message_type != HELLO and env.settings["algorithm"] != "noop":
         _time_torch_import(env)
+    codec = protocol.codec_seconds()
     if message_type == HELLO:
         content = hello(msg.content, env)
     else:
         spec = get_algorithm(str(env.settings["algorithm"]))
         content = spec.client_handler(message_type)(msg.content, env)
+    reply = Message(content, reply_to=msg)
     if timing:
-        add_timing(content, env, time.perf_counter() - entered)
-    return Message(content, reply_to=msg)
+        add_timing(content, env, time.perf_counter() - entered, protocol.codec_seconds() - codec)
+        add_serialization_timing(msg, reply)
+    return reply
 
 
 _first_message = True
@@ -79,22 +82,49 @@ def _seconds_since_process_start() -> float | None:
     return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
 
 
-def add_timing(content: RecordDict, env: ClientEnv, handler_seconds: float) -> None:
+def add_timing(
+    content: RecordDict, env: ClientEnv, handler_seconds: float, codec_seconds: float
+) -> None:
     """Where a client's time went (setting `client-timing`); time-handler includes
-    time-data and time-import-torch. time-startup is process start ->
-    reply ready minus the handler, reported for the first message of a process only (in
-    deployment every message starts a process; in simulation the worker lives on)."""
+    time-data, time-import-torch and time-codec (arrays <-> record bytes). time-startup is
+    process start -> reply ready minus the handler, reported for the first message of a
+    process only (in deployment every message starts a process; in simulation the worker
+    lives on)."""
     global _first_message
     metrics = content[protocol.METRICS]
     assert isinstance(metrics, MetricRecord)
     metrics["time-handler"] = handler_seconds
     metrics["time-data"] = float(env._extra.get("data-seconds", 0.0))
     metrics["time-import-torch"] = float(env._extra.get("torch-import-seconds", 0.0))
+    metrics["time-codec"] = codec_seconds
     alive = _seconds_since_process_start()
     if _first_message and alive is not None:
         metrics["time-startup"] = max(0.0, alive - handler_seconds)
     _first_message = False
     metrics["peak-rss-mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def add_serialization_timing(incoming: Message, reply: Message) -> None:
+    """Flower's own serialization, which runs outside the handler: time-serialize is the reply
+    turned into the objects Flower pushes (each deflated, with its content hash as id),
+    time-deserialize the incoming message rebuilt from such objects. Measured by doing each
+    once more here (client-timing only); the reply's array ids stay cached for Flower's push."""
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+    from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
+
+    started = time.perf_counter()
+    for obj in get_all_nested_objects(reply).values():
+        obj.deflate()
+    serialize = time.perf_counter() - started
+    objects = get_all_nested_objects(incoming)
+    contents = {object_id: obj.deflate() for object_id, obj in objects.items()}
+    started = time.perf_counter()
+    inflate_object_from_contents(incoming.object_id, contents)
+    deserialize = time.perf_counter() - started
+    metrics = reply.content[protocol.METRICS]
+    assert isinstance(metrics, MetricRecord)
+    metrics["time-serialize"] = serialize
+    metrics["time-deserialize"] = deserialize
 
 
 def _register() -> None:

@@ -7,6 +7,7 @@ phase or round. Algorithm content sits beside it in named records.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
 import numpy as np
@@ -86,8 +87,20 @@ def arrays_of(content: RecordDict, name: str = ARRAYS) -> dict[str, np.ndarray]:
     return from_record(record)
 
 
+_codec_seconds = [0.0]
+
+
+def codec_seconds() -> float:
+    """Seconds this process has spent turning arrays into record bytes and back (flwr's Array
+    runs np.save / np.load): the part of serialization that happens inside Pollen's code."""
+    return _codec_seconds[0]
+
+
 def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
-    return ArrayRecord({k: Array(_contiguous(v)) for k, v in arrays.items()})
+    started = time.perf_counter()
+    record = ArrayRecord({k: Array(_contiguous(v)) for k, v in arrays.items()})
+    _codec_seconds[0] += time.perf_counter() - started
+    return record
 
 
 def _contiguous(value: np.ndarray) -> np.ndarray:
@@ -98,7 +111,14 @@ def _contiguous(value: np.ndarray) -> np.ndarray:
 
 
 def from_record(record: ArrayRecord) -> dict[str, np.ndarray]:
-    return {k: record[k].numpy() for k in record}
+    return {k: decode(record[k]) for k in record}
+
+
+def decode(array: Array) -> np.ndarray:
+    started = time.perf_counter()
+    value = array.numpy()
+    _codec_seconds[0] += time.perf_counter() - started
+    return value
 
 
 def config_of(content: RecordDict) -> dict[str, int | float | str | bool]:

@@ -129,7 +129,9 @@ class Engine:
         self.results.event(
             "phase-start", round=self.server_round, phase=message_type, clients=len(messages)
         )
+        pushed = self.clock()
         message_ids = list(self.grid.push_messages(messages))
+        push_seconds = self.clock() - pushed
         by_message: dict[str, int] = {}
         for mid, msg in zip(message_ids, messages, strict=True):
             by_message[mid] = msg.metadata.dst_node_id
@@ -196,6 +198,8 @@ class Engine:
             "valid": len(replies),
             "failed": {str(k): v for k, v in sorted(failures.items())},
             "seconds": round(seconds, 4),
+            # Flower serializing the instructions and handing them to the SuperLink
+            "push-seconds": round(push_seconds, 4),
             "bytes-sent": bytes_sent,
             "bytes-received": bytes_received,
         }
@@ -268,7 +272,7 @@ class Engine:
         for name, record in content.items():
             if isinstance(record, ArrayRecord):
                 for key in record:
-                    arr = record[key].numpy()
+                    arr = protocol.decode(record[key])
                     if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
                         raise InvalidReply(f"array {name}.{key} has NaN or Inf")
 
@@ -390,6 +394,7 @@ class Engine:
                 self.server_round = rnd
                 self._phases = []
                 r0 = self.clock()
+                codec0 = protocol.codec_seconds()
                 self.discover()
                 train = self.strategy.run_round(self)
                 row: dict[str, Any] = {"round": rnd, "train": train}
@@ -399,6 +404,8 @@ class Engine:
                 row["seconds"] = round(self.clock() - r0, 4)
                 row["bytes-sent"] = sum(p["bytes-sent"] for p in self._phases)
                 row["bytes-received"] = sum(p["bytes-received"] for p in self._phases)
+                # arrays <-> record bytes in this process (encode instructions, decode replies)
+                row["codec-seconds"] = round(protocol.codec_seconds() - codec0, 4)
                 self.results.round(row)
                 self._checkpoint(rnd, settings)
                 log.info("round %s: %s", rnd, _brief(row))

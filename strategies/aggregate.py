@@ -50,7 +50,7 @@ def expect_arrays(
         raise InvalidReply(f"record '{name}' keys differ (missing {missing}, extra {extra})")
     out: dict[str, np.ndarray] = {}
     for key, ref in reference.items():
-        arr = record[key].numpy()
+        arr = protocol.decode(record[key])
         if arr.shape != ref.shape:
             raise InvalidReply(f"{name}.{key} has shape {arr.shape}, expected {ref.shape}")
         if arr.dtype != ref.dtype:

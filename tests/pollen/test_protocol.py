@@ -16,3 +16,12 @@ def test_records_keep_every_shape_including_0d_and_non_contiguous() -> None:
     for key, value in arrays.items():
         assert back[key].shape == value.shape and back[key].dtype == value.dtype
         np.testing.assert_array_equal(back[key], value)
+
+
+def test_the_codec_clock_counts_encoding_and_decoding() -> None:
+    arrays = {"w": np.ones((256, 256), dtype=np.float32)}
+    before = protocol.codec_seconds()
+    record = protocol.to_record(arrays)
+    encoded = protocol.codec_seconds()
+    np.testing.assert_array_equal(protocol.from_record(record)["w"], arrays["w"])
+    assert before < encoded < protocol.codec_seconds()

@@ -55,6 +55,9 @@ def test_fedavg_run_learns_and_writes_results(run_config: dict[str, Any]) -> Non
     first, last = rows[0]["train"]["test-accuracy"], rows[-1]["train"]["test-accuracy"]
     assert first < 0.3 < 0.7 < last
     assert rows[-1]["server-eval"]["test-accuracy"] > 0.8
+    # every round encoded and decoded weights; every phase's push is timed apart
+    assert all(r["codec-seconds"] > 0 for r in rows)
+    assert all("push-seconds" in p for r in rows for p in r["phases"])
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "completed"
     assert summary["final"]["eval"]["test-accuracy"] > 0.8
