@@ -113,6 +113,7 @@ def run(
         argv += ["--set", f"{key}={value}"]
     env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0")
     peaks: dict[int, dict[str, Any]] = {}
+    load_before = os.getloadavg()[0]
     started = time.monotonic()
     log = open(work / f"{out.name}.log", "w")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -138,6 +139,7 @@ def run(
         "returncode": proc.returncode,
         "status": summary.get("status", "missing"),
         "seconds": round(seconds, 1),
+        "load-average-1min": [round(load_before, 1), round(os.getloadavg()[0], 1)],
         "memory-mb": {
             role: {
                 "processes": len(v),
