@@ -54,6 +54,7 @@ ROLES = (  # first match wins; a Ray worker's arguments name the raylet, so work
     ("ray::", "ray"),
     ("raylet", "ray"),
     ("gcs_server", "ray"),
+    ("site-packages/ray/", "ray"),  # Ray's Python daemons (monitor, dashboard, log monitor)
     ("pollen.cli", "launcher"),
     ("bin/flwr ", "flwr-cli"),
 )
