@@ -87,19 +87,20 @@ def arrays_of(content: RecordDict, name: str = ARRAYS) -> dict[str, np.ndarray]:
     return from_record(record)
 
 
-_codec_seconds = [0.0]
+_codec_seconds = 0.0
 
 
 def codec_seconds() -> float:
     """Seconds this process has spent turning arrays into record bytes and back (flwr's Array
     runs np.save / np.load): the part of serialization that happens inside Pollen's code."""
-    return _codec_seconds[0]
+    return _codec_seconds
 
 
 def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
+    global _codec_seconds
     started = time.perf_counter()
     record = ArrayRecord({k: Array(_contiguous(v)) for k, v in arrays.items()})
-    _codec_seconds[0] += time.perf_counter() - started
+    _codec_seconds += time.perf_counter() - started
     return record
 
 
@@ -115,9 +116,10 @@ def from_record(record: ArrayRecord) -> dict[str, np.ndarray]:
 
 
 def decode(array: Array) -> np.ndarray:
+    global _codec_seconds
     started = time.perf_counter()
     value = array.numpy()
-    _codec_seconds[0] += time.perf_counter() - started
+    _codec_seconds += time.perf_counter() - started
     return value
 
 
