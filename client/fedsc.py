@@ -10,6 +10,9 @@ the spectral contrastive objective against the other clients' matrix, and report
   contrastive loss). The reply's kNN accuracy describes the received model: the client's test
   split classified against its training split as memory bank (labels used only here).
 * `evaluate`: the same kNN monitor on the final model.
+
+`SIMCLR_HANDLERS` are the FedAvg + SimCLR baseline's: the same local loop with the NT-Xent loss
+(`simclr.temperature`), nothing shared.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from flwr.app import RecordDict
 
 from client.common import generator, sgd_for_round, tensors
 from client.env import ClientEnv
-from client.training import SGD, get_weights, set_weights, train_spectral
+from client.training import SGD, TwoViewObjective, get_weights, set_weights, train_two_views
 from models.augment import Augmenter
 from models.dp_correlation import dp_correlation, rdp_epsilon, sensitivity
+from models.simclr import nt_xent
+from models.spectral import local_objective, norm_clip
 from models.ssl_eval import embed, knn_accuracy
 from models.ssl_nets import ContrastiveNet, build_contrastive_net
 from pollen import protocol
@@ -128,34 +133,60 @@ def correlation(content: RecordDict, env: ClientEnv) -> RecordDict:
     return protocol.reply(content, env.cid, metrics, **{CORRELATION: {"r": r32}})
 
 
-def train(content: RecordDict, env: ClientEnv) -> RecordDict:
-    rnd = protocol.round_of(content)
-    model = _received(content, env)
-    metrics = knn_metrics(model, env)
-    config = protocol.config_of(content)
-    others = None
-    if OTHERS in content:
-        others = torch.from_numpy(protocol.arrays_of(content, OTHERS)["r"]).to(env.device)
-    alpha = float(config.get("alpha", 1.0)) if others is not None else 1.0
+def _train(
+    content: RecordDict,
+    env: ClientEnv,
+    model: ContrastiveNet,
+    objective: TwoViewObjective,
+    loss_scale: float,
+    metrics: dict[str, int | float],
+) -> RecordDict:
+    """Local epochs of `objective` on two augmented views; the reply carries the weights."""
     sgd = sgd_for_round(content, env)
     params = [p for p in model.parameters() if p.requires_grad]
     data = tensors(env.data.train, env.device)
-    metrics["train-loss"] = train_spectral(
+    metrics["train-loss"] = train_two_views(
         model,
         data.x,
         _augmenter(env),
+        objective,
         epochs=sgd.epochs,
         batch_size=sgd.batch_size,
         opt=SGD(params, sgd.lr, sgd.momentum, sgd.weight_decay),
-        generator=generator(env, rnd, "train"),
-        alpha=alpha,
-        others=others,
-        mu=float(env.settings["fedsc.mu"]),
-        loss_scale=float(env.settings["fedsc.loss-scale"]),
+        generator=generator(env, protocol.round_of(content), "train"),
+        loss_scale=loss_scale,
         grad_clip=float(env.settings["fedsc.grad-clip"]),
     )
-    metrics.update({protocol.NUM_EXAMPLES: len(data), "alpha": alpha})
+    metrics[protocol.NUM_EXAMPLES] = len(data)
     return protocol.reply(content, env.cid, metrics, arrays=get_weights(model))
+
+
+def train(content: RecordDict, env: ClientEnv) -> RecordDict:
+    model = _received(content, env)
+    metrics = knn_metrics(model, env)
+    others = None
+    if OTHERS in content:
+        others = torch.from_numpy(protocol.arrays_of(content, OTHERS)["r"]).to(env.device)
+    alpha = float(protocol.config_of(content).get("alpha", 1.0)) if others is not None else 1.0
+    mu = float(env.settings["fedsc.mu"])
+
+    def objective(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+        return local_objective(norm_clip(z1, mu), norm_clip(z2, mu), alpha, others)
+
+    metrics["alpha"] = alpha
+    scale = float(env.settings["fedsc.loss-scale"])
+    return _train(content, env, model, objective, scale, metrics)
+
+
+def train_simclr(content: RecordDict, env: ClientEnv) -> RecordDict:
+    """FedAvg + SimCLR's local step: NT-Xent on the projector outputs, nothing shared."""
+    model = _received(content, env)
+    temperature = float(env.settings["simclr.temperature"])
+
+    def objective(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+        return nt_xent(z1, z2, temperature)
+
+    return _train(content, env, model, objective, 1.0, knn_metrics(model, env))
 
 
 def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
@@ -165,3 +196,4 @@ def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
 
 
 HANDLERS = {"query.correlation": correlation, "train": train, "evaluate": evaluate}
+SIMCLR_HANDLERS = {"train": train_simclr, "evaluate": evaluate}

@@ -163,28 +163,26 @@ def set_weights(model: nn.Module, weights: Mapping[str, np.ndarray]) -> None:
     model.load_state_dict(state, strict=True)
 
 
-def train_spectral(
+TwoViewObjective = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def train_two_views(
     model: nn.Module,
     x: torch.Tensor,
     augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor],
+    objective: TwoViewObjective,
     *,
     epochs: int,
     batch_size: int,
     opt: SGD,
     generator: torch.Generator,
-    alpha: float,
-    others: torch.Tensor | None,
-    mu: float,
-    loss_scale: float = 2.0,
+    loss_scale: float = 1.0,
     grad_clip: float = 0.0,
 ) -> float:
-    """Local FedSC / spectral contrastive training: per batch two augmented views, NormClip,
-    `loss_scale` x the local objective (2 = the reference code's scale), optional gradient-norm
-    clipping; `others` stays fixed for all epochs. A last batch of a single image is skipped
-    (BatchNorm cannot train on it, and one image has no negatives). Returns the last epoch's
-    mean objective."""
-    from models.spectral import local_objective, norm_clip
-
+    """Local self-supervised training on two augmented views per image: per batch
+    `loss_scale` x objective(model(view 1), model(view 2)), optional gradient-norm clipping.
+    A last batch of a single image is skipped (BatchNorm cannot train on it, and one image has
+    no negatives). Returns the last epoch's mean objective."""
     model.train()
     last = float("nan")
     for _ in range(epochs):
@@ -193,9 +191,7 @@ def train_spectral(
             if len(idx) < 2:
                 continue
             batch = x[idx]
-            z1 = norm_clip(model(augment(batch, generator)), mu)
-            z2 = norm_clip(model(augment(batch, generator)), mu)
-            loss = local_objective(z1, z2, alpha, others)
+            loss = objective(model(augment(batch, generator)), model(augment(batch, generator)))
             opt.zero_grad()
             (loss_scale * loss).backward()
             if grad_clip > 0:

@@ -393,6 +393,22 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             message_types=("train", "evaluate"),
         ),
         AlgorithmSpec(
+            name="fedavg-simclr",
+            description="FedAvg + SimCLR (NT-Xent loss on two views; nothing shared; uses the "
+            "fedsc.* encoder, augmentation and evaluation settings)",
+            strategy="strategies.fedsc:FedAvgSC",
+            client="client.fedsc:SIMCLR_HANDLERS",
+            message_types=("train", "evaluate"),
+            settings=(
+                Setting(
+                    "simclr.temperature",
+                    0.5,
+                    "temperature of SimCLR's NT-Xent loss",
+                    minimum=1e-6,
+                ),
+            ),
+        ),
+        AlgorithmSpec(
             name="adept-pca",
             description="ADEPT-PCA: personal principal subspaces U_i and a global V on the "
             "Stiefel manifold, tied by a prior whose width sigma is learned",

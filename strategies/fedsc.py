@@ -15,7 +15,8 @@ longer asked; its last matrix stays in use. The ledger counts every request (a c
 upper bound when a reply is lost); each client also keeps and enforces its own. Model weights
 are not protected.
 
-`fedavg-sc` is the same server with alpha = 1 and nothing shared (FedAvg + spectral contrastive).
+`fedavg-sc` is the same server with alpha = 1 and nothing shared (FedAvg + spectral contrastive);
+`fedavg-simclr` runs it with clients that train SimCLR's loss instead.
 """
 
 from __future__ import annotations

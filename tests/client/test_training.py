@@ -5,7 +5,14 @@ import pytest
 import torch
 from torch import nn
 
-from client.training import SGD, evaluate_classifier, get_weights, set_weights, train_classifier
+from client.training import (
+    SGD,
+    evaluate_classifier,
+    get_weights,
+    set_weights,
+    train_classifier,
+    train_two_views,
+)
 from tests.fakes import FixedLogits
 
 
@@ -74,3 +81,45 @@ def test_sequences_score_accuracy_over_tokens_and_loss_per_sequence() -> None:
         loss, acc = evaluate_classifier(model, index, y, batch_size=2, class_weights=w)
         assert acc == pytest.approx(float(right))
         assert loss == pytest.approx(float(token_losses.mean(1).mean()), rel=1e-6)
+
+
+def _noisy(batch: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    return batch + 0.1 * torch.randn(batch.shape, generator=generator)
+
+
+def test_two_view_training_sees_two_views_and_skips_a_lone_image() -> None:
+    """Batches of 2, 2 and 1 images: the objective gets two different views of each of the
+    first two batches, the single image is skipped, and the mean objective is returned."""
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2, bias=False)
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def objective(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
+        seen.append((z1.detach(), z2.detach()))
+        return ((z1 - z2) ** 2).sum(dim=1).mean()
+
+    x = torch.randn(5, 3)
+    last = train_two_views(
+        model, x, _noisy, objective, epochs=1, batch_size=2,
+        opt=SGD(list(model.parameters()), 0.0), generator=torch.Generator().manual_seed(1),
+    )  # fmt: skip
+    assert [len(z1) for z1, _ in seen] == [2, 2]
+    assert all(not torch.equal(z1, z2) for z1, z2 in seen)
+    expected = np.mean([float(((z1 - z2) ** 2).sum(dim=1).mean()) for z1, z2 in seen])
+    assert last == pytest.approx(expected)
+
+
+def test_two_view_loss_scale_scales_the_step() -> None:
+    """Without momentum, loss_scale 2 at lr 0.05 takes the same steps as scale 1 at lr 0.1."""
+    x = torch.randn(8, 3, generator=torch.Generator().manual_seed(2))
+    weights = []
+    for scale, lr in ((2.0, 0.05), (1.0, 0.1)):
+        torch.manual_seed(0)
+        model = nn.Linear(3, 2, bias=False)
+        train_two_views(
+            model, x, _noisy, lambda a, b: -(a * b).sum(dim=1).mean() + (a**2).mean(),
+            epochs=2, batch_size=4, opt=SGD(list(model.parameters()), lr),
+            generator=torch.Generator().manual_seed(3), loss_scale=scale,
+        )  # fmt: skip
+        weights.append(model.weight.detach().clone())
+    torch.testing.assert_close(weights[0], weights[1])

@@ -52,6 +52,7 @@ ROUNDS: dict[str, tuple[dict[str, Any], list[str]]] = {
     "fedlin": ({}, ["query.fedlin_grad", "train.fedlin"]),
     "fedsc": (FEDSC, ["query.correlation", "train"]),
     "fedavg-sc": (FEDSC, ["train"]),
+    "fedavg-simclr": (FEDSC, ["train"]),
     "adept-pca": (PCA, ["train"]),
     "adept-ae": ({"adept-ae.latent": 4, "adept-ae.local-steps": 2}, ["train"]),
     "adept-dgm": (DGM, ["train"]),

@@ -1,5 +1,6 @@
 """FedSC on the engine, in-process (digits, tiny settings): two phases, per-client Rbar_{-j},
-stale copies, privacy ledger and budget, malformed correlation replies, FedAvg + SC baseline."""
+stale copies, privacy ledger and budget, malformed correlation replies, FedAvg + SC and
+FedAvg + SimCLR baselines."""
 
 from __future__ import annotations
 
@@ -259,3 +260,28 @@ def test_others_is_the_weighted_mean_of_the_other_clients_latest_matrices(
                     np.testing.assert_array_equal(asked[name], value)
             checked += 1
     assert checked == 4  # two clients in each of rounds 2 and 3
+
+
+@pytest.mark.slow
+def test_fedavg_simclr_trains_nt_xent_and_shares_nothing(run_config: dict[str, Any]) -> None:
+    cfg = _cfg(run_config, **{"algorithm": "fedavg-simclr", "server-eval": False})
+    strategy = FedAvgSC(cfg)
+    grid = FakeGrid(client_app, 4, cfg)
+    seen = _capture(grid)
+    strategy.initialize(int(cfg["seed"]))
+    initial = {k: v.copy() for k, v in strategy.weights.items()}
+    clock = FakeClock()
+    Engine(grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock=clock, sleep=clock.sleep).run()
+    types = {m.metadata.message_type for _, m in seen}
+    assert types == {"query.hello", "train", "evaluate"}
+    assert all("others" not in m.content for _, m in seen)
+    rows = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")
+    losses = [r["train"]["train-loss"] for r in rows]
+    # NT-Xent: a cross-entropy over 2b - 1 candidates with logits in [-1/t, 1/t] (the spectral
+    # loss of fedavg-sc is negative)
+    bound = np.log(2 * 64 - 1) + 2 / float(cfg["simclr.temperature"])
+    assert all(0.0 < v < bound for v in losses), losses
+    assert "alpha" not in rows[-1]["train"]
+    assert any(not np.allclose(initial[k], v) for k, v in strategy.weights.items())
+    final = json.loads((Path(cfg["out-dir"]) / "summary.json").read_text())["final"]["eval"]
+    assert 0.0 <= final["probe-accuracy"] <= 1.0 and 0.0 <= final["global-knn-accuracy"] <= 1.0
