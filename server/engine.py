@@ -215,7 +215,9 @@ class Engine:
                         "metrics": dict(content[protocol.METRICS]),
                     }
                 )
-        return replies, failures
+        # in client order, not arrival order: strategies sum replies in the order given, and
+        # float sums in a different order differ in the last bits, which training amplifies
+        return dict(sorted(replies.items())), failures
 
     def screen(
         self,

@@ -99,6 +99,32 @@ def test_each_client_gets_its_own_content(run_config: dict[str, Any]) -> None:
     assert strategy.seen == {0: 2.0, 1: 12.0, 2: 22.0}
 
 
+class ReversedGrid(FakeGrid):
+    """Delivers each poll's replies in the reverse of the order asked for."""
+
+    def pull_messages(self, message_ids: Any) -> list[Message]:
+        return list(reversed(list(super().pull_messages(message_ids))))
+
+
+class OrderRecorder(EchoPerClient):
+    def run_round(self, fed: Federation) -> dict[str, float]:
+        payloads = {
+            c.cid: protocol.instruction(fed.server_round, "query.noop", arrays={"x": np.zeros(1)})
+            for c in fed.available()
+        }
+        self.orders = getattr(self, "orders", []) + [list(fed.exchange("query.noop", payloads))]
+        return {}
+
+
+def test_replies_reach_the_strategy_in_client_order(run_config: dict[str, Any]) -> None:
+    """Whatever order replies arrive in, strategies get them by client id, so their sums (and
+    the trained weights) do not depend on arrival order."""
+    cfg = settings_of({**run_config, "algorithm": "noop", "num-rounds": 2, "num-clients": 4})
+    strategy = OrderRecorder(cfg)
+    _engine(ReversedGrid(client_app, 4, cfg), cfg, strategy).run()
+    assert strategy.orders == [[0, 1, 2, 3], [0, 1, 2, 3]]
+
+
 def test_sampling_takes_the_configured_fraction_reproducibly(run_config: dict[str, Any]) -> None:
     cfg = settings_of(
         {
