@@ -107,12 +107,15 @@ class ReversedGrid(FakeGrid):
 
 
 class OrderRecorder(EchoPerClient):
+    def initialize(self, seed: int) -> None:
+        self.orders: list[list[int]] = []
+
     def run_round(self, fed: Federation) -> dict[str, float]:
         payloads = {
             c.cid: protocol.instruction(fed.server_round, "query.noop", arrays={"x": np.zeros(1)})
             for c in fed.available()
         }
-        self.orders = getattr(self, "orders", []) + [list(fed.exchange("query.noop", payloads))]
+        self.orders.append(list(fed.exchange("query.noop", payloads)))
         return {}
 
 
