@@ -1,0 +1,107 @@
+"""Linear probe of a FedSC experiment's final encoders on two feature sets (after
+`pollen experiment experiments/fedsc_mnist_5x2_e5.toml --out DIR`):
+
+    python -m experiments.fedsc_probe_features DIR
+
+For each run it loads final_model.npz and probes the backbone's features (the paper's protocol,
+the runs' `probe-accuracy`) and the projector's outputs z, on which FedSC's inter-client term
+acts; row "untrained" probes each seed's initial model. Same data, probe and seed as the runs'
+own final evaluation. Writes DIR/probe-features.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+import torch
+
+FEATURES = ("backbone", "projector")
+
+
+def probe_run(run: Path, untrained: bool = False) -> dict[str, float]:
+    """Last-epoch probe accuracy (%) on each feature set of the run's final model (untrained:
+    of the model the run started from)."""
+    from client.fedsc import contrastive_net
+    from client.training import set_weights
+    from models.ssl_eval import embed, linear_probe
+    from pollen.dataspec import model_input
+    from strategies.fedsc import FedAvgSC, RepresentationEvaluator
+
+    settings = json.loads((run / "config.json").read_text())
+    data = RepresentationEvaluator(settings).data
+    if data is None:
+        raise SystemExit(f"{run}: the server-side data of this run cannot be loaded")
+    (x, y), (tx, ty) = data
+    if untrained:
+        initial = FedAvgSC(settings)
+        initial.initialize(int(settings["seed"]))
+        weights = dict(initial.weights)
+    else:
+        with np.load(run / "final_model.npz") as saved:
+            weights = {k: saved[k] for k in saved.files}
+    net = contrastive_net(settings)
+    set_weights(net, weights)
+    net.eval()
+    _, classes = model_input(settings)
+    out: dict[str, float] = {}
+    for name, features in zip(FEATURES, (net.backbone, net), strict=True):
+        last, _ = linear_probe(
+            embed(features, x),
+            y,
+            embed(features, tx),
+            ty,
+            classes,
+            epochs=int(settings["fedsc.probe-epochs"]),
+            lr=float(settings["fedsc.probe-lr"]),
+            generator=torch.Generator().manual_seed(int(settings["seed"])),
+        )
+        out[name] = 100.0 * last
+    return out
+
+
+def _rounded(accuracies: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 1) for k, v in accuracies.items()}
+
+
+def table(results: dict[str, list[dict[str, float]]]) -> str:
+    lines = ["| method | " + " | ".join(f"probe on {f}" for f in FEATURES) + " |"]
+    lines.append("|---" * (len(FEATURES) + 1) + "|")
+    for method, seeds in results.items():
+        cells = []
+        for f in FEATURES:
+            values = [s[f] for s in seeds]
+            spread = statistics.stdev(values) if len(values) > 1 else 0.0
+            per_seed = " / ".join(f"{v:.1f}" for v in values)
+            cells.append(f"{statistics.mean(values):.1f} ± {spread:.1f} ({per_seed})")
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="results directory of a FedSC experiment")
+    args = parser.parse_args()
+    results: dict[str, list[dict[str, float]]] = {}
+    runs = sorted(args.out.glob("*-seed*/final_model.npz"))
+    if not runs:
+        raise SystemExit(f"no runs with a final_model.npz in {args.out}")
+    first_of_seed: dict[str, Path] = {}
+    for path in runs:
+        method, _, seed = path.parent.name.rpartition("-seed")
+        first_of_seed.setdefault(seed, path.parent)
+        results.setdefault(method, []).append(probe_run(path.parent))
+        print(path.parent.name, _rounded(results[method][-1]))
+    for seed, run in sorted(first_of_seed.items()):
+        results.setdefault("untrained", []).append(probe_run(run, untrained=True))
+        print(f"untrained-seed{seed}", _rounded(results["untrained"][-1]))
+    text = table(results)
+    (args.out / "probe-features.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
