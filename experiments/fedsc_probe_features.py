@@ -17,7 +17,6 @@ import statistics
 from pathlib import Path
 
 import numpy as np
-import torch
 
 FEATURES = ("backbone", "projector")
 
@@ -25,17 +24,12 @@ FEATURES = ("backbone", "projector")
 def probe_run(run: Path, untrained: bool = False) -> dict[str, float]:
     """Last-epoch probe accuracy (%) on each feature set of the run's final model (untrained:
     of the model the run started from)."""
-    from client.fedsc import contrastive_net
-    from client.training import set_weights
-    from models.ssl_eval import embed, linear_probe
-    from pollen.dataspec import model_input
     from strategies.fedsc import FedAvgSC, RepresentationEvaluator
 
     settings = json.loads((run / "config.json").read_text())
-    data = RepresentationEvaluator(settings).data
-    if data is None:
+    evaluator = RepresentationEvaluator(settings)
+    if evaluator.data is None:
         raise SystemExit(f"{run}: the server-side data of this run cannot be loaded")
-    (x, y), (tx, ty) = data
     if untrained:
         initial = FedAvgSC(settings)
         initial.initialize(int(settings["seed"]))
@@ -43,24 +37,9 @@ def probe_run(run: Path, untrained: bool = False) -> dict[str, float]:
     else:
         with np.load(run / "final_model.npz") as saved:
             weights = {k: saved[k] for k in saved.files}
-    net = contrastive_net(settings)
-    set_weights(net, weights)
-    net.eval()
-    _, classes = model_input(settings)
-    out: dict[str, float] = {}
-    for name, features in zip(FEATURES, (net.backbone, net), strict=True):
-        last, _ = linear_probe(
-            embed(features, x),
-            y,
-            embed(features, tx),
-            ty,
-            classes,
-            epochs=int(settings["fedsc.probe-epochs"]),
-            lr=float(settings["fedsc.probe-lr"]),
-            generator=torch.Generator().manual_seed(int(settings["seed"])),
-        )
-        out[name] = 100.0 * last
-    return out
+    net = evaluator.net(weights)
+    modules = (net.backbone, net)
+    return {f: 100.0 * evaluator.linear_probe(m)[0] for f, m in zip(FEATURES, modules, strict=True)}
 
 
 def _rounded(accuracies: dict[str, float]) -> dict[str, float]:

@@ -267,7 +267,8 @@ class RepresentationEvaluator:
             log.warning("server-side representation evaluation disabled: %s", exc)
             return None
 
-    def _net(self, weights: Mapping[str, np.ndarray]) -> Any:
+    def net(self, weights: Mapping[str, np.ndarray]) -> Any:
+        """The ContrastiveNet holding `weights`, in eval mode."""
         from client.training import set_weights
 
         net = contrastive_net(self.settings)
@@ -280,7 +281,7 @@ class RepresentationEvaluator:
         from models.ssl_eval import embed, knn_accuracy
 
         (x, y), (tx, ty) = self.data
-        net = self._net(weights)
+        net = self.net(weights)
         acc = knn_accuracy(
             embed(net, x),
             y,
@@ -292,25 +293,30 @@ class RepresentationEvaluator:
         )
         return {"global-knn-accuracy": acc}
 
-    def probe(self, weights: Mapping[str, np.ndarray]) -> dict[str, float]:
-        if self.data is None:
-            return {}
+    def linear_probe(self, features: Any) -> tuple[float, float]:
+        """(last-epoch, best-epoch) test accuracy of a linear probe on the outputs of the module
+        `features` (the paper's protocol: the backbone); needs `data`."""
         import torch
 
         from models.ssl_eval import embed, linear_probe
         from pollen.dataspec import model_input
 
+        assert self.data is not None
         (x, y), (tx, ty) = self.data
-        net = self._net(weights)
         _, classes = model_input(self.settings)
-        last, best = linear_probe(
-            embed(net.backbone, x),
+        return linear_probe(
+            embed(features, x),
             y,
-            embed(net.backbone, tx),
+            embed(features, tx),
             ty,
             classes,
             epochs=int(self.settings["fedsc.probe-epochs"]),
             lr=float(self.settings["fedsc.probe-lr"]),
             generator=torch.Generator().manual_seed(int(self.settings["seed"])),
         )
+
+    def probe(self, weights: Mapping[str, np.ndarray]) -> dict[str, float]:
+        if self.data is None:
+            return {}
+        last, best = self.linear_probe(self.net(weights).backbone)
         return {"probe-accuracy": last, "probe-best-accuracy": best, **self.knn(weights)}

@@ -106,7 +106,9 @@ class ReversedGrid(FakeGrid):
         return list(reversed(list(super().pull_messages(message_ids))))
 
 
-class OrderRecorder(EchoPerClient):
+class OrderRecorder(Strategy):
+    """Records the order in which a phase's replies reach the strategy."""
+
     def initialize(self, seed: int) -> None:
         self.orders: list[list[int]] = []
 
