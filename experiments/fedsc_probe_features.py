@@ -5,13 +5,16 @@
 
 For each run it loads final_model.npz and probes the backbone's features (the paper's protocol,
 the runs' `probe-accuracy`) and the projector's outputs z, on which FedSC's inter-client term
-acts; row "untrained" probes each seed's initial model. Same data, probe and seed as the runs'
-own final evaluation. Writes DIR/probe-features.md.
+acts; row "untrained" probes each seed's initial model, once for each data split and encoder
+the runs use (rows "untrained (data of METHODS)" when there are several, e.g. a centralised
+method next to the federated ones). Same data, probe and seed as the runs' own final evaluation.
+Writes DIR/probe-features.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -42,6 +45,18 @@ def probe_run(run: Path, untrained: bool = False) -> dict[str, float]:
     return {f: 100.0 * evaluator.linear_probe(m)[0] for f, m in zip(FEATURES, modules, strict=True)}
 
 
+def untrained_key(run: Path) -> str:
+    """What the untrained probe of a run depends on, apart from the seed: its data split and
+    encoder (runs of one seed with equal keys start from the same model and data)."""
+    from pollen.dataspec import data_spec
+
+    settings = json.loads((run / "config.json").read_text())
+    split = dataclasses.replace(data_spec(settings), seed=0)
+    model = [settings[k] for k in ("fedsc.encoder", "fedsc.dim", "fedsc.hidden")]
+    probe = [settings[k] for k in ("fedsc.probe-epochs", "fedsc.probe-lr")]
+    return repr((split, model, probe))
+
+
 def _rounded(accuracies: dict[str, float]) -> dict[str, float]:
     return {k: round(v, 1) for k, v in accuracies.items()}
 
@@ -68,15 +83,22 @@ def main() -> None:
     runs = sorted(args.out.glob("*-seed*/final_model.npz"))
     if not runs:
         raise SystemExit(f"no runs with a final_model.npz in {args.out}")
-    first_of_seed: dict[str, Path] = {}
+    # the initial models to probe: one run per (seed, data split and encoder)
+    setups: dict[str, dict[str, Path]] = {}  # setup without seed -> seed -> run
+    users: dict[str, list[str]] = {}  # setup -> methods using it
     for path in runs:
         method, _, seed = path.parent.name.rpartition("-seed")
-        first_of_seed.setdefault(seed, path.parent)
         results.setdefault(method, []).append(probe_run(path.parent))
         print(path.parent.name, _rounded(results[method][-1]))
-    for seed, run in sorted(first_of_seed.items()):
-        results.setdefault("untrained", []).append(probe_run(run, untrained=True))
-        print(f"untrained-seed{seed}", _rounded(results["untrained"][-1]))
+        setup = untrained_key(path.parent)
+        setups.setdefault(setup, {}).setdefault(seed, path.parent)
+        if method not in users.setdefault(setup, []):
+            users[setup].append(method)
+    for setup, first_of_seed in setups.items():
+        row = "untrained" if len(setups) == 1 else f"untrained (data of {', '.join(users[setup])})"
+        for seed, run in sorted(first_of_seed.items()):
+            results.setdefault(row, []).append(probe_run(run, untrained=True))
+            print(f"{row} seed{seed}", _rounded(results[row][-1]))
     text = table(results)
     (args.out / "probe-features.md").write_text(text)
     print(text)
