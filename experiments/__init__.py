@@ -1,0 +1,1 @@
+"""Paper experiments: experiment files (TOML) and the scripts that report on their runs."""
