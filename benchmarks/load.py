@@ -38,6 +38,7 @@ EXTRA: dict[str, dict[str, Any]] = {
     "fedsc": FEDSC,
     "fedavg-sc": FEDSC,
     "fedavg-simclr": FEDSC,
+    "fedavg-byol": FEDSC,
     "adept-pca": {"dataset": "pca-synthetic", "partitioner": "natural", "val-fraction": 0.0,
                   "synthetic.dimension": 12, "synthetic.rank": 3, "synthetic.train-size": 10,
                   "synthetic.test-size": 20, "adept-pca.rank": 3, "lr": 2e-3},

@@ -12,7 +12,9 @@ the spectral contrastive objective against the other clients' matrix, and report
 * `evaluate`: the same kNN monitor on the final model.
 
 `SIMCLR_HANDLERS` are the FedAvg + SimCLR baseline's: the same local loop with the NT-Xent loss
-(`simclr.temperature`), nothing shared.
+(`simclr.temperature`), nothing shared. `BYOL_HANDLERS` are FedAvg + BYOL's: the same loop on
+BYOL's loss, with a target network that starts each round as the received model and follows
+the online one by `byol.ema` after every step; backbone, projector and predictor are averaged.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from client.common import generator, sgd_for_round, tensors
 from client.env import ClientEnv
 from client.training import SGD, TwoViewObjective, get_weights, set_weights, train_two_views
 from models.augment import Augmenter
+from models.byol import BYOLPair
 from models.dp_correlation import dp_correlation, rdp_epsilon, sensitivity
 from models.simclr import nt_xent
 from models.spectral import local_objective, norm_clip
@@ -43,12 +46,14 @@ OTHERS = "others"  # record of a train instruction: {"r": Rbar_{-j}}
 
 
 def contrastive_net(settings: Mapping[str, Scalar]) -> ContrastiveNet:
+    """The run's network: backbone and projector, and BYOL's predictor for fedavg-byol."""
     shape, _ = model_input(settings)
     return build_contrastive_net(
         str(settings["fedsc.encoder"]),
         shape,
         int(settings["fedsc.dim"]),
         int(settings["fedsc.hidden"]),
+        predictor=settings["algorithm"] == "fedavg-byol",
     )
 
 
@@ -140,13 +145,16 @@ def _train(
     objective: TwoViewObjective,
     loss_scale: float,
     metrics: dict[str, int | float],
+    trained: torch.nn.Module | None = None,
 ) -> RecordDict:
-    """Local epochs of `objective` on two augmented views; the reply carries the weights."""
+    """Local epochs of `objective` on two augmented views of `trained` (default: `model`,
+    whose weights the reply carries)."""
     sgd = sgd_for_round(content, env)
-    params = [p for p in model.parameters() if p.requires_grad]
+    trained = model if trained is None else trained
+    params = [p for p in trained.parameters() if p.requires_grad]
     data = tensors(env.data.train, env.device)
     metrics["train-loss"] = train_two_views(
-        model,
+        trained,
         data.x,
         _augmenter(env),
         objective,
@@ -156,6 +164,7 @@ def _train(
         generator=generator(env, protocol.round_of(content), "train"),
         loss_scale=loss_scale,
         grad_clip=float(env.settings["fedsc.grad-clip"]),
+        after_step=trained.update_target if isinstance(trained, BYOLPair) else None,
     )
     metrics[protocol.NUM_EXAMPLES] = len(data)
     return protocol.reply(content, env.cid, metrics, arrays=get_weights(model))
@@ -189,6 +198,14 @@ def train_simclr(content: RecordDict, env: ClientEnv) -> RecordDict:
     return _train(content, env, model, objective, 1.0, knn_metrics(model, env))
 
 
+def train_byol(content: RecordDict, env: ClientEnv) -> RecordDict:
+    """FedAvg + BYOL's local step: the target starts as the received model (reset at sync)."""
+    model = _received(content, env)
+    pair = BYOLPair(model, float(env.settings["byol.ema"]))
+    metrics = knn_metrics(model, env)
+    return _train(content, env, model, pair.symmetric_loss, 1.0, metrics, trained=pair)
+
+
 def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
     metrics = knn_metrics(_received(content, env), env)
     metrics[protocol.NUM_EXAMPLES] = len(env.data.train)
@@ -197,3 +214,4 @@ def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
 
 HANDLERS = {"query.correlation": correlation, "train": train, "evaluate": evaluate}
 SIMCLR_HANDLERS = {"train": train_simclr, "evaluate": evaluate}
+BYOL_HANDLERS = {"train": train_byol, "evaluate": evaluate}

@@ -178,11 +178,13 @@ def train_two_views(
     generator: torch.Generator,
     loss_scale: float = 1.0,
     grad_clip: float = 0.0,
+    after_step: Callable[[], None] | None = None,
 ) -> float:
     """Local self-supervised training on two augmented views per image: per batch
-    `loss_scale` x objective(model(view 1), model(view 2)), optional gradient-norm clipping.
-    A last batch of a single image is skipped (BatchNorm cannot train on it, and one image has
-    no negatives). Returns the last epoch's mean objective."""
+    `loss_scale` x objective(model(view 1), model(view 2)), optional gradient-norm clipping,
+    then `after_step` (BYOL's target update). A last batch of a single image is skipped
+    (BatchNorm cannot train on it, and one image has no negatives). Returns the last epoch's
+    mean objective."""
     model.train()
     last = float("nan")
     for _ in range(epochs):
@@ -197,6 +199,8 @@ def train_two_views(
             if grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(opt.params, grad_clip)
             opt.step()
+            if after_step is not None:
+                after_step()
             total += float(loss.detach()) * len(idx)
             count += len(idx)
         last = total / max(count, 1)

@@ -116,25 +116,42 @@ class FixupResNet20(nn.Module):
 
 
 class ContrastiveNet(nn.Module):
-    """Backbone + projector (Linear -> ReLU -> Linear); forward gives the representation z."""
+    """Backbone + projector (Linear -> ReLU -> Linear); forward gives the representation z.
+    BYOL's online network also has a predictor (Linear -> ReLU -> Linear, dim -> 2 dim -> dim,
+    the paper's 512-1024-512), part of the averaged weights."""
 
-    def __init__(self, backbone: nn.Module, features: int, dim: int, hidden: int) -> None:
+    def __init__(
+        self, backbone: nn.Module, features: int, dim: int, hidden: int, predictor: bool = False
+    ) -> None:
         super().__init__()
         self.backbone = backbone
         self.projector = nn.Sequential(
             nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, dim)
         )
+        self.predictor: nn.Module | None = None
+        if predictor:
+            self.predictor = nn.Sequential(
+                nn.Linear(dim, 2 * dim), nn.ReLU(), nn.Linear(2 * dim, dim)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.projector(self.backbone(x))
         return out
 
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        """The predictor's output of z (BYOL's online branch)."""
+        if self.predictor is None:
+            raise ValueError("this network has no predictor")
+        out: torch.Tensor = self.predictor(self(x))
+        return out
+
 
 def build_contrastive_net(
-    encoder: str, input_shape: tuple[int, ...], dim: int, hidden: int = 0
+    encoder: str, input_shape: tuple[int, ...], dim: int, hidden: int = 0, predictor: bool = False
 ) -> ContrastiveNet:
     """The named backbone for images of input_shape (C, H, W) with a projector to `dim`
-    (hidden width `hidden`, default twice the backbone's features: 512-1024-512 in the paper)."""
+    (hidden width `hidden`, default twice the backbone's features: 512-1024-512 in the paper)
+    and, for BYOL, a predictor."""
     if len(input_shape) != 3:
         raise ValueError(f"contrastive encoders need image input (C, H, W), got {input_shape}")
     channels = input_shape[0]
@@ -150,4 +167,4 @@ def build_contrastive_net(
     else:
         raise ValueError(f"unknown encoder {encoder!r}; known: {', '.join(ENCODERS)}")
     features = int(backbone.out_features)  # type: ignore[arg-type]
-    return ContrastiveNet(backbone, features, dim, hidden or 2 * features)
+    return ContrastiveNet(backbone, features, dim, hidden or 2 * features, predictor)

@@ -409,6 +409,24 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             ),
         ),
         AlgorithmSpec(
+            name="fedavg-byol",
+            description="FedAvg + BYOL (online network with predictor, EMA target reset to the "
+            "global model each round; nothing shared; uses the fedsc.* encoder, augmentation "
+            "and evaluation settings)",
+            strategy="strategies.fedsc:FedAvgSC",
+            client="client.fedsc:BYOL_HANDLERS",
+            message_types=("train", "evaluate"),
+            settings=(
+                Setting(
+                    "byol.ema",
+                    0.99,
+                    "rate of the target network's moving average, per step (paper's code: 0.99)",
+                    minimum=0.0,
+                    maximum=1.0,
+                ),
+            ),
+        ),
+        AlgorithmSpec(
             name="adept-pca",
             description="ADEPT-PCA: personal principal subspaces U_i and a global V on the "
             "Stiefel manifold, tied by a prior whose width sigma is learned",

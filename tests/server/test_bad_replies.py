@@ -53,6 +53,7 @@ ROUNDS: dict[str, tuple[dict[str, Any], list[str]]] = {
     "fedsc": (FEDSC, ["query.correlation", "train"]),
     "fedavg-sc": (FEDSC, ["train"]),
     "fedavg-simclr": (FEDSC, ["train"]),
+    "fedavg-byol": (FEDSC, ["train"]),
     "adept-pca": (PCA, ["train"]),
     "adept-ae": ({"adept-ae.latent": 4, "adept-ae.local-steps": 2}, ["train"]),
     "adept-dgm": (DGM, ["train"]),

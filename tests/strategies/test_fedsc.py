@@ -285,3 +285,31 @@ def test_fedavg_simclr_trains_nt_xent_and_shares_nothing(run_config: dict[str, A
     assert any(not np.allclose(initial[k], v) for k, v in strategy.weights.items())
     final = json.loads((Path(cfg["out-dir"]) / "summary.json").read_text())["final"]["eval"]
     assert 0.0 <= final["probe-accuracy"] <= 1.0 and 0.0 <= final["global-knn-accuracy"] <= 1.0
+
+
+@pytest.mark.slow
+def test_fedavg_byol_trains_online_and_predictor_and_shares_nothing(
+    run_config: dict[str, Any],
+) -> None:
+    cfg = _cfg(run_config, **{"algorithm": "fedavg-byol", "server-eval": False})
+    strategy = FedAvgSC(cfg)
+    grid = FakeGrid(client_app, 4, cfg)
+    seen = _capture(grid)
+    strategy.initialize(int(cfg["seed"]))
+    initial = {k: v.copy() for k, v in strategy.weights.items()}
+    assert any(k.startswith("predictor.") for k in initial)  # the predictor is averaged too
+    clock = FakeClock()
+    Engine(grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock=clock, sleep=clock.sleep).run()
+    assert {m.metadata.message_type for _, m in seen} == {"query.hello", "train", "evaluate"}
+    assert all("others" not in m.content for _, m in seen)
+    rows = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")
+    losses = [r["train"]["train-loss"] for r in rows]
+    assert all(0.0 < v < 8.0 for v in losses), losses  # two terms of 2 - 2 cos, each in [0, 4]
+    for part in ("backbone.", "projector.", "predictor."):
+        assert any(
+            not np.allclose(initial[k], v)
+            for k, v in strategy.weights.items()
+            if k.startswith(part)
+        ), part
+    final = json.loads((Path(cfg["out-dir"]) / "summary.json").read_text())["final"]["eval"]
+    assert 0.0 <= final["probe-accuracy"] <= 1.0 and 0.0 <= final["global-knn-accuracy"] <= 1.0
