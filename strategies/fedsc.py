@@ -16,7 +16,8 @@ upper bound when a reply is lost); each client also keeps and enforces its own. 
 are not protected.
 
 `fedavg-sc` is the same server with alpha = 1 and nothing shared (FedAvg + spectral contrastive);
-`fedavg-simclr` runs it with clients that train SimCLR's loss instead.
+`fedavg-simclr` and `fedavg-byol` run it with clients that train SimCLR's or BYOL's loss instead
+(BYOL's predictor is part of the averaged model).
 """
 
 from __future__ import annotations
