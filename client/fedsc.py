@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
@@ -146,9 +146,10 @@ def _train(
     loss_scale: float,
     metrics: dict[str, int | float],
     trained: torch.nn.Module | None = None,
+    after_step: Callable[[], None] | None = None,
 ) -> RecordDict:
     """Local epochs of `objective` on two augmented views of `trained` (default: `model`,
-    whose weights the reply carries)."""
+    whose weights the reply carries), `after_step` after every step."""
     sgd = sgd_for_round(content, env)
     trained = model if trained is None else trained
     params = [p for p in trained.parameters() if p.requires_grad]
@@ -164,7 +165,7 @@ def _train(
         generator=generator(env, protocol.round_of(content), "train"),
         loss_scale=loss_scale,
         grad_clip=float(env.settings["fedsc.grad-clip"]),
-        after_step=trained.update_target if isinstance(trained, BYOLPair) else None,
+        after_step=after_step,
     )
     metrics[protocol.NUM_EXAMPLES] = len(data)
     return protocol.reply(content, env.cid, metrics, arrays=get_weights(model))
@@ -203,7 +204,7 @@ def train_byol(content: RecordDict, env: ClientEnv) -> RecordDict:
     model = _received(content, env)
     pair = BYOLPair(model, float(env.settings["byol.ema"]))
     metrics = knn_metrics(model, env)
-    return _train(content, env, model, pair.symmetric_loss, 1.0, metrics, trained=pair)
+    return _train(content, env, model, pair.symmetric_loss, 1.0, metrics, pair, pair.update_target)
 
 
 def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:

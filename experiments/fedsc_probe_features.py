@@ -18,39 +18,40 @@ import dataclasses
 import json
 import statistics
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 FEATURES = ("backbone", "projector")
 
 
-def probe_run(run: Path, untrained: bool = False) -> dict[str, float]:
-    """Last-epoch probe accuracy (%) on each feature set of the run's final model (untrained:
-    of the model the run started from)."""
-    from strategies.fedsc import FedAvgSC, RepresentationEvaluator
-
-    settings = json.loads((run / "config.json").read_text())
-    evaluator = RepresentationEvaluator(settings)
-    if evaluator.data is None:
-        raise SystemExit(f"{run}: the server-side data of this run cannot be loaded")
-    if untrained:
-        initial = FedAvgSC(settings)
-        initial.initialize(int(settings["seed"]))
-        weights = dict(initial.weights)
-    else:
-        with np.load(run / "final_model.npz") as saved:
-            weights = {k: saved[k] for k in saved.files}
+def probe(evaluator: Any, weights: dict[str, np.ndarray]) -> dict[str, float]:
+    """Last-epoch probe accuracy (%) of `weights` on each feature set, with the run's
+    RepresentationEvaluator (its data, probe settings and seed)."""
     net = evaluator.net(weights)
     modules = (net.backbone, net)
     return {f: 100.0 * evaluator.linear_probe(m)[0] for f, m in zip(FEATURES, modules, strict=True)}
 
 
-def untrained_key(run: Path) -> str:
+def initial_weights(settings: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The model the run started from."""
+    from strategies.fedsc import FedAvgSC
+
+    initial = FedAvgSC(settings)
+    initial.initialize(int(settings["seed"]))
+    return dict(initial.weights)
+
+
+def settings_of(run: Path) -> dict[str, Any]:
+    settings: dict[str, Any] = json.loads((run / "config.json").read_text())
+    return settings
+
+
+def untrained_key(settings: dict[str, Any]) -> str:
     """What the untrained probe of a run depends on, apart from the seed: its data split and
     encoder (runs of one seed with equal keys start from the same model and data)."""
     from pollen.dataspec import data_spec
 
-    settings = json.loads((run / "config.json").read_text())
     split = dataclasses.replace(data_spec(settings), seed=0)
     model = [settings[k] for k in ("fedsc.encoder", "fedsc.dim", "fedsc.hidden")]
     probe = [settings[k] for k in ("fedsc.probe-epochs", "fedsc.probe-lr")]
@@ -83,22 +84,33 @@ def main() -> None:
     runs = sorted(args.out.glob("*-seed*/final_model.npz"))
     if not runs:
         raise SystemExit(f"no runs with a final_model.npz in {args.out}")
-    # the initial models to probe: one run per (seed, data split and encoder)
-    setups: dict[str, dict[str, Path]] = {}  # setup without seed -> seed -> run
+    from strategies.fedsc import RepresentationEvaluator
+
+    # the initial models are probed once per (seed, data split and encoder), with the data of
+    # the first run of that setup
+    untrained: dict[str, dict[str, dict[str, float]]] = {}  # setup -> seed -> accuracies
     users: dict[str, list[str]] = {}  # setup -> methods using it
     for path in runs:
-        method, _, seed = path.parent.name.rpartition("-seed")
-        results.setdefault(method, []).append(probe_run(path.parent))
-        print(path.parent.name, _rounded(results[method][-1]))
-        setup = untrained_key(path.parent)
-        setups.setdefault(setup, {}).setdefault(seed, path.parent)
+        run = path.parent
+        method, _, seed = run.name.rpartition("-seed")
+        settings = settings_of(run)
+        evaluator = RepresentationEvaluator(settings)
+        if evaluator.data is None:
+            raise SystemExit(f"{run}: the server-side data of this run cannot be loaded")
+        with np.load(path) as saved:
+            results.setdefault(method, []).append(probe(evaluator, dict(saved)))
+        print(run.name, _rounded(results[method][-1]))
+        setup = untrained_key(settings)
         if method not in users.setdefault(setup, []):
             users[setup].append(method)
-    for setup, first_of_seed in setups.items():
-        row = "untrained" if len(setups) == 1 else f"untrained (data of {', '.join(users[setup])})"
-        for seed, run in sorted(first_of_seed.items()):
-            results.setdefault(row, []).append(probe_run(run, untrained=True))
-            print(f"{row} seed{seed}", _rounded(results[row][-1]))
+        seeds = untrained.setdefault(setup, {})
+        if seed not in seeds:
+            seeds[seed] = probe(evaluator, initial_weights(settings))
+            print(f"untrained seed{seed} (data of {run.name})", _rounded(seeds[seed]))
+    for setup, seeds in untrained.items():
+        many = len(untrained) > 1
+        row = f"untrained (data of {', '.join(users[setup])})" if many else "untrained"
+        results[row] = [seeds[seed] for seed in sorted(seeds)]
     text = table(results)
     (args.out / "probe-features.md").write_text(text)
     print(text)

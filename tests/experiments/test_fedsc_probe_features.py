@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
-from experiments.fedsc_probe_features import untrained_key
+from experiments.fedsc_probe_features import settings_of, untrained_key
 from pollen.settings import resolve
 
 FEDERATED = {
@@ -17,11 +18,12 @@ FEDERATED = {
 }
 
 
-def _run(tmp_path: Path, name: str, **overrides: object) -> Path:
+def _run(tmp_path: Path, name: str, **overrides: object) -> dict[str, Any]:
+    """The settings of a run directory, as the script reads them from its config.json."""
     run = tmp_path / name
     run.mkdir()
     (run / "config.json").write_text(json.dumps(resolve({**FEDERATED, **overrides})))
-    return run
+    return settings_of(run)
 
 
 def test_methods_sharing_split_and_encoder_share_the_untrained_row(tmp_path: Path) -> None:

@@ -262,9 +262,12 @@ def test_others_is_the_weighted_mean_of_the_other_clients_latest_matrices(
     assert checked == 4  # two clients in each of rounds 2 and 3
 
 
-@pytest.mark.slow
-def test_fedavg_simclr_trains_nt_xent_and_shares_nothing(run_config: dict[str, Any]) -> None:
-    cfg = _cfg(run_config, **{"algorithm": "fedavg-simclr", "server-eval": False})
+def _run_baseline(
+    run_config: dict[str, Any], algorithm: str
+) -> tuple[dict[str, Any], FedAvgSC, dict[str, np.ndarray], list[tuple[int, Message]]]:
+    """An engine run of a FedAvg-server baseline on 4 fake clients: (settings, strategy after
+    the run, initial weights, instructions delivered)."""
+    cfg = _cfg(run_config, **{"algorithm": algorithm, "server-eval": False})
     strategy = FedAvgSC(cfg)
     grid = FakeGrid(client_app, 4, cfg)
     seen = _capture(grid)
@@ -272,6 +275,12 @@ def test_fedavg_simclr_trains_nt_xent_and_shares_nothing(run_config: dict[str, A
     initial = {k: v.copy() for k, v in strategy.weights.items()}
     clock = FakeClock()
     Engine(grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock=clock, sleep=clock.sleep).run()
+    return cfg, strategy, initial, seen
+
+
+@pytest.mark.slow
+def test_fedavg_simclr_trains_nt_xent_and_shares_nothing(run_config: dict[str, Any]) -> None:
+    cfg, strategy, initial, seen = _run_baseline(run_config, "fedavg-simclr")
     types = {m.metadata.message_type for _, m in seen}
     assert types == {"query.hello", "train", "evaluate"}
     assert all("others" not in m.content for _, m in seen)
@@ -291,15 +300,8 @@ def test_fedavg_simclr_trains_nt_xent_and_shares_nothing(run_config: dict[str, A
 def test_fedavg_byol_trains_online_and_predictor_and_shares_nothing(
     run_config: dict[str, Any],
 ) -> None:
-    cfg = _cfg(run_config, **{"algorithm": "fedavg-byol", "server-eval": False})
-    strategy = FedAvgSC(cfg)
-    grid = FakeGrid(client_app, 4, cfg)
-    seen = _capture(grid)
-    strategy.initialize(int(cfg["seed"]))
-    initial = {k: v.copy() for k, v in strategy.weights.items()}
+    cfg, strategy, initial, seen = _run_baseline(run_config, "fedavg-byol")
     assert any(k.startswith("predictor.") for k in initial)  # the predictor is averaged too
-    clock = FakeClock()
-    Engine(grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock=clock, sleep=clock.sleep).run()
     assert {m.metadata.message_type for _, m in seen} == {"query.hello", "train", "evaluate"}
     assert all("others" not in m.content for _, m in seen)
     rows = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")
