@@ -62,16 +62,23 @@ def _rounded(accuracies: dict[str, float]) -> dict[str, float]:
     return {k: round(v, 1) for k, v in accuracies.items()}
 
 
-def table(results: dict[str, list[dict[str, float]]]) -> str:
-    lines = ["| method | " + " | ".join(f"probe on {f}" for f in FEATURES) + " |"]
-    lines.append("|---" * (len(FEATURES) + 1) + "|")
+def table(
+    results: dict[str, list[dict[str, float]]],
+    columns: dict[str, str] | None = None,
+    digits: int = 1,
+) -> str:
+    """Markdown table: one row per method, a `mean ± std (per seed)` cell per column
+    (key -> heading; default the probe's feature sets)."""
+    columns = columns or {f: f"probe on {f}" for f in FEATURES}
+    lines = ["| method | " + " | ".join(columns.values()) + " |"]
+    lines.append("|---" * (len(columns) + 1) + "|")
     for method, seeds in results.items():
         cells = []
-        for f in FEATURES:
+        for f in columns:
             values = [s[f] for s in seeds]
             spread = statistics.stdev(values) if len(values) > 1 else 0.0
-            per_seed = " / ".join(f"{v:.1f}" for v in values)
-            cells.append(f"{statistics.mean(values):.1f} ± {spread:.1f} ({per_seed})")
+            per_seed = " / ".join(f"{v:.{digits}f}" for v in values)
+            cells.append(f"{statistics.mean(values):.{digits}f} ± {spread:.{digits}f} ({per_seed})")
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

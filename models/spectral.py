@@ -69,6 +69,32 @@ def global_objective(
     return -pos + 0.5 * (r * r).sum()
 
 
+def objective_terms(
+    views: list[tuple[torch.Tensor, torch.Tensor]], q: list[float]
+) -> dict[str, float]:
+    """The global objective split as in the paper's Eq. (4): contraction -sum_j q_j Tr(R+_j),
+    intra-client contrast sum_j q_j^2/2 ||R_j||^2 and inter-client contrast (the rest of
+    1/2 ||R||^2, which FedAvg + SC never sees); also the sum of the clients' own losses
+    (FedAvg + SC's objective) and the effective rank Tr(R)^2 / ||R||_F^2 of the global R."""
+    rs = [correlation(z1, z2) for z1, z2 in views]
+    pos = [positive_trace(z1, z2) for z1, z2 in views]
+    r = sum(qj * rj for qj, rj in zip(q, rs, strict=True))
+    assert isinstance(r, torch.Tensor)
+    contraction = -sum(qj * float(p) for qj, p in zip(q, pos, strict=True))
+    intra = sum(0.5 * qj**2 * float((rj * rj).sum()) for qj, rj in zip(q, rs, strict=True))
+    half_norm = 0.5 * float((r * r).sum())
+    own = [-float(p) + 0.5 * float((rj * rj).sum()) for p, rj in zip(pos, rs, strict=True)]
+    local = sum(qj * lj for qj, lj in zip(q, own, strict=True))
+    return {
+        "global": contraction + half_norm,
+        "contraction": contraction,
+        "intra-contrast": intra,
+        "inter-contrast": half_norm - intra,
+        "local-sum": local,
+        "effective-rank": float(torch.trace(r)) ** 2 / max(2.0 * half_norm, 1e-30),
+    }
+
+
 def alpha_at(
     schedule: str, server_round: int, num_rounds: int, alpha_min: float, q: float
 ) -> float:

@@ -14,6 +14,7 @@ from models.spectral import (
     global_objective,
     local_objective,
     norm_clip,
+    objective_terms,
     others,
     positive_trace,
 )
@@ -57,6 +58,32 @@ def test_trace_form_equals_pairwise_loss() -> None:
         -(z1 * z2).sum(1).mean() + 0.5 * ((torch.cat([z1, z2]) @ torch.cat([z1, z2]).T) ** 2).mean()
     )
     assert float(global_objective(views, Q)) == pytest.approx(float(pairwise), abs=1e-12)
+
+
+def test_objective_terms_follow_eq4() -> None:
+    """O2 (paper Eq. 4): contraction + intra + inter == global loss, with the inter-client part
+    equal to sum_j q_j (1 - q_j)/2 Tr(R_j R_{-j}); local-sum is FedAvg + SC's objective."""
+    w = _weight().detach()
+    views = [(_encode(w, a), _encode(w, b)) for a, b in _data()]
+    terms = objective_terms(views, Q)
+    parts = terms["contraction"] + terms["intra-contrast"] + terms["inter-contrast"]
+    assert parts == pytest.approx(float(global_objective(views, Q)), abs=1e-12)
+    assert terms["global"] == pytest.approx(float(global_objective(views, Q)), abs=1e-12)
+    latest = {j: correlation(*v).numpy() for j, v in enumerate(views)}
+    inter = sum(
+        0.5 * qj * (1 - qj) * float(np.trace(latest[j] @ others(latest, dict(enumerate(Q)), j)))
+        for j, qj in enumerate(Q)
+    )
+    assert terms["inter-contrast"] == pytest.approx(inter, abs=1e-12)
+    local = sum(qj * float(local_objective(*v, 1.0)) for qj, v in zip(Q, views, strict=True))
+    assert terms["local-sum"] == pytest.approx(local, abs=1e-12)
+
+
+def test_effective_rank_counts_equally_used_directions() -> None:
+    """k orthogonal directions used equally: effective rank k; one direction: 1."""
+    z = torch.eye(6, dtype=torch.float64)[:3].repeat(4, 1) * 2.0
+    assert objective_terms([(z, z)], [1.0])["effective-rank"] == pytest.approx(3.0)
+    assert objective_terms([(z[:1], z[:1])], [1.0])["effective-rank"] == pytest.approx(1.0)
 
 
 def test_aggregated_correlation_equals_centralised() -> None:
