@@ -1,0 +1,169 @@
+"""One round of FedSC and of FedAvg + SC from a saved model, and what it does to the global
+spectral objective (after `pollen experiment ... --out DIR`):
+
+    python -m experiments.fedsc_one_round DIR/fedavg-sc-seed0 --alpha 0.3 --steps 1,5,25 --lr 0.03
+
+Every client of the run computes its exact correlation matrix at the saved model (no noise),
+then trains K steps of the run's local loop (batch size, momentum, weight decay, gradient clip,
+loss scale; two augmented views) from it, with FedSC's objective (alpha, fresh Rbar_{-j}) or
+FedAvg + SC's (alpha 1, nothing shared); the server averages the clients' models (weighted by
+training examples). Printed: the change of the global objective L and its inter-client
+contrast, on the same views for every model (experiments/fedsc_objective.py). With a fresh
+Rbar_{-j} and alpha = q_j the clients' gradients average to the global one (paper Eq. 6), so
+for small lr x K FedSC should lower L more than FedAvg + SC; the script shows how far that
+carries. Writes DIR/one-round.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from experiments.fedsc_objective import client_views, terms
+from experiments.fedsc_probe_features import settings_of
+
+
+def one_round(
+    settings: dict[str, Any],
+    start: dict[str, np.ndarray],
+    alpha: float,
+    steps: int,
+    lr: float,
+    shared: dict[int, np.ndarray] | None,
+) -> dict[str, np.ndarray]:
+    """The averaged model after every client trains `steps` steps from `start`; FedSC's
+    objective when `shared` (every client's correlation matrix) is given."""
+    import torch
+
+    from client.training import SGD, get_weights, train_two_views
+    from federated_data import load_client_data
+    from models.augment import Augmenter
+    from models.spectral import local_objective, norm_clip, others
+    from pollen.dataspec import data_spec, model_input
+    from pollen.paths import cache_dir
+    from strategies.fedsc import RepresentationEvaluator
+
+    spec, cache = data_spec(settings), cache_dir(settings)
+    shape, _ = model_input(settings)
+    mu, batch = float(settings["fedsc.mu"]), int(settings["batch-size"])
+    trains = [load_client_data(spec, cid, cache).train for cid in range(spec.num_clients)]
+    sizes = [len(t) for t in trains]
+    q = {cid: float(n) for cid, n in enumerate(sizes)}
+    models = []
+    for cid, train in enumerate(trains):
+        x = torch.from_numpy(train.features())
+        generator = torch.Generator().manual_seed(1000 + cid)
+        picked = torch.randint(0, len(x), (steps * batch,), generator=generator)
+        net = RepresentationEvaluator(settings).net(start)
+        rbar = torch.from_numpy(others(shared, q, cid)) if shared is not None else None
+        a = alpha if rbar is not None else 1.0
+
+        def objective(z1: Any, z2: Any, a: float = a, rbar: Any = rbar) -> Any:
+            return local_objective(norm_clip(z1, mu), norm_clip(z2, mu), a, rbar)
+
+        params = [p for p in net.parameters() if p.requires_grad]
+        train_two_views(
+            net,
+            x[picked],
+            Augmenter(shape, train.mean, train.std),
+            objective,
+            epochs=1,
+            batch_size=batch,
+            opt=SGD(params, lr, float(settings["momentum"]), float(settings["weight-decay"])),
+            generator=generator,
+            loss_scale=float(settings["fedsc.loss-scale"]),
+            grad_clip=float(settings["fedsc.grad-clip"]),
+        )
+        models.append(get_weights(net))
+    w = np.asarray(sizes, dtype=np.float64) / sum(sizes)
+    return {k: np.tensordot(w, np.stack([m[k] for m in models]), axes=1) for k in models[0]}
+
+
+def exact_correlations(settings: dict[str, Any], start: dict[str, np.ndarray]) -> dict[int, Any]:
+    """Every client's noiseless DP-CalR matrix at `start` (the run's passes and views)."""
+    import torch
+
+    from federated_data import load_client_data
+    from models.augment import Augmenter
+    from models.dp_correlation import dp_correlation
+    from pollen.dataspec import data_spec, model_input
+    from pollen.paths import cache_dir
+    from strategies.fedsc import RepresentationEvaluator
+
+    spec, cache = data_spec(settings), cache_dir(settings)
+    shape, _ = model_input(settings)
+    net = RepresentationEvaluator(settings).net(start)
+    generator = torch.Generator().manual_seed(7)
+    out = {}
+    for cid in range(spec.num_clients):
+        train = load_client_data(spec, cid, cache).train
+        r, _ = dp_correlation(
+            net,
+            torch.from_numpy(train.features()),
+            Augmenter(shape, train.mean, train.std),
+            float(settings["fedsc.mu"]),
+            0.0,
+            views=generator,
+            noise=generator,
+            passes=int(settings["fedsc.passes"]),
+            views_per_pass=int(settings["fedsc.views-per-pass"]),
+            batch_size=256,
+        )
+        out[cid] = r.numpy()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", type=Path, help="a run directory with final_model.npz")
+    parser.add_argument("--alpha", type=float, default=0.3)
+    parser.add_argument("--steps", default="1,5,25", help="local steps K, comma-separated")
+    parser.add_argument("--lr", type=float, default=0.03)
+    args = parser.parse_args()
+    settings = settings_of(args.run)
+    if settings["fedsc.weighting"] == "uniform" or int(settings["num-clients"]) < 2:
+        raise SystemExit("needs a run with two or more clients and example-weighted averaging")
+    import torch
+
+    torch.manual_seed(0)
+    from strategies.fedsc import RepresentationEvaluator
+
+    evaluator = RepresentationEvaluator(settings)
+    with np.load(args.run / "final_model.npz") as saved:
+        start = dict(saved)
+    views, q = client_views(settings, 4)
+    mu = float(settings["fedsc.mu"])
+    before = terms(evaluator.net(start), views, q, mu)
+    shared = exact_correlations(settings, start)
+    rows: list[dict[str, Any]] = []
+    print(f"start: global {before['global']:.4f}, inter-client {before['inter-contrast']:.3f}")
+    for k in (int(s) for s in args.steps.split(",")):
+        for method, given in (("fedavg-sc", None), ("fedsc", shared)):
+            after = terms(
+                evaluator.net(one_round(settings, start, args.alpha, k, args.lr, given)),
+                views,
+                q,
+                mu,
+            )
+            row = {
+                "method": method,
+                "steps": k,
+                "lr": args.lr,
+                "alpha": args.alpha if given is not None else 1.0,
+                "global-change": after["global"] - before["global"],
+                "inter-contrast-change": after["inter-contrast"] - before["inter-contrast"],
+            }
+            rows.append(row)
+            print(
+                f"K={k:4d} {method:9s} global {row['global-change']:+.4f}  "
+                f"inter-client {row['inter-contrast-change']:+.4f}"
+            )
+    (args.run / "one-round.json").write_text(json.dumps({"start": before, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
