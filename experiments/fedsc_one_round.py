@@ -3,7 +3,7 @@ spectral objective (after `pollen experiment ... --out DIR`):
 
     python -m experiments.fedsc_one_round DIR/fedavg-sc-seed0 --alpha 0.3 --steps 1,5,25 --lr 0.03
 
-Every client of the run computes its exact correlation matrix at the saved model (no noise),
+Every client of the run computes its correlation matrix at the saved model (DP-CalR, no noise),
 then trains K steps of the run's local loop (batch size, momentum, weight decay, gradient clip,
 loss scale; two augmented views) from it, with FedSC's objective (alpha, fresh Rbar_{-j}) or
 FedAvg + SC's (alpha 1, nothing shared); the server averages the clients' models (weighted by
