@@ -94,6 +94,8 @@ def main() -> None:
         mu = float(base["fedsc.mu"])
         for path in (p for p in runs if p.parent.name.endswith(f"-seed{seed}")):
             method = path.parent.name.rpartition("-seed")[0]
+            if not (path.parent / "config.json").exists():
+                raise SystemExit(f"{path.parent}: final_model.npz without config.json")
             evaluator = RepresentationEvaluator(settings_of(path.parent))
             with np.load(path) as saved:
                 row = terms(evaluator.net(dict(saved)), views, q, mu)

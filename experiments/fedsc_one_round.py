@@ -117,13 +117,29 @@ def exact_correlations(settings: dict[str, Any], start: dict[str, np.ndarray]) -
     return out
 
 
+def step_counts(text: str) -> list[int]:
+    """'1,5,25' -> [1, 5, 25]; every count a positive integer."""
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"step counts must be >= 1: {text!r}")
+    return counts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path, help="a run directory with final_model.npz")
     parser.add_argument("--alpha", type=float, default=0.3)
-    parser.add_argument("--steps", default="1,5,25", help="local steps K, comma-separated")
+    parser.add_argument(
+        "--steps", type=step_counts, default="1,5,25", help="local steps K, comma-separated"
+    )
     parser.add_argument("--lr", type=float, default=0.03)
     args = parser.parse_args()
+    for name in ("config.json", "final_model.npz"):
+        if not (args.run / name).exists():
+            raise SystemExit(f"{args.run}: no {name} (a run directory of a FedSC experiment?)")
     settings = settings_of(args.run)
     if settings["fedsc.weighting"] == "uniform" or int(settings["num-clients"]) < 2:
         raise SystemExit("needs a run with two or more clients and example-weighted averaging")
@@ -141,7 +157,7 @@ def main() -> None:
     shared = exact_correlations(settings, start)
     rows: list[dict[str, Any]] = []
     print(f"start: global {before['global']:.4f}, inter-client {before['inter-contrast']:.3f}")
-    for k in (int(s) for s in args.steps.split(",")):
+    for k in args.steps:
         for method, given in (("fedavg-sc", None), ("fedsc", shared)):
             after = terms(
                 evaluator.net(one_round(settings, start, args.alpha, k, args.lr, given)),

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 import numpy as np
+import pytest
 
-from experiments.fedsc_one_round import exact_correlations, one_round
+from experiments.fedsc_one_round import exact_correlations, one_round, step_counts
 from experiments.fedsc_probe_features import initial_weights
 from tests.fakes import settings_of
 
@@ -28,3 +30,10 @@ def test_alpha_one_is_fedavg_sc_and_smaller_alpha_is_not(run_config: dict[str, A
     for k in start:
         np.testing.assert_array_equal(same[k], fedavg[k])
     assert any(not np.allclose(fedsc[k], fedavg[k]) for k in moved)
+
+
+def test_step_counts_are_checked() -> None:
+    assert step_counts("1,5,25") == [1, 5, 25]
+    for bad in ("1,x", "0,5", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            step_counts(bad)
