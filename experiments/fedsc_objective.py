@@ -32,10 +32,8 @@ COLUMNS = {
 }
 
 
-def client_views(settings: dict[str, Any], views: int) -> tuple[list[list[Any]], list[float]]:
-    """Each client's training images augmented `views` times (fixed generator), and q_j."""
-    import torch
-
+def client_splits(settings: dict[str, Any]) -> list[tuple[Any, Any]]:
+    """Each client's training split and its training augmentation, loaded once per script."""
     from federated_data import load_client_data
     from models.augment import Augmenter
     from pollen.dataspec import data_spec, model_input
@@ -43,14 +41,20 @@ def client_views(settings: dict[str, Any], views: int) -> tuple[list[list[Any]],
 
     spec, cache = data_spec(settings), cache_dir(settings)
     shape, _ = model_input(settings)
+    trains = [load_client_data(spec, cid, cache).train for cid in range(spec.num_clients)]
+    return [(train, Augmenter(shape, train.mean, train.std)) for train in trains]
+
+
+def client_views(splits: list[tuple[Any, Any]], views: int) -> tuple[list[list[Any]], list[float]]:
+    """Each client's training images augmented `views` times (fixed generator), and q_j."""
+    import torch
+
     generator = torch.Generator().manual_seed(0)
-    out, sizes = [], []
-    for cid in range(spec.num_clients):
-        train = load_client_data(spec, cid, cache).train
+    out = []
+    for train, augment in splits:
         x = torch.from_numpy(train.features())
-        augment = Augmenter(shape, train.mean, train.std)
         out.append([augment(x, generator) for _ in range(views)])
-        sizes.append(len(train))
+    sizes = [len(train) for train, _ in splits]
     return out, [n / sum(sizes) for n in sizes]
 
 
@@ -90,7 +94,7 @@ def main() -> None:
         if not (reference / "config.json").exists():
             raise SystemExit(f"{reference}: no run of --split-of {args.split_of} for seed {seed}")
         base = settings_of(reference)
-        views, q = client_views(base, args.views)
+        views, q = client_views(client_splits(base), args.views)
         mu = float(base["fedsc.mu"])
         for path in (p for p in runs if p.parent.name.endswith(f"-seed{seed}")):
             method = path.parent.name.rpartition("-seed")[0]

@@ -23,38 +23,33 @@ from typing import Any
 
 import numpy as np
 
-from experiments.fedsc_objective import client_views, terms
+from experiments.fedsc_objective import client_splits, client_views, terms
 from experiments.fedsc_probe_features import settings_of
 
 
 def one_round(
     settings: dict[str, Any],
+    splits: list[tuple[Any, Any]],
     start: dict[str, np.ndarray],
     alpha: float,
     steps: int,
     lr: float,
     shared: dict[int, np.ndarray] | None,
 ) -> dict[str, np.ndarray]:
-    """The averaged model after every client trains `steps` steps from `start`; FedSC's
-    objective when `shared` (every client's correlation matrix) is given."""
+    """The averaged model after every client (its split and augmentation in `splits`) trains
+    `steps` steps from `start`; FedSC's objective when `shared` (every client's correlation
+    matrix) is given."""
     import torch
 
     from client.training import SGD, get_weights, train_two_views
-    from federated_data import load_client_data
-    from models.augment import Augmenter
     from models.spectral import local_objective, norm_clip, others
-    from pollen.dataspec import data_spec, model_input
-    from pollen.paths import cache_dir
     from strategies.fedsc import RepresentationEvaluator
 
-    spec, cache = data_spec(settings), cache_dir(settings)
-    shape, _ = model_input(settings)
     mu, batch = float(settings["fedsc.mu"]), int(settings["batch-size"])
-    trains = [load_client_data(spec, cid, cache).train for cid in range(spec.num_clients)]
-    sizes = [len(t) for t in trains]
+    sizes = [len(train) for train, _ in splits]
     q = {cid: float(n) for cid, n in enumerate(sizes)}
     models = []
-    for cid, train in enumerate(trains):
+    for cid, (train, augment) in enumerate(splits):
         x = torch.from_numpy(train.features())
         generator = torch.Generator().manual_seed(1000 + cid)
         picked = torch.randint(0, len(x), (steps * batch,), generator=generator)
@@ -69,7 +64,7 @@ def one_round(
         train_two_views(
             net,
             x[picked],
-            Augmenter(shape, train.mean, train.std),
+            augment,
             objective,
             epochs=1,
             batch_size=batch,
@@ -83,28 +78,23 @@ def one_round(
     return {k: np.tensordot(w, np.stack([m[k] for m in models]), axes=1) for k in models[0]}
 
 
-def exact_correlations(settings: dict[str, Any], start: dict[str, np.ndarray]) -> dict[int, Any]:
+def exact_correlations(
+    settings: dict[str, Any], splits: list[tuple[Any, Any]], start: dict[str, np.ndarray]
+) -> dict[int, Any]:
     """Every client's noiseless DP-CalR matrix at `start` (the run's passes and views)."""
     import torch
 
-    from federated_data import load_client_data
-    from models.augment import Augmenter
     from models.dp_correlation import dp_correlation
-    from pollen.dataspec import data_spec, model_input
-    from pollen.paths import cache_dir
     from strategies.fedsc import RepresentationEvaluator
 
-    spec, cache = data_spec(settings), cache_dir(settings)
-    shape, _ = model_input(settings)
     net = RepresentationEvaluator(settings).net(start)
     generator = torch.Generator().manual_seed(7)
     out = {}
-    for cid in range(spec.num_clients):
-        train = load_client_data(spec, cid, cache).train
+    for cid, (train, augment) in enumerate(splits):
         r, _ = dp_correlation(
             net,
             torch.from_numpy(train.features()),
-            Augmenter(shape, train.mean, train.std),
+            augment,
             float(settings["fedsc.mu"]),
             0.0,
             views=generator,
@@ -151,16 +141,17 @@ def main() -> None:
     evaluator = RepresentationEvaluator(settings)
     with np.load(args.run / "final_model.npz") as saved:
         start = dict(saved)
-    views, q = client_views(settings, 4)
+    splits = client_splits(settings)
+    views, q = client_views(splits, 4)
     mu = float(settings["fedsc.mu"])
     before = terms(evaluator.net(start), views, q, mu)
-    shared = exact_correlations(settings, start)
+    shared = exact_correlations(settings, splits, start)
     rows: list[dict[str, Any]] = []
     print(f"start: global {before['global']:.4f}, inter-client {before['inter-contrast']:.3f}")
     for k in args.steps:
         for method, given in (("fedavg-sc", None), ("fedsc", shared)):
             after = terms(
-                evaluator.net(one_round(settings, start, args.alpha, k, args.lr, given)),
+                evaluator.net(one_round(settings, splits, start, args.alpha, k, args.lr, given)),
                 views,
                 q,
                 mu,
