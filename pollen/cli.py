@@ -23,9 +23,13 @@ from pollen.launcher import (
     Federation,
     LaunchError,
     allow_list,
+    app_runner_argv,
     bin_path,
     follow,
+    free_port,
     node_key,
+    runner_secret,
+    serve_node,
     supernode_argv,
     tls_args_superlink,
 )
@@ -132,6 +136,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
+        fed.sign_apps_with_new_key()  # its SuperNodes run only what this command submits
         _, fleet_port = fed.start_superlink(tls=tls, auth=bool(keys))
         fed.register_nodes([key.with_suffix(".pub") for key in keys])
         for i in range(n):
@@ -200,13 +205,32 @@ def simulate_run(
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Submit a run to a SuperLink that is already running (multi-machine deployment)."""
+    signing_key = _signing_key(args.signing_key)
     resolved = resolve_run_settings(args)
-    fed = Federation(Path(str(resolved["out-dir"])) / "processes")
+    fed = Federation(Path(str(resolved["out-dir"])) / "processes", signing_key=signing_key)
     fed.write_connection(
         args.superlink, Path(args.root_certificates) if args.root_certificates else None
     )
     fed.wait_reachable(args.wait_superlink)
     return _run_and_report(fed, resolved, args.timeout)
+
+
+def _signing_key(path: str | None) -> Path | None:
+    """The operator's private key for `pollen run`, read once here so that a bad one stops the
+    command before anything is submitted."""
+    from pollen.signing import SigningError, load_private_key
+
+    if not path:
+        _warn(
+            "no --signing-key: the run is submitted unsigned, and SuperNodes started with "
+            "--trusted-key will refuse to run it"
+        )
+        return None
+    try:
+        load_private_key(Path(path))
+    except SigningError as exc:
+        raise LaunchError(str(exc)) from None
+    return Path(path).resolve()
 
 
 def _run_and_report(fed: Federation, resolved: dict[str, Scalar], timeout: float) -> int:
@@ -242,15 +266,94 @@ def _run_and_report(fed: Federation, resolved: dict[str, Scalar], timeout: float
 
 def cmd_server(args: argparse.Namespace) -> int:
     """Run a SuperLink in the foreground: clients connect to --fleet-port (gRPC)."""
-    tls = TLS.from_dir(args.tls_dir) if args.tls_dir else None
+    tls = _transport_security(args.tls_dir, args.insecure, "--tls-dir DIR")
     if args.auth and not tls:
         raise LaunchError("--auth (SuperNode authentication) needs TLS: give --tls-dir too")
     if args.allow_list and not args.auth:
         raise LaunchError("--allow-list is for --auth: give both")
+    api_host = _api_host(args)
+    secret = _superexec_secret(args)
+    for line in _server_warnings(args, api_host, secret):
+        print(f"pollen: warning: {line}", file=sys.stderr, flush=True)
     argv = superlink_argv(args, tls)
     if not args.allow_list:
         return _exec(argv)
     return _serve_with_allow_list(argv, args, tls)
+
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def _transport_security(tls_dir: str | None, insecure: bool, option: str) -> TLS | None:
+    """TLS from `tls_dir`, or None when the operator said --insecure; neither is an error."""
+    if tls_dir and insecure:
+        raise LaunchError(f"{option} and --insecure contradict each other: give one")
+    if tls_dir:
+        return TLS.from_dir(tls_dir)
+    if not insecure:
+        raise LaunchError(
+            f"no TLS material: give {option} (scripts/generate-certs.sh makes it), or "
+            "--insecure to run unencrypted on a network you trust"
+        )
+    return None
+
+
+def _api_host(args: argparse.Namespace) -> str:
+    """The interface of the SuperLink's HTTP API: loopback unless --expose-api."""
+    if args.expose_api:
+        return "0.0.0.0"
+    if args.api_host not in LOOPBACK_HOSTS:
+        raise LaunchError(
+            f"--api-host {args.api_host} would expose the HTTP API (whoever reaches it can "
+            "submit a run, i.e. run code on every client): add --expose-api to mean it"
+        )
+    return str(args.api_host)
+
+
+def _superexec_secret(args: argparse.Namespace) -> Path | None:
+    if not args.superexec_auth_secret_file:
+        return None
+    if args.isolation != "process":
+        raise LaunchError(
+            "--superexec-auth-secret-file is for --isolation process (a separate SuperExec "
+            "runs the ServerApp)"
+        )
+    secret = Path(args.superexec_auth_secret_file)
+    try:
+        if not secret.read_bytes():
+            raise LaunchError(f"SuperExec secret file {secret} is empty")
+    except OSError as exc:
+        raise LaunchError(
+            f"SuperExec secret file {secret} cannot be read: {exc.strerror}"
+        ) from None
+    return secret.resolve()
+
+
+def _server_warnings(args: argparse.Namespace, api_host: str, secret: Path | None) -> list[str]:
+    """One line per thing this SuperLink lets others do that the operator should know of."""
+    lines = []
+    if args.insecure:
+        lines.append(
+            "--insecure: SuperNodes and the flwr CLI talk to this SuperLink unencrypted; "
+            "anyone on the network path can read and alter models, updates and runs"
+        )
+    if not args.auth:
+        lines.append(
+            f"no --auth: any machine that reaches the Fleet API ({args.fleet_host}:"
+            f"{args.fleet_port}) can join as a client, receive the global model and send updates"
+        )
+    if args.expose_api:
+        lines.append(
+            f"--expose-api: anyone who reaches port {args.port} on this machine can submit a "
+            "run, i.e. run code in the ServerApp and on every client (Flower's Control API "
+            "authenticates no caller)"
+        )
+    if args.isolation == "process" and secret is None:
+        lines.append(
+            "--isolation process without --superexec-auth-secret-file: any process that "
+            f"reaches {api_host}:{args.port} can claim the ServerApp's work"
+        )
+    return lines
 
 
 def superlink_argv(args: argparse.Namespace, tls: TLS | None) -> list[str]:
@@ -258,13 +361,13 @@ def superlink_argv(args: argparse.Namespace, tls: TLS | None) -> list[str]:
     argv = [
         "flower-superlink",
         "--host",
-        args.host,
+        _api_host(args),
         "--port",
         str(args.port),
         "--fleet-api-type",
         "grpc-rere",
         "--fleet-api-address",
-        f"{args.host}:{args.fleet_port}",
+        f"{args.fleet_host}:{args.fleet_port}",
         "--disable-runtime-dependency-installation",
         "--isolation",
         args.isolation,
@@ -274,6 +377,9 @@ def superlink_argv(args: argparse.Namespace, tls: TLS | None) -> list[str]:
         argv += ["--database", args.database]
     if args.auth:
         argv.append("--enable-supernode-auth")
+    if args.superexec_auth_secret_file:
+        secret = Path(args.superexec_auth_secret_file).resolve()
+        argv += ["--superexec-auth-secret-file", str(secret)]
     return argv
 
 
@@ -285,7 +391,7 @@ def _serve_with_allow_list(argv: list[str], args: argparse.Namespace, tls: TLS |
     fed = Federation(workdir)
     proc = fed.spawn("superlink", [bin_path(argv[0]), *argv[1:]], console=True)
     try:
-        local = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+        local = "127.0.0.1" if args.expose_api else _api_host(args)
         fed.wait_health(f"https://{local}:{args.port}/health", proc, tls)
         fed.write_connection(f"{local}:{args.port}", tls.ca_cert if tls else None)
         fed.register_nodes(keys)
@@ -297,10 +403,86 @@ def _serve_with_allow_list(argv: list[str], args: argparse.Namespace, tls: TLS |
 
 def cmd_client(args: argparse.Namespace) -> int:
     """Run a SuperNode in the foreground with this machine's partition, data and state."""
-    return _exec(supernode_argv_of(args))
+    _host_port(args.superlink, "--superlink")
+    if args.num_partitions < 1 or not 0 <= args.partition_id < args.num_partitions:
+        raise LaunchError(
+            f"--partition-id {args.partition_id} is not one of the {args.num_partitions} "
+            f"partitions (0 to {args.num_partitions - 1}; --num-partitions)"
+        )
+    if args.max_wait_time <= 0:
+        raise LaunchError(f"--max-wait-time must be positive, not {args.max_wait_time:g}")
+    if args.root_certificates and args.insecure:
+        raise LaunchError("--root-certificates and --insecure contradict each other: give one")
+    if not args.root_certificates and not args.insecure:
+        raise LaunchError(
+            "no TLS material: give --root-certificates CA.crt (the SuperLink's CA), or "
+            "--insecure to connect unencrypted on a network you trust"
+        )
+    trusted = _trusted_key(args)
+    if args.insecure:
+        _warn(
+            "--insecure: the model and this client's updates travel unencrypted; anyone on "
+            "the network path can read and alter them"
+        )
+    if trusted is None:
+        _warn(
+            "--allow-any-app: this machine runs the code of any app the SuperLink hands it, "
+            "whoever submitted it"
+        )
+    port = args.port if args.port is not None else free_port()
+    secret = runner_secret(Path(args.state_dir).resolve() / ".app-runner") if trusted else None
+    argv = supernode_argv_of(args, port=port, runner_secret=secret)
+    if not args.wait_forever:
+        argv += ["--max-wait-time", f"{args.max_wait_time:g}"]
+    runner = None
+    if trusted is not None and secret is not None:
+        key, secret_file = trusted, secret
+
+        def runner(pid: int) -> list[str]:
+            return app_runner_argv(f"127.0.0.1:{port}", key, pid, secret_file)
+
+    waited = None if args.wait_forever else args.max_wait_time
+    return serve_node(argv, runner, args.superlink, waited)
 
 
-def supernode_argv_of(args: argparse.Namespace) -> list[str]:
+def _warn(text: str) -> None:
+    print(f"pollen: warning: {text}", file=sys.stderr, flush=True)
+
+
+def _host_port(address: str, option: str) -> tuple[str, int]:
+    """HOST:PORT (IPv6 in brackets), checked before anything starts."""
+    host, sep, port = address.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise LaunchError(f"{option} {address!r} is not HOST:PORT (e.g. server.example.org:9092)")
+    return host, int(port)
+
+
+def _trusted_key(args: argparse.Namespace) -> Path | None:
+    """The operator's public key this node trusts apps from; None with --allow-any-app."""
+    from pollen.signing import SigningError, load_public_key
+
+    if args.trusted_key and args.allow_any_app:
+        raise LaunchError("--trusted-key and --allow-any-app contradict each other: give one")
+    if not args.trusted_key:
+        if not args.allow_any_app:
+            raise LaunchError(
+                "no --trusted-key: give the operator's public key (signing.pub from "
+                "scripts/generate-certs.sh), so that this machine runs only apps the operator "
+                "signed, or --allow-any-app to run whatever the SuperLink hands it"
+            )
+        return None
+    path = Path(args.trusted_key).resolve()
+    try:
+        load_public_key(path)
+    except SigningError as exc:
+        raise LaunchError(str(exc)) from None
+    return path
+
+
+def supernode_argv_of(
+    args: argparse.Namespace, port: int | None = None, runner_secret: Path | None = None
+) -> list[str]:
     """The `flower-supernode` command line `pollen client` runs."""
     node: dict[str, Scalar] = {
         "partition-id": args.partition_id,
@@ -313,11 +495,12 @@ def supernode_argv_of(args: argparse.Namespace) -> list[str]:
         node["cache-dir"] = str(Path(args.cache_dir).resolve())
     return supernode_argv(
         args.superlink,
-        args.port,
+        port if port is not None else (args.port or 9094),
         node,
         Path(args.root_certificates) if args.root_certificates else None,
         Path(args.auth_key) if args.auth_key else None,
         host="127.0.0.1",
+        runner_secret=runner_secret,
     )
 
 
@@ -476,6 +659,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--superlink", required=True, help="SuperLink HOST:PORT (its --port)")
     p.add_argument("--root-certificates", help="CA certificate when the SuperLink uses TLS")
     p.add_argument(
+        "--signing-key",
+        metavar="FILE",
+        help="the operator's private key (signing.key): sign the app so SuperNodes run it",
+    )
+    p.add_argument(
         "--wait-superlink",
         type=float,
         default=120.0,
@@ -485,10 +673,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("server", help="start a SuperLink for clients on other machines")
-    p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--port", type=int, default=9093, help="control/runtime API (HTTP)")
-    p.add_argument("--fleet-port", type=int, default=9092, help="SuperNode API (gRPC)")
+    p.add_argument(
+        "--port", type=int, default=9093, help="HTTP API (Control + Runtime): runs are submitted"
+    )
+    p.add_argument(
+        "--api-host",
+        default="127.0.0.1",
+        help="interface of the HTTP API; loopback, so only this machine can submit runs",
+    )
+    p.add_argument(
+        "--expose-api",
+        action="store_true",
+        help="bind the HTTP API to all interfaces: whoever reaches --port can then submit a run "
+        "(run code in the ServerApp and on every client)",
+    )
+    p.add_argument("--fleet-port", type=int, default=9092, help="Fleet API (gRPC) for SuperNodes")
+    p.add_argument(
+        "--fleet-host", default="0.0.0.0", help="interface of the Fleet API (all, by default)"
+    )
     p.add_argument("--tls-dir", help="directory with ca.crt, server.pem, server.key")
+    p.add_argument(
+        "--insecure", action="store_true", help="no TLS: only on a network you trust (required "
+        "when no --tls-dir is given)"
+    )  # fmt: skip
     p.add_argument("--auth", action="store_true", help="accept only registered SuperNodes")
     p.add_argument(
         "--allow-list",
@@ -500,6 +707,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["subprocess", "process"],
         default="subprocess",
         help="process: the ServerApp runs in a separate `flower-superexec` (another container)",
+    )
+    p.add_argument(
+        "--superexec-auth-secret-file",
+        metavar="FILE",
+        help="with --isolation process: the secret the ServerApp's SuperExec must prove it "
+        "holds (scripts/generate-certs.sh writes superexec.secret)",
     )
     p.add_argument("--database", help="SQLite file keeping runs across SuperLink restarts")
     p.add_argument("--workdir", help="with --allow-list: where the flwr CLI keeps its files")
@@ -516,9 +729,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--data-dir", help="directory with torchvision datasets")
     p.add_argument("--cache-dir", help="partition cache directory")
-    p.add_argument("--port", type=int, default=9094, help="local ClientApp API port")
+    p.add_argument(
+        "--port", type=int, help="local Runtime API port for its ClientApps (default: a free one)"
+    )
+    p.add_argument(
+        "--max-wait-time",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="give up when the SuperLink cannot be reached for this long",
+    )
+    p.add_argument(
+        "--wait-forever", action="store_true", help="never give up reconnecting to the SuperLink"
+    )
     p.add_argument("--root-certificates", help="CA certificate when the SuperLink uses TLS")
+    p.add_argument(
+        "--insecure", action="store_true", help="no TLS: only on a network you trust (required "
+        "when no --root-certificates is given)"
+    )  # fmt: skip
     p.add_argument("--auth-key", help="private key registered with the SuperLink")
+    p.add_argument(
+        "--trusted-key",
+        metavar="FILE",
+        help="the operator's public key (signing.pub): only apps signed with its private half run",
+    )
+    p.add_argument(
+        "--allow-any-app",
+        action="store_true",
+        help="run any app the SuperLink hands this node, signed or not",
+    )
     p.set_defaults(func=cmd_client)
 
     p = sub.add_parser("report", help="plots and a Markdown summary of results directories")

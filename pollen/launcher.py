@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -18,7 +19,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -142,6 +143,10 @@ class Federation:
     workdir: Path
     procs: list[Proc] = field(default_factory=list)
     connection: str = "pollen"
+    signing_key: Path | None = None
+    """The operator's private key: every app submitted is signed with it (pollen.signing)."""
+    trusted_key: Path | None = None
+    """A public key: SuperNodes started here run only apps signed by its private half."""
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -153,6 +158,15 @@ class Federation:
         # Flower's daemons start `flower-superexec` and app processes by name: same environment.
         bindir = str(Path(sys.executable).parent)
         self.env["PATH"] = os.pathsep.join([bindir, self.env.get("PATH", "")])
+
+    def sign_apps_with_new_key(self) -> None:
+        """A key pair for this federation alone (`pollen deploy`): its submissions are signed
+        with it and its SuperNodes trust only it."""
+        from pollen.signing import generate_key
+
+        self.signing_key = self.workdir / "operator-signing.key"
+        generate_key(self.signing_key)
+        self.trusted_key = self.signing_key.with_suffix(".pub")
 
     # ---- processes -----------------------------------------------------------------------
     def spawn(
@@ -237,9 +251,18 @@ class Federation:
     ) -> Proc:
         config: dict[str, Scalar] = {"partition-id": partition_id, "num-partitions": num_partitions}
         config.update(node_config or {})
-        argv = supernode_argv(fleet, free_port(), config, tls.ca_cert if tls else None, auth_key)
-        env = dict(self.env, FLWR_HOME=str(self.workdir / f"node-{partition_id}"))
-        return self.spawn(f"supernode-{partition_id}", argv, env)
+        port = free_port()
+        home = self.workdir / f"node-{partition_id}"
+        secret = runner_secret(home) if self.trusted_key else None
+        argv = supernode_argv(
+            fleet, port, config, tls.ca_cert if tls else None, auth_key, runner_secret=secret
+        )
+        env = dict(self.env, FLWR_HOME=str(home))
+        node = self.spawn(f"supernode-{partition_id}", argv, env)
+        if self.trusted_key is not None and secret is not None:
+            runner = app_runner_argv(f"127.0.0.1:{port}", self.trusted_key, node.popen.pid, secret)
+            self.spawn(f"app-runner-{partition_id}", runner, env)
+        return node
 
     def wait_health(self, url: str, proc: Proc, tls: TLS | None, timeout: float = 60) -> None:
         import ssl
@@ -374,12 +397,22 @@ class Federation:
         federation_config: Mapping[str, Scalar] | None = None,
         app: Path | None = None,
     ) -> str:
-        """Start a run of the app in `app` (default: Pollen's own, this checkout)."""
+        """Start a run of the app in `app` (default: Pollen's own, this checkout), signed with
+        `signing_key` when there is one."""
         config_file = self.workdir / "run-config.toml"
         config_file.write_text(run_configtoml_value(settings))
+        bundle = app or app_dir()
+        if self.signing_key is not None:
+            from pollen.signing import SigningError, load_private_key, stage_signed_app
+
+            try:
+                key = load_private_key(self.signing_key)
+                bundle = stage_signed_app(bundle, self.workdir / "signed-app", key)
+            except (SigningError, ValueError) as exc:
+                raise LaunchError(f"could not sign the app: {exc}") from None
         args = [
             "run",
-            str(app or app_dir()),
+            str(bundle),
             self.connection,
             "--run-config",
             str(config_file),
@@ -443,7 +476,11 @@ def supernode_argv(
     ca_cert: Path | None,
     auth_key: Path | None,
     host: str = "127.0.0.1",
+    runner_secret: Path | None = None,
 ) -> list[str]:
+    """`flower-supernode`'s command line. With `runner_secret` the SuperNode starts no app
+    process itself (`--isolation process`): Pollen's app runner (`app_runner_argv`), proving
+    it holds that secret, runs only signed apps."""
     argv = [
         bin_path("flower-supernode"),
         "--grpc-rere",
@@ -459,7 +496,122 @@ def supernode_argv(
     argv += ["--insecure"] if ca_cert is None else ["--root-certificates", str(ca_cert)]
     if auth_key is not None:
         argv += ["--auth-supernode-private-key", str(auth_key)]
+    if runner_secret is not None:
+        argv += ["--isolation", "process", "--superexec-auth-secret-file", str(runner_secret)]
     return argv
+
+
+def runner_secret(directory: Path) -> Path:
+    """A fresh random secret (mode 600) shared by one SuperNode and its app runner only."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "app-runner.secret"
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(os.urandom(32).hex().encode())
+    return path
+
+
+def app_runner_argv(
+    runtime_api: str, trusted_key: Path, supernode_pid: int, secret: Path
+) -> list[str]:
+    """Pollen's app runner for the SuperNode whose Runtime API is `runtime_api`: Flower's
+    SuperExec that launches ClientApps only from bundles signed by `trusted_key`'s owner; it
+    exits with the SuperNode."""
+    return [
+        sys.executable, "-m", "pollen.app_runner", "--trusted-key", str(trusted_key), "--",
+        "--runtime-api-address", runtime_api, "--insecure", "--parent-pid", str(supernode_pid),
+        "--superexec-auth-secret-file", str(secret),
+    ]  # fmt: skip
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def explain_node_exit(lines: Sequence[str], superlink: str, waited: float | None) -> str:
+    """One line saying why a SuperNode that could not stay connected exited, from its log."""
+    text = ANSI.sub("", "\n".join(lines))
+    if "SuperNode authentication is enabled" in text:
+        return (
+            f"the SuperLink at {superlink} accepts only registered SuperNodes: give --auth-key "
+            "with a key on its allow-list"
+        )
+    if "Failed to activate SuperNode" in text:
+        return (
+            f"the SuperLink at {superlink} refused this SuperNode: its key is not on the "
+            "allow-list, or a node with this key crashed less than about a minute ago and is "
+            "still registered (start it again after that)"
+        )
+    if "Giving up reconnection" in text or "could not establish a connection" in text:
+        detail = ""
+        for line in text.splitlines():
+            if "last error:" in line:
+                detail = f" (last error: {line.split('last error:', 1)[1].strip()})"
+        within = f" within {waited:g} s" if waited is not None else ""
+        return (
+            f"could not connect to the SuperLink's Fleet API at {superlink}{within}{detail}; "
+            "likely causes: nothing listening there (wrong host or port, SuperLink not "
+            "started, a firewall), or a TLS mismatch (--insecure against a TLS SuperLink, "
+            "--root-certificates not its CA, or an address its certificate does not name)"
+        )
+    return "the SuperNode exited; its log is above"
+
+
+def serve_node(
+    argv: Sequence[str],
+    runner: Callable[[int], list[str]] | None,
+    superlink: str,
+    waited: float | None,
+) -> int:
+    """Run a SuperNode (and its app runner) in the foreground until it exits or this process
+    is asked to stop, which it passes on as exactly one SIGTERM to the SuperNode (a second
+    signal to its process group could leave it registered). The SuperNode's log goes to this
+    process's output; if it exits on its own with an error, one line says why."""
+    env = dict(os.environ, **FLWR_ENV)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    argv = [bin_path(argv[0]), *argv[1:]]
+    print("starting:", " ".join(argv), flush=True)
+    node = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent,
+    )  # fmt: skip
+    helper = None
+    if runner is not None:
+        helper = subprocess.Popen(
+            runner(node.pid), env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )  # fmt: skip
+    stopping = False
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        if not stopping:
+            stopping = True
+            with contextlib.suppress(ProcessLookupError):
+                node.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    tail: list[str] = []
+    assert node.stdout is not None
+    for raw in node.stdout:
+        line = raw.decode(errors="replace")
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        tail = [*tail[-59:], line]
+    code = node.wait()
+    if helper is not None:
+        helper.terminate()
+        try:
+            helper.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            helper.kill()
+            helper.wait()
+    if stopping:
+        return 0
+    if code != 0:
+        print(f"pollen: error: {explain_node_exit(tail, superlink, waited)}", file=sys.stderr)
+    return code
 
 
 def run_configtoml_value(settings: Mapping[str, Scalar]) -> str:

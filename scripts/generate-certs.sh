@@ -7,6 +7,11 @@
 #                                   SuperLink's address as SuperNodes see it)
 #   DIR/supernodes/node-I.key/.pub  with --nodes N: one ECDSA key pair per SuperNode (I < N);
 #                                   the .pub files are the SuperLink's allow-list
+#   DIR/signing.key, DIR/signing.pub the operator's ed25519 app-signing key: `pollen run
+#                                   --signing-key` signs each app; SuperNodes started with
+#                                   `pollen client --trusted-key signing.pub` run nothing else
+#   DIR/superexec.secret            the secret shared by the SuperLink and the SuperExec that
+#                                   runs the ServerApp (`pollen server --isolation process`)
 # Files that already exist are kept, so running it again (say with a larger --nodes) adds keys
 # without invalidating certificates and keys already handed out. Give SuperNodes ca.crt and
 # their own node-I.key only. Flower 1.39 authenticates SuperNodes by these signing keys, not
@@ -44,6 +49,14 @@ if [[ ! -f "$dir/server.pem" ]]; then
 else
     echo "kept the existing certificates in $dir"
 fi
+if [[ ! -f "$dir/signing.key" ]]; then
+    ssh-keygen -q -t ed25519 -N "" -C "pollen-operator" -f "$dir/signing.key"
+    mv -f "$dir/signing.key.pub" "$dir/signing.pub"
+    echo "app-signing key in $dir/signing.key (give SuperNodes $dir/signing.pub)"
+fi
+if [[ ! -f "$dir/superexec.secret" ]]; then
+    (umask 077 && openssl rand -hex 32 | tr -d '\n' > "$dir/superexec.secret")
+fi
 if ((nodes > 0)); then
     mkdir -p "$dir/supernodes"
     for ((i = 0; i < nodes; i++)); do
@@ -54,4 +67,5 @@ if ((nodes > 0)); then
     echo "SuperNode keys in $dir/supernodes (allow-list: the .pub files)"
 fi
 # readable inside containers that run as another user; keys stay private to their owner
-chmod 644 "$dir/ca.crt" "$dir/server.pem"
+chmod 644 "$dir/ca.crt" "$dir/server.pem" "$dir/signing.pub"
+chmod 600 "$dir/signing.key" "$dir/superexec.secret"

@@ -91,9 +91,9 @@ def _flower_commands(argv: list[str]) -> list[list[str]]:
         extra = ["--auth-key", f"{keys}/node-0.key"] if keys else []
         argv = ["pollen", "client", "--partition-id", "0", "--num-partitions", clients,
                 "--state-dir", f"{state}/client-0", *extra, *rest]  # fmt: skip
-    if argv[0] == "scripts/generate-certs.sh":
+    if argv[0] == "docker/credentials.sh":
         assert (ROOT / argv[0]).stat().st_mode & 0o111
-        assert int(argv[argv.index("--nodes") + 1]) >= 1
+        assert int(argv[3]) >= 1
         return []
     assert argv[0] == "pollen", argv
     args = _pollen_accepts(argv[1:])
@@ -134,6 +134,57 @@ def test_every_command_is_one_flower_and_pollen_accept(variant: str) -> None:
     assert (supernode.root_certificates is not None) is secure
     assert (supernode.auth_supernode_private_key is not None) is secure
     assert superexec.insecure is not secure and (run.root_certificates is not None) is secure
+    # least privilege: the HTTP API is exposed on the compose network only (published on the
+    # host's loopback), the SuperExec proves the shared secret, only signed apps run
+    server = _pollen_accepts(cmds["superlink"][1:])
+    assert server.expose_api and server.insecure is not secure
+    ports = doc["services"]["superlink"]["ports"]
+    assert [p for p in ports if p.endswith(":9093")] == ["127.0.0.1:9093:9093"]
+    assert superlink.superexec_auth_secret_file == superexec.superexec_auth_secret_file
+    client = _pollen_accepts(["client", *_flower_client_args(cmds["supernode"])])
+    assert client.trusted_key == "/certs/signing.pub" and not client.allow_any_app
+    assert run.signing_key == "/certs/signing.key"
+
+
+def _flower_client_args(argv: list[str]) -> list[str]:
+    state, clients, _keys, *rest = argv[1:]
+    return ["--partition-id", "0", "--num-partitions", clients, "--state-dir", state, *rest]
+
+
+def test_each_service_gets_only_its_share_of_the_credentials(tmp_path: Path) -> None:
+    """docker/credentials.sh makes every credential once and hands each service only what it
+    needs; compose mounts each share into its own service alone."""
+    doc = load(COMPOSE)
+    argv = commands(doc)["certs"]
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in doc["services"]["certs"]["volumes"]}
+    script = str(ROOT / argv[0])
+    done = subprocess.run(["bash", script, str(tmp_path / "all"), str(tmp_path), "2", "superlink"],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+    def files(service: str) -> set[str]:
+        root = tmp_path / service
+        return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+
+    nodes = {f"supernodes/node-{i}" for i in range(2)}
+    assert files("superlink") == {"ca.crt", "server.pem", "server.key", "superexec.secret"} | {
+        f"{n}.pub" for n in nodes
+    }
+    assert files("serverapp") == {"ca.crt", "superexec.secret"}
+    assert files("supernode") == {"ca.crt", "signing.pub"} | {f"{n}.key" for n in nodes}
+    assert files("run") == {"ca.crt", "signing.key"}
+    for private in ("superlink/server.key", "run/signing.key", "serverapp/superexec.secret"):
+        assert (tmp_path / private).stat().st_mode & 0o077 == 0, private
+    # the certs service writes each share into the volume that only its service mounts
+    for service in ("superlink", "serverapp", "supernode", "run"):
+        volume = mounts[f"/out/{service}"]
+        users = [name for name, spec in doc["services"].items()
+                 if any(v.split(":")[0] == volume for v in spec.get("volumes", []))]  # fmt: skip
+        assert sorted(users) == sorted(["certs", service]), (volume, users)
+    keeper = mounts["/credentials"]
+    users = [name for name, spec in doc["services"].items()
+             if any(v.split(":")[0] == keeper for v in spec.get("volumes", []))]  # fmt: skip
+    assert users == ["certs"]  # the CA key never leaves the certs service
 
 
 def _dockerignore() -> list[str]:

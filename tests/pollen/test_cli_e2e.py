@@ -17,6 +17,7 @@ from server.results import read_jsonl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 POLLEN = [sys.executable, "-m", "pollen.cli"]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _processes_under(directory: Path) -> list[str]:
@@ -165,14 +166,17 @@ def test_server_client_and_run_commands(tmp_path: Path, shared_cache: Path) -> N
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
 
-    procs = [start(["server", "--host", "127.0.0.1", "--port", str(port),
+    certs = tmp_path / "certs"
+    subprocess.run(["bash", str(ROOT / "scripts" / "generate-certs.sh"), str(certs)], check=True,
+                   capture_output=True)  # fmt: skip
+    procs = [start(["server", "--insecure", "--fleet-host", "127.0.0.1", "--port", str(port),
                     "--fleet-port", str(fleet)], "link")]  # fmt: skip
     try:
-        for i in range(2):
+        for i in range(2):  # each on a free local port of its own (no --port)
             procs.append(start([
                 "client", "--superlink", f"127.0.0.1:{fleet}", "--partition-id", str(i),
                 "--num-partitions", "2", "--state-dir", str(tmp_path / f"state{i}"),
-                "--port", str(free_port()),
+                "--insecure", "--trusted-key", str(certs / "signing.pub"),
             ], f"node{i}"))  # fmt: skip
         out = tmp_path / "run"
         deadline = time.monotonic() + 120
@@ -180,7 +184,8 @@ def test_server_client_and_run_commands(tmp_path: Path, shared_cache: Path) -> N
             done = _pollen(
                 "run --algorithm local --dataset digits --clients 2 --rounds 2 "
                 "--set poll-interval=0.5",
-                "--superlink", f"127.0.0.1:{port}", "--out", str(out), cache=shared_cache,
+                "--superlink", f"127.0.0.1:{port}", "--out", str(out),
+                "--signing-key", str(certs / "signing.key"), cache=shared_cache,
             )  # fmt: skip
             if done.returncode == 0 or "flwr run failed" not in done.stderr:
                 break
