@@ -159,7 +159,9 @@ def stage_signed_app(app: Path, staging: Path, key: ed25519.Ed25519PrivateKey) -
         target = staging / name
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content)
-    (staging / SIGNATURE_FILE).write_text(signature_text(bundle_digest(files), key))
+    signature = staging / SIGNATURE_FILE
+    signature.parent.mkdir(parents=True, exist_ok=True)
+    signature.write_text(signature_text(bundle_digest(files), key))
     return staging
 
 

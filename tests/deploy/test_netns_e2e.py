@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,83 +20,17 @@ import pytest
 
 from server.results import read_jsonl
 from tests.deploy.compose import COMPOSE, ROOT, merged
+from tests.deploy.netns import Namespaces, permission
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-SUBNET = "10.231.7"
-LINK_IP = f"{SUBNET}.1"
 CLIENTS = 2
 # Dockerfile ENV (what every container has besides the compose `environment`)
 IMAGE_ENV = {"FLWR_HOME": "/flwr", "POLLEN_CACHE_DIR": "/cache", "PYTHONUNBUFFERED": "1"}
 
 
-def _ip(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
-
-
-class Namespaces:
-    """Network namespaces `<tag>-link` (with the bridge) and `<tag>-n<i>`, torn down in full."""
-
-    def __init__(self, tag: str, nodes: int) -> None:
-        self.link = f"{tag}-link"
-        self.nodes = [f"{tag}-n{i}" for i in range(nodes)]
-        self.tag = tag
-        self.made: list[str] = []
-
-    def _must(self, *args: str) -> None:
-        done = _ip(*args)
-        if done.returncode != 0:
-            raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
-
-    def _add(self, name: str) -> None:
-        self._must("netns", "add", name)
-        self.made.append(name)
-        self._must("-n", name, "link", "set", "lo", "up")
-        hosts = Path("/etc/netns") / name
-        hosts.mkdir(parents=True, exist_ok=True)
-        (hosts / "hosts").write_text(f"127.0.0.1 localhost\n{LINK_IP} superlink\n")
-
-    def up(self) -> None:
-        self._add(self.link)
-        self._must("-n", self.link, "link", "add", "br0", "type", "bridge")
-        self._must("-n", self.link, "addr", "add", f"{LINK_IP}/24", "dev", "br0")
-        self._must("-n", self.link, "link", "set", "br0", "up")
-        for i, ns in enumerate(self.nodes):
-            self._add(ns)
-            near, far = f"{self.tag}v{i}a", f"{self.tag}v{i}b"  # veth pair: node end, bridge end
-            self._must("link", "add", near, "netns", ns, "type", "veth", "peer", "name", far,
-                       "netns", self.link)  # fmt: skip
-            self._must("-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", near)
-            self._must("-n", ns, "link", "set", near, "up")
-            self._must("-n", self.link, "link", "set", far, "master", "br0", "up")
-
-    def address(self, i: int) -> str:
-        return f"{SUBNET}.{10 + i}"
-
-    def down(self) -> None:
-        for name in self.made:
-            _ip("netns", "del", name)  # takes its veth ends and the bridge with it
-            shutil.rmtree(Path("/etc/netns") / name, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            Path("/etc/netns").rmdir()  # only if nothing else uses it
-
-
-def _permission() -> str | None:
-    """Why namespaces cannot be used here, or None when they can."""
-    if sys.platform != "linux" or shutil.which("ip") is None:
-        return "needs Linux with iproute2 (`ip`)"
-    if os.geteuid() != 0:
-        return "creating network namespaces needs root"
-    probe = f"pollen-probe-{os.getpid()}"
-    done = _ip("netns", "add", probe)
-    if done.returncode != 0:
-        return f"`ip netns add` not permitted: {done.stderr.strip()}"
-    _ip("netns", "del", probe)
-    return None
-
-
 @pytest.fixture
 def namespaces() -> Iterator[Namespaces]:
-    reason = _permission()
+    reason = permission()
     if reason:
         pytest.skip(reason)
     ns = Namespaces(f"pl{os.getpid() % 100000}", CLIENTS)
