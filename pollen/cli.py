@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -128,7 +129,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     out = Path(str(resolved["out-dir"]))
     n = int(resolved["num-clients"])
     keys = [node_key(args.tls_dir, i) for i in range(n)] if args.auth else []
-    fed = Federation(out / "processes")
+    # a SuperNode that dies is restarted on its partition and state (docs/reliability.md)
+    fed = Federation(out / "processes", restart_nodes=True, events=out / "events.jsonl")
     security = ("with TLS" if tls else "insecure") + (" and node authentication" if keys else "")
     print(
         f"Pollen deploy: {resolved['algorithm']} on {resolved['dataset']}, {n} clients, "
@@ -205,13 +207,22 @@ def simulate_run(
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Submit a run to a SuperLink that is already running (multi-machine deployment)."""
+    _host_port(args.superlink, "--superlink")
     signing_key = _signing_key(args.signing_key)
     resolved = resolve_run_settings(args)
-    fed = Federation(Path(str(resolved["out-dir"])) / "processes", signing_key=signing_key)
+    out = Path(str(resolved["out-dir"]))
+    fresh = not out.exists()
+    fed = Federation(out / "processes", signing_key=signing_key)
     fed.write_connection(
         args.superlink, Path(args.root_certificates) if args.root_certificates else None
     )
-    fed.wait_reachable(args.wait_superlink)
+    print(f"waiting for the SuperLink at {args.superlink}", flush=True)
+    try:
+        fed.wait_reachable(args.superlink, args.wait_superlink)
+    except (LaunchError, KeyboardInterrupt):
+        if fresh:  # nothing was submitted: leave no directory behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     return _run_and_report(fed, resolved, args.timeout)
 
 
@@ -233,6 +244,18 @@ def _signing_key(path: str | None) -> Path | None:
     return Path(path).resolve()
 
 
+def _record_restarts(summary_path: Path, restarts: list[dict[str, Any]]) -> None:
+    """Add the SuperNode restarts of this run to the summary the ServerApp wrote."""
+    try:
+        summary = json.loads(summary_path.read_text())
+    except (OSError, ValueError):
+        return  # no summary to add to: the events file has them
+    from server.results import atomic_write_json
+
+    summary["node-restarts"] = [*summary.get("node-restarts", []), *restarts]
+    atomic_write_json(summary_path, summary)
+
+
 def _run_and_report(fed: Federation, resolved: dict[str, Scalar], timeout: float) -> int:
     out = Path(str(resolved["out-dir"]))
     run_id = fed.submit(resolved)
@@ -244,6 +267,8 @@ def _run_and_report(fed: Federation, resolved: dict[str, Scalar], timeout: float
         raise
     log = fed.server_log(run_id)
     (out / "server.log").write_text(log)
+    if fed.restart_log:
+        _record_restarts(out / "summary.json", fed.restart_log)
     state = status.get("status", "unknown")
     if state != "finished:completed":
         print(f"run {run_id} {state}: {status.get('status-details', '')}", file=sys.stderr)
@@ -276,9 +301,9 @@ def cmd_server(args: argparse.Namespace) -> int:
     for line in _server_warnings(args, api_host, secret):
         print(f"pollen: warning: {line}", file=sys.stderr, flush=True)
     argv = superlink_argv(args, tls)
-    if not args.allow_list:
+    if not args.allow_list and not args.ready_file:
         return _exec(argv)
-    return _serve_with_allow_list(argv, args, tls)
+    return _serve_supervised(argv, args, tls)
 
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -383,21 +408,37 @@ def superlink_argv(args: argparse.Namespace, tls: TLS | None) -> list[str]:
     return argv
 
 
-def _serve_with_allow_list(argv: list[str], args: argparse.Namespace, tls: TLS | None) -> int:
-    """Run the SuperLink as a child, register the allow-list's keys once it answers, then
-    stay in the foreground until it exits (Ctrl-C or SIGTERM stop it)."""
-    keys = allow_list(args.allow_list)
+def _serve_supervised(argv: list[str], args: argparse.Namespace, tls: TLS | None) -> int:
+    """Run the SuperLink as a child; once it answers, register the allow-list's keys (those
+    this database does not hold yet) and write --ready-file; then stay in the foreground until
+    it exits (Ctrl-C or SIGTERM stop it)."""
+    keys = allow_list(args.allow_list) if args.allow_list else []
+    ready = Path(args.ready_file) if args.ready_file else None
+    if ready is not None:
+        ready.unlink(missing_ok=True)  # a restarted server is not ready until it says so again
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="superlink-"))
     fed = Federation(workdir)
     proc = fed.spawn("superlink", [bin_path(argv[0]), *argv[1:]], console=True)
     try:
         local = "127.0.0.1" if args.expose_api else _api_host(args)
-        fed.wait_health(f"https://{local}:{args.port}/health", proc, tls)
+        scheme = "https" if tls else "http"
+        fed.wait_health(f"{scheme}://{local}:{args.port}/health", proc, tls)
         fed.write_connection(f"{local}:{args.port}", tls.ca_cert if tls else None)
-        fed.register_nodes(keys)
-        print(f"allow-list: {len(keys)} SuperNode keys from {args.allow_list}", flush=True)
+        if keys:
+            record = Path(f"{args.database}.registered-keys") if args.database else None
+            added = fed.register_nodes(keys, record)
+            print(
+                f"allow-list: {len(keys)} SuperNode keys from {args.allow_list} "
+                f"({added} newly registered)",
+                flush=True,
+            )
+        if ready is not None:
+            ready.parent.mkdir(parents=True, exist_ok=True)
+            ready.write_text(f"{os.getpid()}\n")
         return proc.popen.wait()
     finally:
+        if ready is not None:
+            ready.unlink(missing_ok=True)
         fed.stop()
 
 
@@ -716,6 +757,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--database", help="SQLite file keeping runs across SuperLink restarts")
     p.add_argument("--workdir", help="with --allow-list: where the flwr CLI keeps its files")
+    p.add_argument(
+        "--ready-file",
+        metavar="FILE",
+        help="written once the SuperLink answers and the allow-list is registered (a health check)",
+    )
     p.set_defaults(func=cmd_server)
 
     p = sub.add_parser("client", help="start a SuperNode serving one partition")

@@ -8,6 +8,7 @@ failure or Ctrl-C) leaves nothing behind.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -137,6 +139,26 @@ class Proc:
 
 
 @dataclass
+class Node:
+    """A SuperNode this federation started (with its app runner), and how to start it again."""
+
+    partition_id: int
+    launch: Callable[[], list[Proc]]
+    procs: list[Proc]
+    restarts: int = 0
+    died_at: float | None = None
+    exit_code: int | None = None
+
+
+NODE_RESTART_LIMIT = 8
+"""How many times `pollen deploy` restarts one SuperNode before it gives the run up."""
+NODE_RESTART_BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+"""Seconds before each restart; the last repeats. An authenticated SuperNode restarted within
+about a minute of its crash is refused (its old session is still online), so the attempts span
+more than two minutes in all."""
+
+
+@dataclass
 class Federation:
     """A set of local Flower processes plus a private FLWR_HOME to talk to them."""
 
@@ -147,6 +169,12 @@ class Federation:
     """The operator's private key: every app submitted is signed with it (pollen.signing)."""
     trusted_key: Path | None = None
     """A public key: SuperNodes started here run only apps signed by its private half."""
+    restart_nodes: bool = False
+    """Restart a SuperNode that dies (same partition, state and key) instead of failing."""
+    events: Path | None = None
+    """The run's events.jsonl, where node restarts are recorded beside the server's events."""
+    started_nodes: dict[int, Node] = field(default_factory=dict)
+    restart_log: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -227,10 +255,17 @@ class Federation:
         self.write_connection(f"{host}:{http_port}", tls.ca_cert if tls else None)
         return http_port, fleet_port
 
-    def register_nodes(self, public_keys: Sequence[Path]) -> None:
-        """Put SuperNode public keys on the SuperLink's allow-list (`flwr supernode register`).
-        A key registered before (a SuperLink restarted on its database) is fine."""
+    def register_nodes(self, public_keys: Sequence[Path], record: Path | None = None) -> int:
+        """Put SuperNode public keys on the SuperLink's allow-list (`flwr supernode register`);
+        returns how many were registered now. `record` (beside the SuperLink's database) lists
+        the keys this database already holds, which are not registered again: Flower logs an
+        ERROR for every key registered twice. A key the SuperLink knows anyway is fine."""
+        known = _registered_keys(record)
+        added = 0
         for key in public_keys:
+            digest = _key_digest(key)
+            if digest in known:
+                continue
             out = self.flwr("supernode", "register", str(key), self.connection, "--format", "json")
             try:
                 reply = json.loads(out.stdout)
@@ -238,6 +273,11 @@ class Federation:
                 reply = {}
             if not reply.get("success") and "already in use" not in str(reply):
                 raise LaunchError(f"could not register {key}:\n{out.stdout}{out.stderr}")
+            added += bool(reply.get("success"))
+            known.add(digest)
+            if record is not None:
+                _write_registered_keys(record, known)
+        return added
 
     def start_supernode(
         self,
@@ -251,18 +291,24 @@ class Federation:
     ) -> Proc:
         config: dict[str, Scalar] = {"partition-id": partition_id, "num-partitions": num_partitions}
         config.update(node_config or {})
-        port = free_port()
         home = self.workdir / f"node-{partition_id}"
-        secret = runner_secret(home) if self.trusted_key else None
-        argv = supernode_argv(
-            fleet, port, config, tls.ca_cert if tls else None, auth_key, runner_secret=secret
-        )
         env = dict(self.env, FLWR_HOME=str(home))
-        node = self.spawn(f"supernode-{partition_id}", argv, env)
-        if self.trusted_key is not None and secret is not None:
+
+        def launch() -> list[Proc]:
+            port = free_port()
+            secret = runner_secret(home) if self.trusted_key else None
+            argv = supernode_argv(
+                fleet, port, config, tls.ca_cert if tls else None, auth_key, runner_secret=secret
+            )
+            node = self.spawn(f"supernode-{partition_id}", argv, env)
+            if self.trusted_key is None or secret is None:
+                return [node]
             runner = app_runner_argv(f"127.0.0.1:{port}", self.trusted_key, node.popen.pid, secret)
-            self.spawn(f"app-runner-{partition_id}", runner, env)
-        return node
+            return [node, self.spawn(f"app-runner-{partition_id}", runner, env)]
+
+        procs = launch()
+        self.started_nodes[partition_id] = Node(partition_id, launch, procs)
+        return procs[0]
 
     def wait_health(self, url: str, proc: Proc, tls: TLS | None, timeout: float = 60) -> None:
         import ssl
@@ -284,11 +330,62 @@ class Federation:
         raise LaunchError(f"{proc.name} not healthy after {timeout:g} s:\n{proc.tail()}")
 
     def check_alive(self) -> None:
-        for proc in self.procs:
-            if proc.popen.poll() is not None:
+        """Raise LaunchError when a process has exited, unless it belongs to a SuperNode this
+        federation restarts (`restart_nodes`): that node is started again after a backoff, on
+        the same partition, state directory and key."""
+        for proc in list(self.procs):
+            if proc not in self.procs or proc.popen.poll() is None:
+                continue  # (a process replaced by a restart earlier in this loop)
+            node = next((n for n in self.started_nodes.values() if proc in n.procs), None)
+            if node is None or not self.restart_nodes:
                 raise LaunchError(
                     f"{proc.name} exited (code {proc.popen.returncode}):\n{proc.tail()}"
                 )
+            self._revive(node, proc)
+
+    def _revive(self, node: Node, dead: Proc) -> None:
+        now = time.monotonic()
+        if node.died_at is None:  # just noticed: stop what is left of it, wait the backoff
+            node.died_at, node.exit_code = now, dead.popen.returncode
+            for proc in node.procs:
+                if proc.popen.poll() is None:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(proc.popen.pid, signal.SIGKILL)
+                    proc.popen.wait(timeout=10)
+            print(
+                f"SuperNode of client {node.partition_id} exited (code {node.exit_code}); "
+                f"restarting it",
+                flush=True,
+            )
+            return
+        if node.restarts >= NODE_RESTART_LIMIT:
+            raise LaunchError(
+                f"SuperNode of client {node.partition_id} exited {node.restarts + 1} times "
+                f"(last code {node.exit_code}); gave up restarting it:\n{dead.tail()}"
+            )
+        wait = NODE_RESTART_BACKOFF[min(node.restarts, len(NODE_RESTART_BACKOFF) - 1)]
+        if now - node.died_at < wait:
+            return
+        for proc in node.procs:
+            self.procs.remove(proc)
+        node.procs = node.launch()
+        node.restarts += 1
+        record = {
+            "event": "node-restarted",
+            "client": node.partition_id,
+            "restart": node.restarts,
+            "exit-code": node.exit_code,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        node.died_at = node.exit_code = None
+        self.restart_log.append(record)
+        if self.events is not None:
+            line = (json.dumps(record) + "\n").encode()
+            fd = os.open(self.events, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line)  # one write: lines the server appends stay whole
+            finally:
+                os.close(fd)
 
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM each process (SuperNodes deregister), then SIGKILL whatever is left."""
@@ -349,10 +446,11 @@ class Federation:
         except json.JSONDecodeError:
             return []
 
-    def wait_reachable(self, timeout: float = 120) -> None:
-        """Until the SuperLink answers the flwr CLI: `pollen run` may start before it does
-        (compose starts the services together)."""
-        deadline = time.monotonic() + timeout
+    def wait_reachable(self, address: str, timeout: float = 120, every: float = 10) -> None:
+        """Until the SuperLink at `address` answers the flwr CLI (`pollen run` may start before
+        it does), saying every `every` seconds what it waits for."""
+        start = time.monotonic()
+        said = start
         while True:
             out = self.flwr("supernode", "ls", self.connection, "--format", "json", timeout=60)
             try:
@@ -360,8 +458,16 @@ class Federation:
                     return
             except json.JSONDecodeError:
                 pass
-            if time.monotonic() > deadline:
-                raise LaunchError(f"SuperLink not reachable after {timeout:g} s:\n{out.stdout}")
+            waited = time.monotonic() - start
+            if waited > timeout:
+                raise LaunchError(
+                    f"no SuperLink answers at {address} after {timeout:g} s: is `pollen server` "
+                    "running there, is this its HTTP API port (--port, not the Fleet port), and "
+                    "do --root-certificates match its TLS (none for --insecure)?"
+                )
+            if time.monotonic() - said >= every:
+                said = time.monotonic()
+                print(f"waiting for the SuperLink at {address}: {waited:.0f} s", flush=True)
             time.sleep(2.0)
 
     def online_nodes(self) -> int:
@@ -454,6 +560,43 @@ class Federation:
         if out.returncode == FLWR_TIMED_OUT:
             return f"(server log of run {run_id} unavailable: {out.stderr.strip()})\n"
         return out.stdout
+
+
+def _key_digest(public_key: Path) -> str:
+    """The key itself (OpenSSH: type and base64 body), not its comment."""
+    try:
+        body = b" ".join(public_key.read_bytes().split()[:2])
+    except OSError as exc:
+        raise LaunchError(f"SuperNode key {public_key} cannot be read: {exc.strerror}") from None
+    return hashlib.sha256(body).hexdigest()
+
+
+def _database_identity(record: Path) -> int | None:
+    """The inode of the database a key record belongs to (a new database, a new identity)."""
+    database = Path(str(record).removesuffix(".registered-keys"))
+    try:
+        return database.stat().st_ino
+    except OSError:
+        return None
+
+
+def _registered_keys(record: Path | None) -> set[str]:
+    if record is None:
+        return set()
+    try:
+        saved = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return set()
+    if not isinstance(saved, dict) or saved.get("database-inode") != _database_identity(record):
+        return set()
+    return {str(k) for k in saved.get("keys", [])}
+
+
+def _write_registered_keys(record: Path, keys: set[str]) -> None:
+    record.parent.mkdir(parents=True, exist_ok=True)
+    tmp = record.with_name(record.name + ".tmp")
+    tmp.write_text(json.dumps({"database-inode": _database_identity(record), "keys": sorted(keys)}))
+    tmp.replace(record)
 
 
 def tls_args_superlink(tls: TLS | None) -> list[str]:
@@ -593,13 +736,23 @@ def serve_node(
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     tail: list[str] = []
-    assert node.stdout is not None
-    for raw in node.stdout:
-        line = raw.decode(errors="replace")
-        sys.stdout.write(line)
-        sys.stdout.flush()
-        tail = [*tail[-59:], line]
+
+    def relay() -> None:
+        assert node.stdout is not None
+        for raw in node.stdout:
+            line = raw.decode(errors="replace")
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            tail.append(line)
+            del tail[:-60]
+
+    reader = threading.Thread(target=relay, daemon=True)
+    reader.start()
     code = node.wait()
+    # what the SuperNode started (its SuperExec, ClientApps) may outlive it and hold its output
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(node.pid, signal.SIGKILL)
+    reader.join(timeout=10)
     if helper is not None:
         helper.terminate()
         try:
@@ -660,6 +813,11 @@ class Progress:
                     self._say(f"    client {cid}: {reason}")
             elif kind == "clients":
                 self._say(f"clients connected: {ev['clients']}")
+            elif kind == "node-restarted":
+                self._say(
+                    f"SuperNode of client {ev['client']} restarted (it exited with code "
+                    f"{ev['exit-code']}; restart {ev['restart']} of at most {NODE_RESTART_LIMIT})"
+                )
         self._flush_rounds(before=None)
 
     def _flush_rounds(self, before: int | None) -> None:

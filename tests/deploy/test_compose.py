@@ -11,6 +11,8 @@ import importlib.util
 import json
 import os
 import subprocess
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -91,9 +93,10 @@ def _flower_commands(argv: list[str]) -> list[list[str]]:
         extra = ["--auth-key", f"{keys}/node-0.key"] if keys else []
         argv = ["pollen", "client", "--partition-id", "0", "--num-partitions", clients,
                 "--state-dir", f"{state}/client-0", *extra, *rest]  # fmt: skip
-    if argv[0] == "docker/credentials.sh":
+    if argv[0] in ("docker/credentials.sh", "docker/run.sh"):
         assert (ROOT / argv[0]).stat().st_mode & 0o111
-        assert int(argv[3]) >= 1
+        if argv[0] == "docker/credentials.sh":
+            assert int(argv[6]) >= 1
         return []
     assert argv[0] == "pollen", argv
     args = _pollen_accepts(argv[1:])
@@ -122,7 +125,7 @@ def test_every_command_is_one_flower_and_pollen_accept(variant: str) -> None:
     superlink = _flower_accepts(flower["superlink"][0])
     supernode = _flower_accepts(flower["supernode"][0])
     superexec = _flower_accepts(flower["serverapp"][0])
-    run = _pollen_accepts(cmds["run"][1:])
+    run = _pollen_accepts(run_script(doc["services"]["run"], Path(tempfile.mkdtemp()))[1:])
     assert run.algorithm == "fedem" and run.clients == 4
     assert superlink.runtime_dependency_install is False
     assert superlink.isolation == "process"  # the ServerApp runs in the serverapp container
@@ -157,9 +160,10 @@ def test_each_service_gets_only_its_share_of_the_credentials(tmp_path: Path) -> 
     doc = load(COMPOSE)
     argv = commands(doc)["certs"]
     mounts = {v.split(":")[1]: v.split(":")[0] for v in doc["services"]["certs"]["volumes"]}
-    script = str(ROOT / argv[0])
-    done = subprocess.run(["bash", script, str(tmp_path / "all"), str(tmp_path), "2", "superlink"],
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    shares = [str(tmp_path / s) for s in ("superlink", "serverapp", "supernode", "run")]
+    assert argv[2:6] == [f"/out/{s}" for s in ("superlink", "serverapp", "supernode", "run")]
+    done = subprocess.run(["bash", str(ROOT / argv[0]), str(tmp_path / "all"), *shares, "2",
+                           "superlink"], capture_output=True, text=True, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
 
     def files(service: str) -> set[str]:
@@ -185,6 +189,62 @@ def test_each_service_gets_only_its_share_of_the_credentials(tmp_path: Path) -> 
     users = [name for name, spec in doc["services"].items()
              if any(v.split(":")[0] == keeper for v in spec.get("volumes", []))]  # fmt: skip
     assert users == ["certs"]  # the CA key never leaves the certs service
+
+
+def run_script(service: dict[str, Any], tmp: Path, **env: str) -> list[str]:
+    """The `pollen` command line docker/run.sh runs with the service's environment."""
+    bindir = tmp / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "pollen").write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
+    (bindir / "pollen").chmod(0o755)
+    full = {k: str(v) for k, v in service.get("environment", {}).items()}
+    full.update(env, PATH=f"{bindir}:{os.environ['PATH']}")
+    done = subprocess.run(["bash", str(ROOT / service["command"][0]), *service["command"][1:]],
+                          env=full, capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return ["pollen", *done.stdout.splitlines()]
+
+
+def test_each_run_gets_a_fresh_results_directory_unless_one_is_named(tmp_path: Path) -> None:
+    service = load(COMPOSE, {"POLLEN_ALGORITHM": "fedem", "POLLEN_DATASET": "digits"})
+    run = service["services"]["run"]
+    first = _pollen_accepts(run_script(run, tmp_path)[1:])
+    assert first.out.startswith("/results/fedem-digits-") and not first.resume
+    time.sleep(1.1)
+    assert _pollen_accepts(run_script(run, tmp_path)[1:]).out != first.out
+    named = load(COMPOSE, {"POLLEN_RUN": "exp1", "POLLEN_RESUME": "1", "POLLEN_ROUNDS": "9"})
+    again = _pollen_accepts(run_script(named["services"]["run"], tmp_path)[1:])
+    assert again.out == "/results/exp1" and again.resume and again.rounds == 9
+    bad = load(COMPOSE, {"POLLEN_RESUME": "1"})["services"]["run"]
+    done = subprocess.run(["bash", str(ROOT / "docker" / "run.sh"), "/r"], capture_output=True,
+                          text=True, check=False,
+                          env={k: str(v) for k, v in bad["environment"].items()})  # fmt: skip
+    assert done.returncode == 2 and "POLLEN_RESUME=1 needs POLLEN_RUN" in done.stderr
+
+
+def test_only_one_service_builds_the_image_that_all_of_them_run() -> None:
+    for files in VARIANTS.values():
+        doc = merged(*files)
+        builders = [name for name, spec in doc["services"].items() if "build" in spec]
+        assert builders == ["certs"], builders
+        images = {spec["image"] for spec in doc["services"].values()}
+        assert len(images) == 1, images
+        assert all(spec.get("pull_policy") == "never" for spec in doc["services"].values())
+    gpu = merged(COMPOSE, GPU)
+    assert gpu["services"]["certs"]["build"]["args"]["TORCH_INDEX_URL"] == "https://pypi.org/simple"
+    devices = gpu["services"]["supernode"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
+
+
+def test_services_wait_for_a_ready_superlink() -> None:
+    for files in VARIANTS.values():
+        doc = merged(*files)
+        superlink = doc["services"]["superlink"]
+        ready = _pollen_accepts(superlink["command"][1:]).ready_file
+        assert superlink["healthcheck"]["test"] == ["CMD", "test", "-f", ready]
+        for name in ("serverapp", "supernode", "run"):
+            after = doc["services"][name]["depends_on"]["superlink"]
+            assert after == {"condition": "service_healthy"}, name
 
 
 def _dockerignore() -> list[str]:
@@ -254,35 +314,88 @@ def test_generate_certs_makes_keys_flower_loads(tmp_path: Path) -> None:
     assert again == first and (tmp_path / "supernodes" / "node-2.pub").exists()
 
 
-def test_supernode_script_gives_each_replica_its_own_partition(tmp_path: Path) -> None:
-    """Scaled SuperNode containers claim distinct partitions; a restarted one keeps its own."""
+def _supernode_script(tmp_path: Path) -> Any:
+    """docker/supernode.sh with a stand-in `pollen` that prints its arguments."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
     fake = bindir / "pollen"
     fake.write_text('#!/bin/sh\necho "$@"\n')
     fake.chmod(0o755)
-    state = tmp_path / "state"
     script = ROOT / "docker" / "supernode.sh"
 
-    def start(host: str, keys: str = "/k") -> subprocess.CompletedProcess[str]:
-        env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", HOSTNAME=host)
-        return subprocess.run(["bash", str(script), str(state), "2", keys, "--superlink", "s:1"],
-                              env=env, check=False, capture_output=True, text=True,
-                              timeout=30)  # fmt: skip
+    def start(host: str, keys: str = "/k", **env: str) -> subprocess.CompletedProcess[str]:
+        full = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", HOSTNAME=host,
+                    POLLEN_LEASE_WAIT="1", POLLEN_LEASE_BEAT="1", **env)  # fmt: skip
+        return subprocess.run(["bash", str(script), str(tmp_path / "state"), "2", keys,
+                               "--superlink", "s:1"], env=full, check=False,
+                              capture_output=True, text=True, timeout=30)  # fmt: skip
 
-    # the claim is released when the node exits, so hold one by hand as a running node would
-    (state / "claims" / "0").mkdir(parents=True)
-    (state / "claims" / "0" / "owner").write_text("node-a\n")
+    return start
+
+
+def _hold(state: Path, partition: int, owner: str, age: float = 0.0) -> None:
+    """A lease as a running SuperNode holds it, its last heartbeat `age` seconds ago."""
+    lease = state / "claims" / str(partition)
+    lease.mkdir(parents=True)
+    (lease / "owner").write_text(f"{owner}\n")
+    (lease / "heartbeat").touch()
+    then = time.time() - age
+    os.utime(lease / "heartbeat", (then, then))
+
+
+def test_supernode_script_gives_each_replica_its_own_partition(tmp_path: Path) -> None:
+    """Scaled SuperNode containers lease distinct partitions; a restarted one keeps its own."""
+    start, state = _supernode_script(tmp_path), tmp_path / "state"
+    _hold(state, 0, "node-a")
     out_b = start("node-b")
     assert out_b.returncode == 0, out_b.stderr
     assert "--partition-id 1 --num-partitions 2" in out_b.stdout
     assert f"--state-dir {state}/client-1 --auth-key /k/node-1.key --superlink s:1" in out_b.stdout
-    (state / "claims" / "1").mkdir()
-    (state / "claims" / "1" / "owner").write_text("node-b\n")
-    again = start("node-a", keys="")
+    assert not (state / "claims" / "1").exists()  # released on a clean exit
+    _hold(state, 1, "node-b")
+    again = start("node-a", keys="")  # node-a restarted: its own lease, not node-b's
     assert "--partition-id 0" in again.stdout and "--auth-key" not in again.stdout
-    assert not (state / "claims" / "0").exists()  # released on exit
-    (state / "claims" / "0").mkdir()
-    (state / "claims" / "0" / "owner").write_text("node-a\n")
+    _hold(state, 0, "node-a")
     full = start("node-c")
-    assert full.returncode == 1 and "all 2 partitions are taken" in full.stderr
+    assert full.returncode == 1 and "leased by live SuperNodes" in full.stderr
+
+
+def test_a_dead_holders_lease_expires_and_a_replacement_takes_it_over(tmp_path: Path) -> None:
+    """A SuperNode killed without a clean stop (SIGKILL, `docker compose down` and `up`) leaves
+    its lease behind; once its heartbeat is older than the expiry, a new SuperNode takes the
+    partition over instead of finding every partition taken."""
+    start, state = _supernode_script(tmp_path), tmp_path / "state"
+    _hold(state, 0, "alive", age=2)
+    _hold(state, 1, "killed", age=120)
+    done = start("replacement", POLLEN_LEASE_EXPIRY="30")
+    assert done.returncode == 0, done.stderr
+    assert "partition 1's lease expired (holder killed)" in done.stdout
+    assert "--partition-id 1 " in done.stdout
+    assert (state / "claims" / "0" / "owner").read_text().strip() == "alive"
+    # a holder that just beat is alive: nothing is taken from it
+    _hold(state, 1, "alive-too", age=1)
+    busy = start("late", POLLEN_LEASE_EXPIRY="30")
+    assert busy.returncode == 1 and "waiting for one to be released" in busy.stdout
+
+
+def test_the_lease_heartbeat_runs_while_the_node_lives(tmp_path: Path) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "pollen").write_text("#!/bin/sh\nsleep 4\n")
+    (bindir / "pollen").chmod(0o755)
+    state = tmp_path / "state"
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", HOSTNAME="n",
+               POLLEN_LEASE_BEAT="1")  # fmt: skip
+    proc = subprocess.Popen(["bash", str(ROOT / "docker" / "supernode.sh"), str(state), "1", ""],
+                            env=env, stdout=subprocess.DEVNULL)  # fmt: skip
+    try:
+        beat = state / "claims" / "0" / "heartbeat"
+        deadline = time.monotonic() + 10
+        while not beat.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        first = beat.stat().st_mtime
+        time.sleep(2.5)
+        assert beat.stat().st_mtime > first
+    finally:
+        assert proc.wait(timeout=20) == 0
+    assert not (state / "claims" / "0").exists()

@@ -145,7 +145,8 @@ def test_compose_topology_in_network_namespaces(
                                  text=True, check=False).stdout  # fmt: skip
         for i in range(CLIENTS):
             assert namespaces.address(i) in sockets, sockets
-        out = tmp_path / "volumes" / "results" / "run"
+        [out] = (tmp_path / "volumes" / "results").iterdir()  # a fresh directory per run
+        assert out.name.startswith("fedavg-digits-")
         rows = read_jsonl(out / "metrics.jsonl")
         assert [r["round"] for r in rows] == [1] and rows[0]["train"]["clients"] == float(CLIENTS)
         assert "run" in done.stdout and "completed" in done.stdout
