@@ -12,7 +12,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
@@ -59,35 +59,62 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def resolve_run_settings(args: argparse.Namespace) -> dict[str, Scalar]:
-    """Settings of a new or resumed run, every value checked before anything starts."""
+RUN_FLAGS = (
+    ("algorithm", "algorithm"),
+    ("dataset", "dataset"),
+    ("clients", "num-clients"),
+    ("rounds", "num-rounds"),
+)
+"""Flags that set a run setting: (flag, setting)."""
+
+
+def resolve_run_settings(args: argparse.Namespace, local: bool = True) -> dict[str, Scalar]:
+    """Settings of a new or resumed run, every value checked before anything starts, and the
+    results directory checked (and, for a resume, its checkpoint) before anything is written.
+    `local`: the clients run on this machine (deploy, simulate), so its devices count."""
     overrides: dict[str, Any] = settings_mod.parse_assignments(args.set)
-    for flag, key in (
-        ("algorithm", "algorithm"),
-        ("dataset", "dataset"),
-        ("clients", "num-clients"),
-        ("rounds", "num-rounds"),
-    ):
-        if getattr(args, flag) is not None:
-            overrides[key] = getattr(args, flag)
+    declared = settings_mod.all_settings()
+    for flag, key in RUN_FLAGS:
+        value = getattr(args, flag)
+        if value is None:
+            continue
+        if key in overrides and key in declared:
+            given = declared[key].coerce(overrides[key])
+            if given != declared[key].coerce(value):
+                raise SettingsError(
+                    f"--{flag} {value} and --set {key}={overrides[key]} disagree: give one"
+                )
+        overrides[key] = value
     base: dict[str, Any] = {}
     if args.resume:
         if not args.out:
             raise SettingsError("--resume needs --out DIR, the directory of the run to continue")
         saved = Path(args.out) / "config.json"
-        if not saved.exists():
+        if not saved.is_file():
             raise SettingsError(f"--resume: {saved} not found (nothing to resume)")
-        base = json.loads(saved.read_text())
+        try:
+            base = json.loads(saved.read_text())
+        except (OSError, ValueError) as exc:
+            raise SettingsError(f"--resume: {saved} is unreadable ({exc})") from None
         overrides["resume"] = True
     else:
         overrides.setdefault("resume", False)
     resolved = settings_mod.resolve(overrides, base)
+    foreign = settings_mod.foreign_settings(str(resolved["algorithm"]), overrides)
+    for key, owners in foreign.items():
+        raise SettingsError(
+            f"setting '{key}' is not read by {resolved['algorithm']}; it belongs to "
+            f"{', '.join(owners)}"
+        )
+    if local:
+        _check_device(str(resolved["device"]))
     out = (
         Path(args.out)
         if args.out
         else Path("results")
         / (f"{resolved['algorithm']}-{resolved['dataset']}-{time.strftime('%Y%m%d-%H%M%S')}")
     )
+    _check_writable(out)
     if not args.resume and (out / "checkpoint").exists():
         raise SettingsError(
             f"{out} already holds a run; pass --resume to continue it or choose another --out"
@@ -97,8 +124,51 @@ def resolve_run_settings(args: argparse.Namespace) -> dict[str, Scalar]:
         resolved["run-name"] = f"{out.name}-{int(time.time())}"
     if "min-available-clients" not in overrides and "min-available-clients" not in base:
         resolved["min-available-clients"] = resolved["num-clients"]
+    if args.resume:
+        _check_resumable(out, resolved)
     _check_data(resolved)
     return resolved
+
+
+def _check_device(device: str) -> None:
+    """A CUDA device asked for must exist here (`auto` takes CUDA only when there is one)."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SettingsError(
+            f"device={device}: torch sees no CUDA GPU on this machine; use device=auto or cpu"
+        )
+
+
+def _check_writable(out: Path) -> None:
+    """The results directory is (or can become) a directory this process can write to."""
+    if out.exists() and not out.is_dir():
+        raise SettingsError(f"--out {out} is a file, not a directory")
+    probe = out
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise SettingsError(f"--out {out}: {probe} is a file, not a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=probe, prefix=".pollen-write-check-"))
+    except OSError as exc:
+        raise SettingsError(
+            f"--out {out} cannot be written: {exc.strerror or exc} (in {probe})"
+        ) from None
+
+
+def _check_resumable(out: Path, resolved: dict[str, Scalar]) -> None:
+    """The checkpoint to resume from is whole and was written with these settings: the checks
+    the ServerApp makes, made before anything starts."""
+    from server import checkpoint
+
+    try:
+        saved = checkpoint.load(out)
+        checkpoint.check_compatible(saved.settings, resolved)
+    except checkpoint.CheckpointError as exc:
+        raise SettingsError(f"--resume: {exc}") from None
 
 
 def _check_data(resolved: dict[str, Scalar]) -> None:
@@ -155,6 +225,10 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    if args.parallel < 1:
+        raise SettingsError(
+            f"--parallel (clients trained at once) must be 1 or more, not {args.parallel}"
+        )
     resolved = resolve_run_settings(args)
     out = Path(str(resolved["out-dir"]))
     n = int(resolved["num-clients"])
@@ -209,7 +283,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Submit a run to a SuperLink that is already running (multi-machine deployment)."""
     _host_port(args.superlink, "--superlink")
     signing_key = _signing_key(args.signing_key)
-    resolved = resolve_run_settings(args)
+    resolved = resolve_run_settings(args, local=False)
     out = Path(str(resolved["out-dir"]))
     fresh = not out.exists()
     fed = Federation(out / "processes", signing_key=signing_key)
@@ -244,6 +318,25 @@ def _signing_key(path: str | None) -> Path | None:
     return Path(path).resolve()
 
 
+def _failure(out: Path, status: Mapping[str, Any]) -> str:
+    """One line saying why a run did not complete: the ServerApp's reason from summary.json
+    (or resume-failed.json), else Flower's status, and where the full log is."""
+    from server.results import RESUME_FAILED, SUMMARY, brief
+
+    reason = ""
+    for name in (RESUME_FAILED, SUMMARY):
+        try:
+            record = json.loads((out / name).read_text())
+        except (OSError, ValueError):
+            continue
+        if record.get("status") == "failed" and record.get("reason"):
+            reason = str(record["reason"])
+            break
+    if not reason:
+        reason = f"{status.get('status', 'unknown')}: {status.get('status-details', '')}"
+    return f"failed: {brief(reason, limit=600)} (full log: {out / 'server.log'})"
+
+
 def _record_restarts(summary_path: Path, restarts: list[dict[str, Any]]) -> None:
     """Add the SuperNode restarts of this run to the summary the ServerApp wrote."""
     try:
@@ -261,7 +354,10 @@ def _run_and_report(fed: Federation, resolved: dict[str, Scalar], timeout: float
     run_id = fed.submit(resolved)
     print(f"run {run_id} submitted", flush=True)
     try:
-        status = follow(fed, run_id, out, timeout, num_rounds=int(resolved["num-rounds"]))
+        status = follow(
+            fed, run_id, out, timeout, num_rounds=int(resolved["num-rounds"]),
+            history=bool(resolved["resume"]),
+        )  # fmt: skip
     except KeyboardInterrupt:
         fed.stop_run(run_id)
         raise
@@ -271,10 +367,7 @@ def _run_and_report(fed: Federation, resolved: dict[str, Scalar], timeout: float
         _record_restarts(out / "summary.json", fed.restart_log)
     state = status.get("status", "unknown")
     if state != "finished:completed":
-        print(f"run {run_id} {state}: {status.get('status-details', '')}", file=sys.stderr)
-        tail = "\n".join(log.splitlines()[-20:])
-        if tail:
-            print(tail, file=sys.stderr)
+        print(f"pollen: error: run {run_id} {_failure(out, status)}", file=sys.stderr)
         return 1
     summary_path = out / "summary.json"
     if summary_path.exists():
@@ -606,10 +699,10 @@ def cmd_data_download(args: argparse.Namespace) -> int:
     from federated_data import DataConfigError, load_dataset
     from federated_data.registry import dataset_param_names
 
-    if dataset_param_names(args.name):
-        print(f"{args.name} is generated on the clients from the run settings; nothing to download")
-        return 0
     try:
+        if dataset_param_names(args.name):
+            print(f"{args.name} is generated on the clients from the run settings; nothing to get")
+            return 0
         source = load_dataset(args.name, args.data_dir, download=True)
     except DataConfigError as exc:
         print(f"pollen: error: {exc}", file=sys.stderr)
@@ -653,7 +746,12 @@ def _format_partition(summary: dict[str, Any]) -> str:
 
 
 def cmd_settings(args: argparse.Namespace) -> int:
-    for key, s in settings_mod.all_settings().items():
+    declared = settings_mod.all_settings()
+    if args.algorithm:
+        settings_mod.resolve({"algorithm": args.algorithm})  # an unknown one: named, with a hint
+        foreign = settings_mod.foreign_settings(args.algorithm, declared)
+        declared = {k: v for k, v in declared.items() if k not in foreign}
+    for key, s in declared.items():
         extra = f" one of: {', '.join(s.choices)}" if s.choices else ""
         print(f"{key:24s} {s.default!r:>12}  {s.help}{extra}")
     return 0
@@ -675,11 +773,69 @@ def cmd_datasets(args: argparse.Namespace) -> int:
     return 0
 
 
+EXAMPLES = {
+    "deploy": (
+        "pollen deploy --algorithm fedem --dataset mnist-5k --clients 3 --rounds 5 --out "
+        "results/fedem"
+    ),
+    "simulate": (
+        "pollen simulate --algorithm fedavg --clients 20 --rounds 50 --set "
+        "fraction-train=0.25"
+    ),
+    "run": (
+        "pollen run --superlink 127.0.0.1:9093 --root-certificates certs/ca.crt "
+        "--signing-key certs/signing.key --algorithm fedavg --clients 2 --rounds 20"
+    ),
+    "server": (
+        "pollen server --tls-dir certs --auth --allow-list certs/supernodes --database "
+        "superlink.db"
+    ),
+    "client": (
+        "pollen client --superlink server.example.org:9092 --root-certificates ca.crt "
+        "--auth-key node-0.key --trusted-key signing.pub --partition-id 0 "
+        "--num-partitions 2"
+    ),
+    "report": "pollen report results/fedavg results/local --out results/compare",
+    "experiment": "pollen experiment experiments/fedem_synthetic.toml --seeds 0",
+    "data": "pollen data summary --set dataset=mnist-5k --set num-clients=5",
+    "download": "pollen data download cifar10 --data-dir ~/data",
+    "summary": (
+        "pollen data summary --set dataset=mnist-5k --set num-clients=5 --set "
+        "partitioner=dirichlet"
+    ),
+    "settings": "pollen settings fedem",
+    "algorithms": "pollen algorithms",
+    "datasets": "pollen datasets",
+}
+"""One example per command, shown at the end of its --help."""
+
+
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """--help with each option's default (where it has one) and the command's example kept as
+    written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if default in (None, False, [], argparse.SUPPRESS) or "%(default)" in text:
+            return text
+        if action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
+            return f"{text} (default: %(default)s)"
+        return text
+
+
+def _command(sub: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name, formatter_class=_Help, epilog=f"example:\n  {EXAMPLES[name]}", **kwargs
+    )
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pollen", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("deploy", help="SuperLink + N SuperNodes as processes on loopback (gRPC)")
+    p = _command(sub, "deploy", help="SuperLink + N SuperNodes as processes on loopback (gRPC)")
     _add_run_options(p)
     p.add_argument("--tls-dir", help="directory with ca.crt, server.pem, server.key")
     p.add_argument(
@@ -690,12 +846,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_deploy)
 
-    p = sub.add_parser("simulate", help="the same run on Flower's simulation runtime")
+    p = _command(sub, "simulate", help="the same run on Flower's simulation runtime")
     _add_run_options(p)
     p.add_argument("--parallel", type=int, default=2, help="clients trained at once")
     p.set_defaults(func=cmd_simulate)
 
-    p = sub.add_parser("run", help="submit a run to a running SuperLink and follow it")
+    p = _command(sub, "run", help="submit a run to a running SuperLink and follow it")
     _add_run_options(p)
     p.add_argument("--superlink", required=True, help="SuperLink HOST:PORT (its --port)")
     p.add_argument("--root-certificates", help="CA certificate when the SuperLink uses TLS")
@@ -713,7 +869,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("server", help="start a SuperLink for clients on other machines")
+    p = _command(sub, "server", help="start a SuperLink for clients on other machines")
     p.add_argument(
         "--port", type=int, default=9093, help="HTTP API (Control + Runtime): runs are submitted"
     )
@@ -764,7 +920,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_server)
 
-    p = sub.add_parser("client", help="start a SuperNode serving one partition")
+    p = _command(sub, "client", help="start a SuperNode serving one partition")
     p.add_argument("--superlink", required=True, help="SuperLink fleet address HOST:PORT")
     p.add_argument("--partition-id", type=int, required=True)
     p.add_argument("--num-partitions", type=int, required=True)
@@ -806,12 +962,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_client)
 
-    p = sub.add_parser("report", help="plots and a Markdown summary of results directories")
+    p = _command(sub, "report", help="plots and a Markdown summary of results directories")
     p.add_argument("dirs", nargs="+")
     p.add_argument("--out", help="where to write (default: the first directory's report/)")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser(
+    p = _command(
+        sub,
         "experiment",
         help="run a paper experiment file: methods x seeds, then a table of mean ± std",
     )
@@ -824,23 +981,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", help="run only these of the file's methods, e.g. fedem,fedavg")
     p.set_defaults(func=cmd_experiment)
 
-    data = sub.add_parser("data", help="datasets: download, partition summary")
+    data = _command(sub, "data", help="datasets: download, partition summary")
     data_sub = data.add_subparsers(dest="data_command", required=True)
-    p = data_sub.add_parser("download", help="fetch a torchvision dataset (needs internet)")
+    p = _command(data_sub, "download", help="fetch a torchvision dataset (needs internet)")
     p.add_argument("name")
     p.add_argument("--data-dir", required=True)
     p.set_defaults(func=cmd_data_download)
-    p = data_sub.add_parser("summary", help="per-client sizes and labels of a partition")
+    p = _command(data_sub, "summary", help="per-client sizes and labels of a partition")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_data_summary)
 
+    p = _command(sub, "settings", help="list the run settings (all, or one algorithm's)")
+    p.add_argument(
+        "algorithm", nargs="?", help="only the settings this algorithm reads (and the common ones)"
+    )
+    p.set_defaults(func=cmd_settings)
     for name, func, text in (
-        ("settings", cmd_settings, "list every run setting"),
         ("algorithms", cmd_algorithms, "list algorithms"),
         ("datasets", cmd_datasets, "list datasets"),
     ):
-        p = sub.add_parser(name, help=text)
+        p = _command(sub, name, help=text)
         p.set_defaults(func=func)
     return parser
 
@@ -857,6 +1018,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except (SettingsError, LaunchError) as exc:
         print(f"pollen: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # output piped into a reader that stopped (`| head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as exc:  # a file or directory the operator named that cannot be used
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"pollen: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("pollen: interrupted; all processes stopped", file=sys.stderr)

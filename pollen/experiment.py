@@ -37,7 +37,7 @@ from typing import Any
 
 import tomllib
 
-from pollen.settings import SettingsError, resolve, toml_value
+from pollen.settings import SettingsError, foreign_settings, resolve, toml_value
 
 
 @dataclass(frozen=True)
@@ -133,11 +133,21 @@ def _argv(
         return [*argv, "--resume"]
     if target.exists():  # interrupted before its first checkpoint
         shutil.rmtree(target)
-    for key, value in {**exp.common, **cfg, "seed": seed}.items():
+    for key, value in method_settings(exp, cfg, seed).items():
         text = value if isinstance(value, str) else toml_value(value)
         argv += ["--set", f"{key}={text}"]
     print(f"== {method} seed {seed}", flush=True)
     return argv
+
+
+def method_settings(exp: Experiment, cfg: Mapping[str, Any], seed: int) -> dict[str, Any]:
+    """A method's settings: the experiment's common block without the settings its algorithm
+    does not read (a FedEM experiment's `fedem.*` for its FedAvg baseline), then its own."""
+    common = dict(exp.common)
+    algorithm = str(cfg.get("algorithm", common.get("algorithm", "fedavg")))
+    for key in foreign_settings(algorithm, common):
+        del common[key]
+    return {**common, **cfg, "seed": seed}
 
 
 def tabulate(exp: Experiment, out: Path) -> dict[str, Any]:

@@ -103,7 +103,54 @@ class TLS:
                     f"TLS file {path} not found (expected ca.crt, server.pem, "
                     "server.key in the certificate directory)"
                 )
+        tls.check()
         return tls
+
+    def check(self) -> None:
+        """The files parse, the key is the certificate's, the CA signed the certificate and it
+        is in its validity period: LaunchError naming the problem otherwise."""
+        from cryptography.exceptions import InvalidSignature
+        from cryptography.hazmat.primitives import serialization
+
+        ca = load_certificate(self.ca_cert)
+        cert = load_certificate(self.server_cert)
+        try:
+            key = serialization.load_pem_private_key(self.server_key.read_bytes(), password=None)
+        except (ValueError, TypeError, OSError) as exc:
+            raise LaunchError(f"{self.server_key} is not a PEM private key ({exc})") from None
+
+        def raw(public: Any) -> bytes:
+            return bytes(
+                public.public_bytes(
+                    serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+                )
+            )
+
+        if raw(key.public_key()) != raw(cert.public_key()):
+            raise LaunchError(f"{self.server_key} is not the key of {self.server_cert}")
+        try:
+            cert.verify_directly_issued_by(ca)
+        except (ValueError, TypeError, InvalidSignature):
+            raise LaunchError(f"{self.server_cert} is not signed by {self.ca_cert}") from None
+        now = time.time()
+        if cert.not_valid_after_utc.timestamp() < now:
+            raise LaunchError(f"{self.server_cert} expired on {cert.not_valid_after_utc:%Y-%m-%d}")
+        if cert.not_valid_before_utc.timestamp() > now + 300:
+            raise LaunchError(
+                f"{self.server_cert} is not valid before {cert.not_valid_before_utc:%Y-%m-%d}"
+            )
+
+
+def load_certificate(path: Path) -> Any:
+    """A PEM certificate (a CA's or a server's), or LaunchError naming the file."""
+    from cryptography import x509
+
+    try:
+        return x509.load_pem_x509_certificate(path.read_bytes())
+    except OSError as exc:
+        raise LaunchError(f"certificate {path} cannot be read: {exc.strerror}") from None
+    except ValueError as exc:
+        raise LaunchError(f"{path} is not a PEM certificate ({exc})") from None
 
 
 def node_key(tls_dir: str | Path, index: int) -> Path:
@@ -232,6 +279,9 @@ class Federation:
         host: str = "127.0.0.1",
     ) -> tuple[int, int]:
         http_port, fleet_port = free_port(), free_port()
+        # a new database: node ids of an earlier SuperLink here (before a resume) are gone
+        for stale in self.workdir.glob("superlink.db*"):
+            stale.unlink()
         argv = [
             bin_path("flower-superlink"),
             "--host",
@@ -775,13 +825,31 @@ def run_configtoml_value(settings: Mapping[str, Scalar]) -> str:
 class Progress:
     """Prints a run's phases and rounds as the server writes them to its results directory."""
 
-    def __init__(self, out_dir: Path, stream: TextIO = sys.stdout, num_rounds: int = 0) -> None:
+    def __init__(
+        self,
+        out_dir: Path,
+        stream: TextIO = sys.stdout,
+        num_rounds: int = 0,
+        history: bool = False,
+    ) -> None:
+        """With `history` (a resumed run), what the directory already holds is the earlier
+        run's: it is summed up in one line, never replayed as new progress."""
         self.out_dir = out_dir
         self.stream = stream
         self.num_rounds = num_rounds
         self._rounds: list[dict[str, Any]] = []
         self._offsets: dict[str, int] = {}
         self._t0 = time.monotonic()
+        if history:
+            done = 0
+            for name in ("metrics.jsonl", "events.jsonl"):
+                path = out_dir / name
+                if path.exists():
+                    data = path.read_bytes()
+                    self._offsets[name] = data.rfind(b"\n") + 1  # complete lines only
+                    if name == "metrics.jsonl":
+                        done = data.count(b"\n")
+            self._say(f"resuming: {done} rounds done before (in metrics.jsonl)")
 
     def _new_rows(self, name: str) -> list[dict[str, Any]]:
         path = self.out_dir / name
@@ -861,6 +929,7 @@ def follow(
     timeout: float,
     stream: TextIO = sys.stdout,
     num_rounds: int = 0,
+    history: bool = False,
 ) -> dict[str, Any]:
     """Show progress until the run finishes; returns its final status record.
 
@@ -868,7 +937,7 @@ def follow(
     status is asked at once when the server writes its summary.json (at the end of a run, also a
     failed one) and otherwise at intervals growing from STATUS_POLL_MIN to STATUS_POLL_MAX
     seconds: a ServerApp that dies without writing a summary is still noticed."""
-    progress = Progress(out_dir, stream, num_rounds)
+    progress = Progress(out_dir, stream, num_rounds, history)
     deadline = time.monotonic() + timeout
     summary = out_dir / "summary.json"
     summary_seen = _mtime(summary)

@@ -25,6 +25,12 @@ class AlgorithmSpec:
     client: str  # "module" with HANDLERS, or "module:NAME": dict[message_type, handler]
     message_types: tuple[str, ...]
     settings: tuple[Setting, ...] = ()
+    uses: tuple[str, ...] = ()
+    """Groups of other algorithms' settings this one reads too (`fedem` for D-FedEM)."""
+
+    def setting_groups(self) -> set[str]:
+        """The prefixes (`fedem` of `fedem.components`) of every setting this algorithm reads."""
+        return {s.key.split(".")[0] for s in self.settings if "." in s.key} | set(self.uses)
 
     def strategy_class(self) -> type[Strategy]:
         module, _, attr = self.strategy.partition(":")
@@ -261,6 +267,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.dfedem:DFedEM",
             client="client.fedem",
             message_types=("train", "evaluate"),
+            uses=("fedem",),
             settings=(
                 Setting(
                     "d-fedem.edge-probability",
@@ -374,6 +381,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.fedlrt:FedLin",
             client="client.fedlrt:FEDLIN_HANDLERS",
             message_types=("query.fedlin_grad", "train.fedlin", "evaluate"),
+            uses=("fedlrt",),
         ),
         AlgorithmSpec(
             name="fedsc",
@@ -391,6 +399,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.fedsc:FedAvgSC",
             client="client.fedsc",
             message_types=("train", "evaluate"),
+            uses=("fedsc",),
         ),
         AlgorithmSpec(
             name="fedavg-simclr",
@@ -399,6 +408,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.fedsc:FedAvgSC",
             client="client.fedsc:SIMCLR_HANDLERS",
             message_types=("train", "evaluate"),
+            uses=("fedsc",),
             settings=(
                 Setting(
                     "simclr.temperature",
@@ -416,6 +426,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.fedsc:FedAvgSC",
             client="client.fedsc:BYOL_HANDLERS",
             message_types=("train", "evaluate"),
+            uses=("fedsc",),
             settings=(
                 Setting(
                     "byol.ema",
@@ -442,6 +453,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.adept:ADEPT",
             client="client.adept",
             message_types=ADEPT_MESSAGES,
+            uses=("adept",),
             settings=ADEPT_AE_SETTINGS,
         ),
         AlgorithmSpec(
@@ -452,6 +464,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.adept:ADEPT",
             client="client.adept",
             message_types=ADEPT_MESSAGES,
+            uses=("adept", "adept-ae"),
             settings=ADEPT_DGM_SETTINGS,
         ),
         AlgorithmSpec(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,13 +119,19 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise ReportError(f"{path}: cannot read: {exc}") from exc
-    rows = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
+    rows: list[dict[str, Any]] = []
+    numbered = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    for i, (lineno, line) in enumerate(numbered):
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
+            if i == len(numbered) - 1:  # what a crash mid-write leaves: use the lines before
+                print(
+                    f"pollen: warning: {path}: line {lineno} is incomplete (cut off "
+                    f"mid-write); reporting the {len(rows)} complete lines",
+                    file=sys.stderr,
+                )
+                break
             raise ReportError(f"{path}: line {lineno}: invalid JSON: {exc.msg}") from exc
         if not isinstance(obj, dict):
             raise ReportError(
@@ -532,9 +539,12 @@ def write_report(run_dirs: list[Path], out: Path | None = None) -> Path:
     paths = [Path(p) for p in run_dirs]
     runs = [load_run(p, name) for p, name in zip(paths, _unique_names(paths), strict=True)]
     out = Path(out) if out is not None else paths[0] / "report"
-    out.mkdir(parents=True, exist_ok=True)
-    for name in PLOTS:  # a plot that no longer has data must not linger from an earlier report
-        (out / name).unlink(missing_ok=True)
-    plots = write_plots(runs, out)
-    (out / REPORT_MD).write_text(render_markdown(runs, plots))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name in PLOTS:  # a plot that no longer has data must not linger from an earlier one
+            (out / name).unlink(missing_ok=True)
+        plots = write_plots(runs, out)
+        (out / REPORT_MD).write_text(render_markdown(runs, plots))
+    except OSError as exc:
+        raise ReportError(f"cannot write the report to {out}: {exc.strerror or exc}") from None
     return out

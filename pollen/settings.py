@@ -300,9 +300,7 @@ def resolve(
     for layer in (base or {}, overrides):
         for key, value in layer.items():
             if key not in declared:
-                close = [k for k in declared if k.split(".")[-1] == key.split(".")[-1]]
-                hint = f" (did you mean {', '.join(close)}?)" if close else ""
-                raise SettingsError(f"unknown setting '{key}'{hint}")
+                raise SettingsError(f"unknown setting '{key}'{_closest(key, declared)}")
             out[key] = declared[key].coerce(value)
     _check_consistency(out)
     return out
@@ -313,7 +311,8 @@ def _check_consistency(cfg: Mapping[str, Scalar]) -> None:
 
     if cfg["algorithm"] not in ALGORITHMS:
         raise SettingsError(
-            f"unknown algorithm {cfg['algorithm']!r}; known: {', '.join(sorted(ALGORITHMS))}"
+            f"unknown algorithm {cfg['algorithm']!r}{_closest(str(cfg['algorithm']), ALGORITHMS)}"
+            f"; known: {', '.join(sorted(ALGORITHMS))}"
         )
     if float(cfg["val-fraction"]) + float(cfg["test-fraction"]) >= 0.95:
         raise SettingsError("val-fraction + test-fraction must leave data to train on (< 0.95)")
@@ -326,6 +325,34 @@ def _check_consistency(cfg: Mapping[str, Scalar]) -> None:
             f"min-available-clients ({cfg['min-available-clients']}) exceeds "
             f"num-clients ({cfg['num-clients']})"
         )
+
+
+def _closest(name: str, known: Iterable[str]) -> str:
+    """' (did you mean X?)' for the nearest known names, or ''."""
+    import difflib
+
+    names = list(known)
+    close = difflib.get_close_matches(name, names, n=2, cutoff=0.6)
+    close += [k for k in names if k.split(".")[-1] == name.split(".")[-1] and k not in close]
+    return f" (did you mean {' or '.join(close[:3])}?)" if close else ""
+
+
+def foreign_settings(algorithm: str, keys: Iterable[str]) -> dict[str, list[str]]:
+    """The keys among `keys` that `algorithm` does not read, each with the algorithms that do
+    (`fedprox.mu` for `fedavg`: ['fedprox']). Common settings belong to every algorithm."""
+    from pollen.registry import ALGORITHMS
+
+    spec = ALGORITHMS.get(algorithm)
+    if spec is None:
+        return {}
+    mine = spec.setting_groups()
+    out: dict[str, list[str]] = {}
+    for key in keys:
+        group = key.split(".")[0] if "." in key else None
+        if group is None or group in mine:
+            continue
+        out[key] = sorted(n for n, a in ALGORITHMS.items() if group in a.setting_groups())
+    return out
 
 
 def from_run_config(run_config: Mapping[str, Any]) -> dict[str, Scalar]:

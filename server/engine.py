@@ -25,7 +25,7 @@ from pollen import protocol
 from pollen.registry import HELLO
 from pollen.settings import Scalar
 from server import checkpoint
-from server.results import ResultsWriter
+from server.results import ResultsWriter, brief
 from strategies.base import ClientInfo, InvalidReply, Strategy, Validator
 
 log = logging.getLogger("flwr.pollen")
@@ -152,7 +152,10 @@ class Engine:
                 self._silent.discard(node_id)
                 key = targets[node_id]
                 if msg.has_error():
-                    failures[key] = f"error reply (code {msg.error.code}): {msg.error.reason}"
+                    log.warning("client %s's error reply, in full: %s", key, msg.error.reason)
+                    failures[key] = f"error reply (code {msg.error.code}): " + brief(
+                        msg.error.reason or ""
+                    )
                     if expect_cid:
                         self._forget_node(node_id)
                     continue
@@ -388,7 +391,10 @@ class Engine:
                 log.info("resuming after round %s", ckpt.server_round)
             else:
                 self.strategy.initialize(int(settings["seed"]))
-            self.results.write_config(settings)
+                self.results.write_config(settings)
+            # a resumed run rewrites config.json once it has completed a round of its own, so a
+            # resume that fails leaves the interrupted (or completed) run's files as they were
+            pending_config = bool(settings["resume"])
             self.server_round = start_round
             self.wait_for_clients()
             last: dict[str, Any] = {}
@@ -410,6 +416,9 @@ class Engine:
                 row["codec-seconds"] = round(protocol.codec_seconds() - codec0, 4)
                 self.results.round(row)
                 self._checkpoint(rnd, settings)
+                if pending_config:
+                    self.results.write_config(settings)
+                    pending_config = False
                 log.info("round %s: %s", rnd, _brief(row))
                 last = row
             final: dict[str, Any] = {}
@@ -437,10 +446,12 @@ class Engine:
             self.results.summary(summary)
             return summary
         except BaseException as exc:
+            log.error("the run failed", exc_info=exc)  # the full traceback, in the server log
             self.results.summary(
                 {
                     "status": "failed",
-                    "reason": f"{type(exc).__name__}: {exc}",
+                    "reason": brief(f"{type(exc).__name__}: {exc}", limit=600),
+                    "log": str(Path(out) / "server.log"),
                     "algorithm": settings["algorithm"],
                     "dataset": settings["dataset"],
                     "last-completed-round": self.server_round - 1,

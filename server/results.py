@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -25,6 +27,7 @@ METRICS = "metrics.jsonl"
 CLIENTS = "clients.jsonl"
 EVENTS = "events.jsonl"
 SUMMARY = "summary.json"
+RESUME_FAILED = "resume-failed.json"
 CONFIG = "config.json"
 FINAL_MODEL = "final_model.npz"
 
@@ -49,14 +52,40 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file. A last line cut short (a process killed mid-write leaves
+    one) is left out with a warning on stderr; a bad line before it is an error (ValueError)."""
     if not path.exists():
         return []
+    lines = [line.strip() for line in path.read_text(errors="replace").splitlines()]
+    lines = [line for line in lines if line]
     rows = []
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line:
+    for i, line in enumerate(lines):
+        try:
             rows.append(json.loads(line))
+        except ValueError:
+            if i < len(lines) - 1:
+                raise ValueError(f"{path}: line {i + 1} is not JSON") from None
+            print(
+                f"warning: {path}: the last line is incomplete (cut off mid-write); "
+                f"using the {len(rows)} complete lines",
+                file=sys.stderr,
+            )
     return rows
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def brief(reason: str, limit: int = 300) -> str:
+    """One readable line from an error text that may be a multi-line traceback with terminal
+    colour codes (a client's CUDA failure inside Ray, say): its last line, which names the
+    exception, without escape codes, at most `limit` characters. The full text goes to the log."""
+    lines = [line.strip() for line in ANSI.sub("", reason).splitlines() if line.strip()]
+    text = lines[-1] if lines else ""
+    if len(lines) > 1 and lines[0] != text and len(lines[0]) < 120 and "Traceback" not in lines[0]:
+        text = f"{lines[0]} ... {text}"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class ResultsWriter:
@@ -83,7 +112,22 @@ class ResultsWriter:
         self._append(EVENTS, {"event": kind, "time": round(time.time() - self._t0, 3), **fields})
 
     def summary(self, summary: Mapping[str, Any]) -> None:
-        atomic_write_json(self.dir / SUMMARY, json.loads(json.dumps(summary, default=_jsonable)))
+        """Write summary.json, except that a failure never replaces the summary of a completed
+        run (a resume that failed): that failure is recorded beside it, in resume-failed.json
+        and as a `resume-failed` event, and the completed results stay as they were."""
+        record = json.loads(json.dumps(summary, default=_jsonable))
+        if record.get("status") != "completed" and self.completed():
+            atomic_write_json(self.dir / RESUME_FAILED, record)
+            self.event("resume-failed", reason=record.get("reason", ""))
+            return
+        atomic_write_json(self.dir / SUMMARY, record)
+
+    def completed(self) -> bool:
+        """Whether this directory holds a completed run's summary."""
+        try:
+            return bool(json.loads((self.dir / SUMMARY).read_text()).get("status") == "completed")
+        except (OSError, ValueError, AttributeError):
+            return False
 
     def final_model(self, arrays: Mapping[str, np.ndarray]) -> None:
         import io
