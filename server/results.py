@@ -93,8 +93,12 @@ class ResultsWriter:
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self._t0 = time.time()
+        self._truncate: int | None = None
 
     def _append(self, name: str, obj: Mapping[str, Any]) -> None:
+        if self._truncate is not None and name in (METRICS, CLIENTS):
+            last, self._truncate = self._truncate, None
+            self._drop_after(last)
         with open(self.dir / name, "a") as fh:
             fh.write(json.dumps(obj, sort_keys=True, default=_jsonable) + "\n")
             fh.flush()
@@ -137,10 +141,17 @@ class ResultsWriter:
         atomic_write_bytes(self.dir / FINAL_MODEL, buf.getvalue())
 
     def truncate_after(self, last_round: int) -> None:
-        """On resume: drop rows of rounds the checkpoint does not cover."""
+        """On resume: drop rows of rounds the checkpoint does not cover, once the resumed run
+        writes its first row (a resume that fails before that changes no file)."""
+        self._truncate = last_round
+
+    def _drop_after(self, last_round: int) -> None:
         for name in (METRICS, CLIENTS):
             path = self.dir / name
-            rows = [r for r in read_jsonl(path) if int(r.get("round", 0)) <= last_round]
+            every = read_jsonl(path)
+            rows = [r for r in every if int(r.get("round", 0)) <= last_round]
+            if len(rows) == len(every) and path.exists():
+                continue  # nothing to drop: the file stays as it is, byte for byte
             atomic_write_bytes(
                 path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode()
             )

@@ -36,6 +36,8 @@ class FakeGrid(Grid):
         self.leaky = False
         # True: a ClientApp exception becomes an error reply, as a SuperNode sends it
         self.errors_as_replies = False
+        # the reason of an injected "error" reply
+        self.error_reason = "node unavailable (injected)"
         self.sent: list[tuple[int, str]] = []
         self.faults: list[Fault] = []
         self.contexts: dict[int, Context] = {}
@@ -97,7 +99,7 @@ class FakeGrid(Grid):
                 continue
             if action == "error":
                 self._replies[msg.metadata.message_id] = Message(
-                    Error(code=5, reason="node unavailable (injected)"), reply_to=msg
+                    Error(code=5, reason=self.error_reason), reply_to=msg
                 )
                 continue
             try:
