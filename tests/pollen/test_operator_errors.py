@@ -7,6 +7,7 @@ earlier rounds as history."""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import io
 import json
@@ -285,3 +286,37 @@ def test_a_resumed_runs_earlier_rounds_are_history_not_progress(tmp_path: Path) 
     assert "resuming: 2 rounds done before" in text
     assert "round 1" not in text and "round 2 " not in text
     assert "round 3 train: sent to 2 clients" in text
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    found: dict[str, argparse.ArgumentParser] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found[name] = sub
+                found.update(_subparsers(sub))
+    return found
+
+
+def test_every_command_help_shows_defaults_and_an_example() -> None:
+    from pollen.cli import EXAMPLES, build_parser
+
+    commands = _subparsers(build_parser())
+    assert set(commands) == set(EXAMPLES)
+    for name, sub in commands.items():
+        text = sub.format_help()
+        assert f"example:\n  {EXAMPLES[name]}" in text, name
+    assert "(default: 600.0)" in commands["client"].format_help()
+    assert "(default: 9093)" in commands["server"].format_help()
+    assert "(default: 2)" in commands["simulate"].format_help()
+
+
+def test_settings_of_one_algorithm_are_its_own_and_the_common_ones(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from pollen.cli import main
+
+    assert main(["settings", "d-fedem"]) == 0
+    keys = {line.split()[0] for line in capsys.readouterr().out.splitlines()}
+    assert {"lr", "fedem.components", "d-fedem.edge-probability"} <= keys
+    assert not any(k.startswith(("fedsc.", "fedprox.", "adept")) for k in keys)
