@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -78,3 +79,24 @@ def permission() -> str | None:
     return None
 
 
+
+
+@contextlib.contextmanager
+def namespaces_or_skip(tag: str, nodes: int, subnet: str = "10.231.7") -> Iterator[Namespaces]:
+    """Namespaces up for the test, torn down after it; the test is skipped, with the reason,
+    where they cannot be made."""
+    import pytest
+
+    reason = permission()
+    if reason:
+        pytest.skip(reason)
+    ns = Namespaces(tag, nodes, subnet)
+    try:
+        ns.up()
+    except (RuntimeError, OSError) as exc:
+        ns.down()
+        pytest.skip(f"network namespaces not usable: {exc}")
+    try:
+        yield ns
+    finally:
+        ns.down()

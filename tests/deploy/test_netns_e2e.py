@@ -20,7 +20,7 @@ import pytest
 
 from server.results import read_jsonl
 from tests.deploy.compose import COMPOSE, ROOT, merged
-from tests.deploy.netns import Namespaces, permission
+from tests.deploy.netns import Namespaces, namespaces_or_skip
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 CLIENTS = 2
@@ -30,17 +30,8 @@ IMAGE_ENV = {"FLWR_HOME": "/flwr", "POLLEN_CACHE_DIR": "/cache", "PYTHONUNBUFFER
 
 @pytest.fixture
 def namespaces() -> Iterator[Namespaces]:
-    reason = permission()
-    if reason:
-        pytest.skip(reason)
-    ns = Namespaces(f"pl{os.getpid() % 100000}", CLIENTS)
-    try:
-        ns.up()
-    except (RuntimeError, OSError) as exc:
-        ns.down()
-        pytest.skip(f"network namespaces not usable: {exc}")
-    yield ns
-    ns.down()
+    with namespaces_or_skip(f"pl{os.getpid() % 100000}", CLIENTS) as ns:
+        yield ns
 
 
 class Services:

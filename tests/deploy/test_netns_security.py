@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deploy.netns import Namespaces, permission
+from tests.deploy.netns import Namespaces, namespaces_or_skip
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 HTTP, FLEET = 9093, 9092
@@ -25,17 +25,8 @@ HTTP, FLEET = 9093, 9092
 
 @pytest.fixture
 def hosts() -> Iterator[Namespaces]:
-    reason = permission()
-    if reason:
-        pytest.skip(reason)
-    ns = Namespaces(f"ps{os.getpid() % 100000}", 1, subnet="10.231.9")
-    try:
-        ns.up()
-    except (RuntimeError, OSError) as exc:
-        ns.down()
-        pytest.skip(f"network namespaces not usable: {exc}")
-    yield ns
-    ns.down()
+    with namespaces_or_skip(f"ps{os.getpid() % 100000}", 1, subnet="10.231.9") as ns:
+        yield ns
 
 
 def _in(ns: str, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
