@@ -59,6 +59,11 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+class NothingToDo(Exception):
+    """The command has nothing to do (a resume of a run that already completed every round):
+    said in one line, exit 0, nothing started or written."""
+
+
 RUN_FLAGS = (
     ("algorithm", "algorithm"),
     ("dataset", "dataset"),
@@ -169,6 +174,20 @@ def _check_resumable(out: Path, resolved: dict[str, Scalar]) -> None:
         checkpoint.check_compatible(saved.settings, resolved)
     except checkpoint.CheckpointError as exc:
         raise SettingsError(f"--resume: {exc}") from None
+    rounds = int(resolved["num-rounds"])
+    if saved.server_round >= rounds and _completed(out):
+        raise NothingToDo(
+            f"the run in {out} already completed its {rounds} rounds; nothing to resume "
+            f"(to train further, resume it with --rounds above {rounds})"
+        )
+
+
+def _completed(out: Path) -> bool:
+    """The run in `out` ended with status `completed` (summary.json)."""
+    try:
+        return bool(json.loads((out / "summary.json").read_text()).get("status") == "completed")
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _check_data(resolved: dict[str, Scalar]) -> None:
@@ -1019,6 +1038,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SettingsError, LaunchError) as exc:
         print(f"pollen: error: {exc}", file=sys.stderr)
         return 2
+    except NothingToDo as exc:
+        print(f"pollen: {exc}")
+        return 0
     except BrokenPipeError:  # output piped into a reader that stopped (`| head`)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -196,6 +196,27 @@ def test_a_mistake_is_one_line_before_anything_starts(
     assert not (world / "readonly" / "run").exists()
 
 
+def test_resuming_a_run_that_completed_every_round_changes_nothing(
+    world: Path, shared_cache: Path
+) -> None:
+    """`--resume` of a completed run without more rounds: one line, exit 0, nothing started, and
+    the run's files byte-identical. Before, it ran the final evaluation again and rewrote
+    summary.json without the last round's metrics or the run's time."""
+    before = _digests(world / "done")
+    env = dict(os.environ, POLLEN_CACHE_DIR=str(shared_cache), FLWR_TELEMETRY_ENABLED="0",
+               FLWR_HOME=str(world / "home"))  # fmt: skip
+    done = subprocess.run([*POLLEN, "simulate", "--out", str(world / "done"), "--resume"],
+                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == [
+        f"pollen: the run in {world / 'done'} already completed its 1 rounds; nothing to resume "
+        "(to train further, resume it with --rounds above 1)"
+    ]
+    assert done.stderr == ""
+    assert _processes_under(world) == []
+    assert _digests(world / "done") == before
+
+
 def test_the_case_table_is_the_size_the_reliability_page_gives() -> None:
     assert len(CASES) >= 33
     table = (ROOT / "docs" / "reliability.md").read_text()
