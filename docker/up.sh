@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 compose=(docker compose "$@")
 "${compose[@]}" up --detach --build --remove-orphans
-"${compose[@]}" logs --follow --no-log-prefix run &
+docker compose --ansi never "$@" logs --follow --no-log-prefix run &
 follower=$!
 status=0
 "${compose[@]}" wait run >/dev/null || status=$?

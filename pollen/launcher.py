@@ -222,6 +222,8 @@ class Federation:
     """The run's events.jsonl, where node restarts are recorded beside the server's events."""
     started_nodes: dict[int, Node] = field(default_factory=dict)
     restart_log: list[dict[str, Any]] = field(default_factory=list)
+    superlink_started: bool = False
+    """This federation started a SuperLink before (its database is then kept on a restart)."""
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -279,9 +281,13 @@ class Federation:
         host: str = "127.0.0.1",
     ) -> tuple[int, int]:
         http_port, fleet_port = free_port(), free_port()
-        # a new database: node ids of an earlier SuperLink here (before a resume) are gone
-        for stale in self.workdir.glob("superlink.db*"):
-            stale.unlink()
+        if not self.superlink_started:
+            # a new database: node ids of an earlier command's SuperLink here (before a
+            # resume) are gone; a SuperLink restarted by this federation keeps its database,
+            # so registered SuperNodes keep their node ids
+            for stale in self.workdir.glob("superlink.db*"):
+                stale.unlink()
+        self.superlink_started = True
         argv = [
             bin_path("flower-superlink"),
             "--host",

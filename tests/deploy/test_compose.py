@@ -222,6 +222,21 @@ def test_each_run_gets_a_fresh_results_directory_unless_one_is_named(tmp_path: P
     assert done.returncode == 2 and "POLLEN_RESUME=1 needs POLLEN_RUN" in done.stderr
 
 
+def test_a_runs_settings_reach_only_the_run_service() -> None:
+    """Compose recreates a container when its configuration changes: another run's settings
+    must change the `run` service alone, or every `docker/up.sh` with new settings would restart
+    the SuperLink and the SuperNodes under it (the next run then sends to nodes that are gone)."""
+    one = {"POLLEN_ALGORITHM": "fedavg", "POLLEN_DATASET": "digits", "POLLEN_ROUNDS": "2"}
+    other = {"POLLEN_ALGORITHM": "fedem", "POLLEN_DATASET": "mnist-5k", "POLLEN_ROUNDS": "9",
+             "POLLEN_RUN": "exp1", "POLLEN_RESUME": "1"}  # fmt: skip
+    for files in VARIANTS.values():
+        first, second = merged(*files, env=one), merged(*files, env=other)
+        changed = [name for name in first["services"]
+                   if first["services"][name] != second["services"][name]]  # fmt: skip
+        assert changed == ["run"], changed
+        assert second["services"]["run"]["environment"]["POLLEN_ROUNDS"] == "9"
+
+
 def test_only_one_service_builds_the_image_that_all_of_them_run() -> None:
     for files in VARIANTS.values():
         doc = merged(*files)

@@ -64,11 +64,13 @@ def project(compose: None) -> Iterator[str]:
                    cwd=ROOT, capture_output=True, check=False, timeout=300)  # fmt: skip
 
 
-def _up(project: str, *files: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+def _up(project: str, *files: Path, timeout: float = 900,
+        **settings: str) -> subprocess.CompletedProcess[str]:  # fmt: skip
     args = [a for f in files for a in ("-f", str(f))]
     return subprocess.run(["bash", str(ROOT / "docker" / "up.sh"), "-p", project, *args],
-                          cwd=ROOT, env=dict(os.environ, **SETTINGS), capture_output=True,
-                          text=True, timeout=timeout, check=False)  # fmt: skip
+                          cwd=ROOT, env=dict(os.environ, **{**SETTINGS, **settings}),
+                          capture_output=True, text=True, timeout=timeout,
+                          check=False)  # fmt: skip
 
 
 def _compose(project: str, *args: str) -> str:
@@ -101,9 +103,16 @@ def test_a_tls_federation_runs_to_the_end_and_runs_again(project: str) -> None:
     assert "supernode 0" in states
     superlink = _compose(project, "logs", "superlink")
     assert "allow-list: 2 SuperNode keys from /certs/supernodes (2 newly registered)" in superlink
+    federation = _compose(project, "ps", "--format", "{{.ID}} {{.Service}}")
     # a second run, the same command: a results directory of its own
     _completed(_up(project))
-    assert len(_runs(project)) == 2
+    # a third with other settings: only the `run` container is made anew, so the SuperNodes
+    # that served the last run serve this one (no instruction to a node that is gone)
+    third = _up(project, POLLEN_ROUNDS="3")
+    _completed(third)
+    assert "round 3" in third.stdout and "Node Unavailable" not in third.stdout
+    assert _compose(project, "ps", "--format", "{{.ID}} {{.Service}}") == federation
+    assert len(_runs(project)) == 3
 
 
 def test_a_killed_supernode_is_replaced_after_down_and_up(project: str) -> None:

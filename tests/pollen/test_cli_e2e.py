@@ -112,7 +112,11 @@ def test_deploy_exits_nonzero_when_the_run_fails(tmp_path: Path, shared_cache: P
         "--out", str(out), cache=shared_cache, timeout=300,
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "finished:failed" in done.stderr
+    # one readable line: the run's reason and where the full log is
+    [error] = [line for line in done.stderr.splitlines() if line.startswith("pollen: error:")]
+    assert "failed: PhaseFailed: only 0 of the 2 required clients connected within 2 s" in error
+    assert f"(full log: {out / 'server.log'})" in error
+    assert "Traceback" not in done.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "failed"
     assert "required clients connected within 2 s" in summary["reason"]
