@@ -22,7 +22,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from client.env import ClientEnv
 from pollen import protocol
-from pollen import settings as settings_mod
+from pollen.registry import from_run_config
 
 server = ServerApp()
 client = ClientApp()
@@ -34,7 +34,7 @@ def main(grid: Grid, context: Context) -> None:
 
     from strategies.classifier import initial_weights
 
-    cfg = settings_mod.from_run_config(context.run_config)
+    cfg = from_run_config(context.run_config)
     n = int(cfg["num-clients"])
     rounds = int(cfg["num-rounds"])
     strategy = FedAvg(min_train_nodes=n, min_evaluate_nodes=n, min_available_nodes=n)
@@ -72,7 +72,7 @@ def train(msg: Message, context: Context) -> Message:
 
     from client.common import generator, new_model, sgd_for_round, split_tensors
     from client.common import train as train_locally
-    from client.training import get_weights, set_weights
+    from models.weights import get_weights, set_weights
 
     env = ClientEnv.from_context(context)
     torch.set_num_threads(1)
@@ -100,7 +100,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     import torch
 
     from client.common import new_model, split_tensors, test_metrics
-    from client.training import set_weights
+    from models.weights import set_weights
 
     env = ClientEnv.from_context(context)
     torch.set_num_threads(1)

@@ -156,11 +156,11 @@ def flower_app_dir(work: Path) -> Path:
 
 
 def flower_run(mode: str, clients: int, rounds: int, out: Path, cache: Path) -> dict[str, Any]:
-    from pollen import settings as settings_mod
     from pollen.launcher import Federation, follow
+    from pollen.registry import resolve
 
     os.environ.update(_env(cache))
-    resolved = settings_mod.resolve(
+    resolved = resolve(
         {"num-clients": clients, "num-rounds": rounds, "run-name": out.name}
     )
     resolved["out-dir"] = str(out.resolve())

@@ -15,7 +15,7 @@ def main(kind: str) -> None:
 
     from client.app import app
     from pollen import protocol
-    from pollen.settings import resolve
+    from pollen.registry import resolve
 
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
     cfg = resolve({"dataset": "mnist-5k", "num-clients": 2, "run-name": "probe"})

@@ -1,7 +1,8 @@
 """ADEPT clients (PCA, AE and DGM): the personal model (U_i or theta_i) and theta_i's optimizer
 state stay in the state store; each round moves the personal model, then the received mu and
-sigma, and returns those two (see strategies.adept). The baselines of `adept.method` run here too.
-ADEPT-DGM is ADEPT-AE's loop with a UNet denoiser, the denoising loss and Adam for theta_i.
+sigma, and returns those two (see strategies.adept; the records and the rounds that send them
+back are pollen.contracts.adept's). The baselines of `adept.method` run here too. ADEPT-DGM is
+ADEPT-AE's loop with a UNet denoiser, the denoising loss and Adam for theta_i.
 
 Metrics describe the client's own model after the round (FedAvg: the received global model):
 reconstruction error on the test split (DGM: of clean inputs, the authors' selection measure),
@@ -20,38 +21,7 @@ from flwr.app import RecordDict
 
 from client.env import ClientEnv
 from pollen import protocol
-from pollen.settings import Scalar
-from strategies.adept import MU, SIGMA, shares
-
-
-def initial_global_model(settings: Mapping[str, Scalar], seed: int) -> dict[str, np.ndarray]:
-    """The server's mu_0: a uniform point of St(d, r) for PCA, a fresh autoencoder for AE."""
-    from pollen.dataspec import model_input
-
-    shape, _ = model_input(settings)
-    if settings["algorithm"] == "adept-pca":
-        from models.stiefel import random_point
-
-        rank = int(settings["adept-pca.rank"])
-        return {"V": random_point(int(np.prod(shape)), rank, np.random.default_rng(seed))}
-    import torch
-
-    from client.training import get_weights
-
-    torch.manual_seed(seed)
-    return get_weights(_network(settings, shape))
-
-
-def _network(settings: Mapping[str, Scalar], shape: tuple[int, ...]) -> Any:
-    """theta's architecture: the linear autoencoder (AE) or the small UNet denoiser (DGM)."""
-    if settings["algorithm"] == "adept-dgm":
-        from models.unet_small import SmallUNet
-
-        width = int(settings["adept-dgm.channels"])
-        return SmallUNet(shape, (width, 2 * width), int(settings["adept-dgm.kernel"]))
-    from models.autoencoder import LinearAutoencoder
-
-    return LinearAutoencoder(shape, int(settings["adept-ae.latent"]))
+from pollen.contracts.adept import MU, SIGMA, shares
 
 
 def _inputs(env: ClientEnv, split: str) -> np.ndarray:
@@ -169,11 +139,12 @@ def _ae_model(env: ClientEnv, weights: Mapping[str, np.ndarray] | None) -> Any:
     start from different points, as in the authors' code)."""
     import torch
 
-    from client.training import set_weights
+    from models.adept_ae import theta_network
+    from models.weights import set_weights
 
     torch.set_num_threads(1)
     torch.manual_seed(env.seed(0, "init"))
-    model = _network(env.settings, env.data.train.input_shape)
+    model = theta_network(env.settings, env.data.train.input_shape)
     if weights is not None:
         set_weights(model, weights)
     return model
@@ -239,8 +210,9 @@ def _ae_train(content: RecordDict, env: ClientEnv) -> RecordDict:
     import torch
 
     from client.common import generator
-    from client.training import batches, get_weights
+    from client.training import batches
     from models.adept_ae import local_round
+    from models.weights import get_weights
 
     rnd, share, role = _phase(content, env)
     x = torch.from_numpy(_inputs(env, "train"))

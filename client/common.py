@@ -12,9 +12,10 @@ from flwr.app import RecordDict
 from torch import nn
 
 from client.env import ClientEnv
-from client.training import SGD, ProximalTerm, evaluate_classifier, train_classifier
+from client.training import SGD, ProximalTerm, train_classifier
 from federated_data import ArrayDataset
 from models import build_model
+from models.evaluation import evaluate_classifier
 from pollen import protocol
 from pollen.dataspec import class_weights, model_input
 

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from flwr.app import Context, RecordDict
 
 from client.state import StateStore
-from pollen import settings as settings_mod
 from pollen.paths import cache_dir
+from pollen.registry import from_run_config
 from pollen.settings import Scalar
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ class ClientEnv:
 
     @classmethod
     def from_context(cls, context: Context) -> ClientEnv:
-        cfg = settings_mod.from_run_config(context.run_config)
+        cfg = from_run_config(context.run_config)
         node = context.node_config
         if "partition-id" not in node:
             raise ClientConfigError("node config has no partition-id")

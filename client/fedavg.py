@@ -25,7 +25,8 @@ from client.common import (
 )
 from client.common import train as train_locally
 from client.env import ClientEnv
-from client.training import ProximalTerm, get_weights, set_weights
+from client.training import ProximalTerm
+from models.weights import get_weights, set_weights
 from pollen import protocol
 
 

@@ -24,12 +24,7 @@ from client.common import (
 )
 from client.common import train as train_locally
 from client.env import ClientEnv
-from client.training import (
-    get_weights,
-    per_sample_losses,
-    predict_probabilities,
-    set_weights,
-)
+from client.training import per_sample_losses, predict_probabilities
 from models.losses import correct_predictions, probability_loss
 from models.mixture import (
     fit_mixture_weights,
@@ -38,20 +33,9 @@ from models.mixture import (
     mixture_weights,
     responsibilities,
 )
+from models.weights import get_weights, set_weights
 from pollen import protocol
-
-
-def pack(components: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """M models in one flat record: `comp{m}.{state key}`."""
-    return {f"comp{m}.{k}": v for m, comp in enumerate(components) for k, v in comp.items()}
-
-
-def unpack(arrays: dict[str, np.ndarray], num: int) -> list[dict[str, np.ndarray]]:
-    out: list[dict[str, np.ndarray]] = [{} for _ in range(num)]
-    for key, value in arrays.items():
-        head, _, rest = key.partition(".")
-        out[int(head.removeprefix("comp"))][rest] = value
-    return out
+from pollen.contracts.fedem import pack, unpack
 
 
 def packed_models(content: RecordDict, num: int, env: ClientEnv) -> list[nn.Module]:

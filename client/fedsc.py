@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -29,46 +29,23 @@ from flwr.app import RecordDict
 
 from client.common import generator, sgd_for_round, tensors
 from client.env import ClientEnv
-from client.training import SGD, TwoViewObjective, get_weights, set_weights, train_two_views
+from client.training import SGD, TwoViewObjective, train_two_views
 from models.augment import Augmenter
 from models.byol import BYOLPair
-from models.dp_correlation import dp_correlation, rdp_epsilon, sensitivity
+from models.dp_correlation import dp_correlation, release_epsilon
 from models.simclr import nt_xent
 from models.spectral import local_objective, norm_clip
 from models.ssl_eval import embed, knn_accuracy
-from models.ssl_nets import ContrastiveNet, build_contrastive_net
+from models.ssl_nets import ContrastiveNet, contrastive_net
+from models.weights import get_weights, set_weights
 from pollen import protocol
+from pollen.contracts.fedsc import CORRELATION, OTHERS
 from pollen.dataspec import model_input
-from pollen.settings import Scalar
-
-CORRELATION = "correlation"  # record of the correlation reply: {"r": (H, H) float32}
-OTHERS = "others"  # record of a train instruction: {"r": Rbar_{-j}}
-
-
-def contrastive_net(settings: Mapping[str, Scalar]) -> ContrastiveNet:
-    """The run's network: backbone and projector, and BYOL's predictor for fedavg-byol."""
-    shape, _ = model_input(settings)
-    return build_contrastive_net(
-        str(settings["fedsc.encoder"]),
-        shape,
-        int(settings["fedsc.dim"]),
-        int(settings["fedsc.hidden"]),
-        predictor=settings["algorithm"] == "fedavg-byol",
-    )
-
-
-def release_epsilon(settings: Mapping[str, Scalar], releases: int, num_train: int) -> float:
-    """Epsilon (Opacus RDP) of a client after `releases` DP-CalR releases."""
-    mu = float(settings["fedsc.mu"])
-    w = sensitivity(mu, max(num_train, 1), str(settings["fedsc.sensitivity"]))
-    return rdp_epsilon(
-        releases, float(settings["fedsc.noise-std"]), w, float(settings["fedsc.delta"])
-    )
 
 
 def _received(content: RecordDict, env: ClientEnv) -> ContrastiveNet:
     torch.set_num_threads(1)
-    model = contrastive_net(env.settings).to(env.device)
+    model = contrastive_net(env.settings, model_input(env.settings)[0]).to(env.device)
     set_weights(model, protocol.arrays_of(content))
     return model
 

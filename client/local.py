@@ -18,7 +18,7 @@ from client.common import (
 )
 from client.common import train as train_locally
 from client.env import ClientEnv
-from client.training import get_weights, set_weights
+from models.weights import get_weights, set_weights
 from pollen import protocol
 
 

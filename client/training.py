@@ -6,13 +6,12 @@ in a process costs seconds of lazy imports, and in deployment every message is a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 
-import numpy as np
 import torch
 from torch import nn
 
-from models.losses import class_probabilities, correct_predictions, per_sample_loss
+from models.losses import class_probabilities, per_sample_loss
 
 ProximalTerm = Callable[[nn.Module], torch.Tensor]
 
@@ -104,29 +103,6 @@ def train_classifier(
 
 
 @torch.no_grad()
-def evaluate_classifier(
-    model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    batch_size: int = 1024,
-    class_weights: torch.Tensor | None = None,
-) -> tuple[float, float]:
-    """(mean cross-entropy per example, accuracy over predicted labels, i.e. tokens for
-    sequences); (nan, nan) on an empty split."""
-    if len(y) == 0:
-        return float("nan"), float("nan")
-    model.eval()
-    loss_sum, correct, made = 0.0, 0, 0
-    for start in range(0, len(y), batch_size):
-        logits = model(x[start : start + batch_size])
-        target = y[start : start + batch_size]
-        loss_sum += float(per_sample_loss(logits, target, class_weights).sum())
-        right, count = correct_predictions(class_probabilities(logits), target)
-        correct, made = correct + right, made + count
-    return loss_sum / len(y), correct / made
-
-
-@torch.no_grad()
 def per_sample_losses(
     model: nn.Module,
     x: torch.Tensor,
@@ -152,15 +128,6 @@ def predict_probabilities(
         class_probabilities(model(x[s : s + batch_size])) for s in range(0, len(x), batch_size)
     ]
     return torch.cat(parts) if parts else torch.zeros(0, 0)
-
-
-def get_weights(model: nn.Module) -> dict[str, np.ndarray]:
-    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
-
-
-def set_weights(model: nn.Module, weights: Mapping[str, np.ndarray]) -> None:
-    state = {k: torch.from_numpy(np.asarray(v)) for k, v in weights.items()}
-    model.load_state_dict(state, strict=True)
 
 
 TwoViewObjective = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

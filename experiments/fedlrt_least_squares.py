@@ -1,4 +1,5 @@
-"""FeDLRT's least-squares experiments (spec §5.2), run without Flower on models.fedlrt:
+"""FeDLRT's least-squares experiments (after the paper's Section 4.1), run without Flower on
+models.fedlrt:
 
   H1  homogeneous: n = 20, rank-4 target, 10,000 points, 4 iid clients, simplified correction,
       λ = 1e-2, s* = 20, τ = 0.1, initial rank 10, 400 rounds; FedLin with the same λ, s*.

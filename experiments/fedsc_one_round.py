@@ -41,8 +41,9 @@ def one_round(
     matrix) is given."""
     import torch
 
-    from client.training import SGD, get_weights, train_two_views
+    from client.training import SGD, train_two_views
     from models.spectral import local_objective, norm_clip, others
+    from models.weights import get_weights
     from strategies.fedsc import RepresentationEvaluator
 
     mu, batch = float(settings["fedsc.mu"]), int(settings["batch-size"])

@@ -196,7 +196,7 @@ def generate_fedem_synthetic(
     the true mixture weights pi (T×M).
 
     `train_size > 0` gives every client that many training rows and skips the size draw
-    (as the spec's small learning oracles do), so the rest of the stream differs from the
+    (small, fast learning checks), so the rest of the stream differs from the
     reference's. Mind the size: T × test_size × d float32 values (900 MB for the paper's).
     """
     gen = FedEMSynthetic(

@@ -1,4 +1,4 @@
-"""ADEPT-PCA's synthetic task (Ozkara et al. 2025, App. F.1; spec O4): clients whose principal
+"""ADEPT-PCA's synthetic task (Ozkara et al. 2025, App. F.1): clients whose principal
 subspaces scatter around a shared one.
 
 V* is uniform on St(d, r); client i's subspace is U_i* = R(V*, P_T(V*, E_i)) with E_i's entries

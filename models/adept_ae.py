@@ -14,13 +14,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from torch import nn
 
 from models.autoencoder import squared_errors
+
+
+def theta_network(settings: Mapping[str, Any], input_shape: tuple[int, ...]) -> nn.Module:
+    """theta's (and mu's) architecture for the run's `settings`: the linear autoencoder
+    (adept-ae) or the small UNet denoiser (adept-dgm)."""
+    if settings["algorithm"] == "adept-dgm":
+        from models.unet_small import SmallUNet
+
+        width = int(settings["adept-dgm.channels"])
+        return SmallUNet(input_shape, (width, 2 * width), int(settings["adept-dgm.kernel"]))
+    from models.autoencoder import LinearAutoencoder
+
+    return LinearAutoencoder(input_shape, int(settings["adept-ae.latent"]))
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ class PCAHyper:
     eta3: float  # sigma
     xi: float  # hyper-prior: keeps sigma^2 >= 2 xi / d_theta at stationary points
     noise: float  # sigma_eps of the probabilistic PCA likelihood
-    d_theta: float  # dimension in the sigma prior (the spec's default: d * r)
+    d_theta: float  # dimension in the sigma prior (default d * r, U_i's entries)
     data_factor: float = 1.0
 
 

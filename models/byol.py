@@ -1,4 +1,4 @@
-"""BYOL (Grill et al., NeurIPS 2020), the FedAvg + BYOL baseline of FedSC (fedsc.md §3.7).
+"""BYOL (Grill et al., NeurIPS 2020), the FedAvg + BYOL baseline of FedSC (paper Sec. 7.1).
 
 The online network (backbone, projector, predictor) learns to predict the target network's
 projection of the other view; the target is an exponential moving average of the online

@@ -1,7 +1,7 @@
 """Denoising diffusion for ADEPT-DGM (plain PyTorch): the training corruption, the
 x-prediction loss and the samplers.
 
-Two variants (adept.md §3.2, §3.3, D1-D4):
+Two variants:
 - "soft" (the authors' released MNIST code): x_alpha = (1 - alpha) x + alpha z with
   alpha ~ U(0, 1) per sample and z ~ U[0, 1) per pixel; the denoiser predicts x from x_alpha
   without being told alpha; sampling starts from U[0, 1) and mixes in the prediction,

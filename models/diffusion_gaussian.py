@@ -1,4 +1,4 @@
-"""The theory of ADEPT-DGM (adept.md §2.5, paper Sec. 4): personalised Gaussian diffusion
+"""The theory of ADEPT-DGM (paper Sec. 4): personalised Gaussian diffusion
 with a variance-exploding forward process x_t = x_0 + w_t and the linear score family
 phi(x; theta, s) = -(x - theta)/(data_std^2 + s). Closed forms for the ADEPT optimum, the same
 optimum found by ADEPT's gradient iterations, and the reverse SDE. NumPy, float64; these are

@@ -13,7 +13,8 @@ the sqrt(2) bound (the one the paper's Table 6 noise levels match); 'paper' give
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -100,6 +101,16 @@ def rdp_epsilon(releases: int, sigma: float, w: float, delta: float) -> float:
     rdp = releases * a / (2 * z**2)
     eps = rdp - (math.log(delta) + np.log(a)) / (a - 1) + np.log((a - 1) / a)
     return float(np.nanmin(eps))
+
+
+def release_epsilon(settings: Mapping[str, Any], releases: int, num_train: int) -> float:
+    """Epsilon (Opacus RDP) of a client after `releases` DP-CalR releases, under the run's
+    `fedsc.*` settings (clipping mu, noise std, delta, sensitivity convention)."""
+    mu = float(settings["fedsc.mu"])
+    w = sensitivity(mu, max(num_train, 1), str(settings["fedsc.sensitivity"]))
+    return rdp_epsilon(
+        releases, float(settings["fedsc.noise-std"]), w, float(settings["fedsc.delta"])
+    )
 
 
 def calibrate_sigma(target_epsilon: float, releases: int, w: float, delta: float) -> float:

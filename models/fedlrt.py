@@ -36,7 +36,8 @@ class Factors:
 
 
 def factorize(W: np.ndarray, rank: int) -> Factors:
-    """The top-`rank` SVD triplets of W (the initialisation the spec recommends, §3.2)."""
+    """The top-`rank` SVD triplets of W: orthonormal U, V and a full-rank S, the starting point
+    the paper's Algorithm 1 asks for."""
     U, s, Vt = np.linalg.svd(np.asarray(W, dtype=np.float64), full_matrices=False)
     return Factors(U[:, :rank].copy(), s[:rank].copy(), Vt[:rank].T.copy())
 
@@ -59,7 +60,7 @@ def augment_basis(B: np.ndarray, G: np.ndarray, width: int | None = None) -> np.
 
     The new columns are the trailing columns of a Householder QR of [B | G'], G' being G with
     B's component removed twice; the client keeps its own B and appends B̄, so a sign flip of
-    QR's leading columns never reaches it (spec §2.2, Lemma 1)."""
+    QR's leading columns never reaches it (the paper's Lemma 1)."""
     r = B.shape[1]
     width = G.shape[1] if width is None else width
     if width == 0:
@@ -91,7 +92,7 @@ def truncation_rank(
     r_max: int | None = None,
 ) -> int:
     """Smallest j whose discarded tail ||σ_{j+1:}|| is strictly below ϑ (ϑ = τ||σ|| relative,
-    ϑ = τ absolute), clipped to [r_min, r_max]. ϑ = 0 keeps everything (spec §2.4)."""
+    ϑ = τ absolute), clipped to [r_min, r_max]. ϑ = 0 keeps everything."""
     k = len(sigma)
     theta = threshold(sigma, tau, relative)
     if theta <= 0:
@@ -180,7 +181,7 @@ def orthonormality_error(B: np.ndarray) -> float:
 
 def round_floats(m: int, n: int, r: int, var_cor: str) -> dict[str, int]:
     """Floats one client receives and sends per round for one m×n layer of rank r when clients
-    keep U, V, s between phases (spec §2.9; s sent as a vector)."""
+    keep U, V, s between phases (s sent as a vector)."""
     k = r + augmentation_width(r, m, n)
     w = k - r
     down = (m + n) * r + r + (m + n) * w

@@ -1,5 +1,6 @@
-"""FeDLRT's least-squares test problems (spec §5) and a framework-free run of FedAvg, FedLin and
-FeDLRT on them, built from the same operations the Flower strategy uses (models.fedlrt).
+"""FeDLRT's least-squares test problems (after the paper's Section 4.1) and a framework-free run
+of FedAvg, FedLin and FeDLRT on them, built from the same operations the Flower strategy uses
+(models.fedlrt).
 
 A client holds features a_i = p(x_i), b_i = p(y_i) (orthonormal Legendre polynomials of degree
 < n) and targets f_i; its loss is L_c(W) = 1/(2N_c) Σ_i (a_i^T W b_i − f_i)². Gradients of the
@@ -98,7 +99,8 @@ def _client(x: np.ndarray, y: np.ndarray, W: np.ndarray) -> LeastSquaresClient:
 def homogeneous_problem(
     n: int = 20, rank: int = 4, points: int = 10_000, clients: int = 4, seed: int = 0
 ) -> tuple[list[LeastSquaresClient], np.ndarray]:
-    """Spec H1: a rank-`rank` target, points uniform on [−1, 1]², split iid and equally."""
+    """H1, the paper's homogeneous test (Section 4.1): a rank-`rank` target, points uniform on
+    [−1, 1]², split iid and equally."""
     rng = np.random.default_rng(seed)
     target = random_low_rank(n, rank, rng)
     xy = rng.uniform(-1, 1, size=(points, 2))
@@ -112,7 +114,8 @@ BETA_SHAPES = ((1.0, 3.0), (3.0, 1.0), (2.0, 2.0), (1.0, 1.0))
 def heterogeneous_problem(
     n: int = 10, rank: int = 2, points_per_client: int = 2500, seed: int = 0
 ) -> tuple[list[LeastSquaresClient], np.ndarray]:
-    """Spec H2 (client drift): non-iid x ~ 2 Beta(a_c, b_c) − 1, client targets W* + D_c with
+    """H2, a heterogeneous test with client drift (in place of the paper's, Section 4.1, whose
+    clients share their data): non-iid x ~ 2 Beta(a_c, b_c) − 1, client targets W* + D_c with
     the last D_c chosen so that Σ_c H_c vec(D_c) = 0, which makes W* (rank `rank`) the exact
     global minimiser while every client's own minimiser differs."""
     rng = np.random.default_rng(seed)
@@ -137,7 +140,7 @@ def heterogeneous_problem(
 
 
 def initial_factors(n: int, rank: int, seed: int) -> Factors:
-    """Top-`rank` SVD of W0 = randn(n, n)/√n (spec §5.0)."""
+    """Top-`rank` SVD of W0 = randn(n, n)/√n."""
     rng = np.random.default_rng(10_000 + seed)
     return factorize(rng.standard_normal((n, n)) / np.sqrt(n), rank)
 
@@ -160,7 +163,8 @@ def run_dense(
     rounds: int,
     corrected: bool = False,
 ) -> History:
-    """FedAvg (corrected=False, spec Alg. 3) or FedLin (corrected=True, Alg. 4) on W."""
+    """FedAvg (corrected=False, the paper's Algorithm 3) or FedLin (corrected=True, Algorithm 4)
+    on W."""
     weights = client_weights(clients)
     W = np.array(W0, dtype=np.float64)
     hist = History()
@@ -189,7 +193,7 @@ def fedlrt_round(
     r_min: int = 1,
     r_max: int | None = None,
 ) -> tuple[Factors, tuple[float, float]]:
-    """One FeDLRT aggregation round (spec §2.2, phases A-C) with all clients taking part;
+    """One FeDLRT aggregation round (the paper's Algorithms 1 and 5) with all clients taking part;
     returns the new factors and (truncation error, ϑ)."""
     weights = client_weights(clients)
     m, n = F.U.shape[0], F.V.shape[0]

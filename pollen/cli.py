@@ -17,6 +17,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
+from pollen import registry
 from pollen import settings as settings_mod
 from pollen.launcher import (
     FLWR_ENV,
@@ -78,7 +79,7 @@ def resolve_run_settings(args: argparse.Namespace, local: bool = True) -> dict[s
     results directory checked (and, for a resume, its checkpoint) before anything is written.
     `local`: the clients run on this machine (deploy, simulate), so its devices count."""
     overrides: dict[str, Any] = settings_mod.parse_assignments(args.set)
-    declared = settings_mod.all_settings()
+    declared = registry.all_settings()
     for flag, key in RUN_FLAGS:
         value = getattr(args, flag)
         if value is None:
@@ -104,8 +105,8 @@ def resolve_run_settings(args: argparse.Namespace, local: bool = True) -> dict[s
         overrides["resume"] = True
     else:
         overrides.setdefault("resume", False)
-    resolved = settings_mod.resolve(overrides, base)
-    foreign = settings_mod.foreign_settings(str(resolved["algorithm"]), overrides)
+    resolved = registry.resolve(overrides, base)
+    foreign = registry.foreign_settings(str(resolved["algorithm"]), overrides)
     for key, owners in foreign.items():
         raise SettingsError(
             f"setting '{key}' is not read by {resolved['algorithm']}; it belongs to "
@@ -362,7 +363,7 @@ def _record_restarts(summary_path: Path, restarts: list[dict[str, Any]]) -> None
         summary = json.loads(summary_path.read_text())
     except (OSError, ValueError):
         return  # no summary to add to: the events file has them
-    from server.results import atomic_write_json
+    from pollen.files import atomic_write_json
 
     summary["node-restarts"] = [*summary.get("node-restarts", []), *restarts]
     atomic_write_json(summary_path, summary)
@@ -738,7 +739,7 @@ def cmd_data_summary(args: argparse.Namespace) -> int:
     from pollen.paths import cache_dir
 
     try:
-        resolved = settings_mod.resolve(settings_mod.parse_assignments(args.set))
+        resolved = registry.resolve(settings_mod.parse_assignments(args.set))
         summary = partition_summary(data_spec(resolved), cache_dir(resolved))
     except (SettingsError, DataConfigError) as exc:
         print(f"pollen: error: {exc}", file=sys.stderr)
@@ -765,10 +766,10 @@ def _format_partition(summary: dict[str, Any]) -> str:
 
 
 def cmd_settings(args: argparse.Namespace) -> int:
-    declared = settings_mod.all_settings()
+    declared = registry.all_settings()
     if args.algorithm:
-        settings_mod.resolve({"algorithm": args.algorithm})  # an unknown one: named, with a hint
-        foreign = settings_mod.foreign_settings(args.algorithm, declared)
+        registry.resolve({"algorithm": args.algorithm})  # an unknown one: named, with a hint
+        foreign = registry.foreign_settings(args.algorithm, declared)
         declared = {k: v for k, v in declared.items() if k not in foreign}
     for key, s in declared.items():
         extra = f" one of: {', '.join(s.choices)}" if s.choices else ""

@@ -37,7 +37,8 @@ from typing import Any
 
 import tomllib
 
-from pollen.settings import SettingsError, foreign_settings, resolve, toml_value
+from pollen.registry import foreign_settings, resolve
+from pollen.settings import SettingsError, toml_value
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from pollen.contracts.launcher import LAUNCHER_PID
 from pollen.settings import Scalar, toml_value
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -38,9 +39,6 @@ FLWR_ENV = {
 
 FLWR_TIMED_OUT = 124
 """Exit code `Federation.flwr` gives a CLI call that did not answer in time (as timeout(1))."""
-
-LAUNCHER_PID = "POLLEN_LAUNCHER_PID"
-"""Environment variable with the launcher's pid: the ServerApp exits once it is gone."""
 
 
 class LaunchError(RuntimeError):

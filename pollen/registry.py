@@ -1,16 +1,18 @@
 """Algorithm registry: a name resolves here to its server strategy, client handlers and settings.
 
 Entries name their code by import path so that looking an algorithm up imports nothing heavy:
-a ClientApp process imports only the handlers of the message it serves.
+a ClientApp process imports only the handlers of the message it serves. A run's settings (the
+common ones of pollen.settings and every algorithm's) are resolved and checked here too.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pollen.settings import Setting
+from pollen.settings import COMMON_SETTINGS, Scalar, Setting, SettingsError
 
 if TYPE_CHECKING:
     from client.env import ClientHandler
@@ -507,3 +509,94 @@ def get_algorithm(name: str) -> AlgorithmSpec:
         raise KeyError(
             f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))}"
         ) from None
+
+
+# ---- a run's settings: the common ones and every algorithm's, resolved and checked ----------
+
+
+def _by_key(settings: Iterable[Setting]) -> dict[str, Setting]:
+    out: dict[str, Setting] = {}
+    for s in settings:
+        if s.key in out:
+            raise ValueError(f"setting '{s.key}' declared twice")
+        out[s.key] = s
+    return out
+
+
+def all_settings() -> dict[str, Setting]:
+    """Every declared setting: the common ones and each algorithm's own."""
+    declared: list[Setting] = list(COMMON_SETTINGS)
+    for spec in ALGORITHMS.values():
+        declared.extend(spec.settings)
+    return _by_key(declared)
+
+
+def defaults() -> dict[str, Scalar]:
+    return {key: s.default for key, s in all_settings().items()}
+
+
+def resolve(
+    overrides: Mapping[str, Any], base: Mapping[str, Any] | None = None
+) -> dict[str, Scalar]:
+    """Defaults, then `base`, then `overrides`; every key known, every value checked."""
+    declared = all_settings()
+    out: dict[str, Scalar] = {k: s.default for k, s in declared.items()}
+    for layer in (base or {}, overrides):
+        for key, value in layer.items():
+            if key not in declared:
+                raise SettingsError(f"unknown setting '{key}'{_closest(key, declared)}")
+            out[key] = declared[key].coerce(value)
+    _check_consistency(out)
+    return out
+
+
+def _check_consistency(cfg: Mapping[str, Scalar]) -> None:
+    if cfg["algorithm"] not in ALGORITHMS:
+        raise SettingsError(
+            f"unknown algorithm {cfg['algorithm']!r}{_closest(str(cfg['algorithm']), ALGORITHMS)}"
+            f"; known: {', '.join(sorted(ALGORITHMS))}"
+        )
+    if float(cfg["val-fraction"]) + float(cfg["test-fraction"]) >= 0.95:
+        raise SettingsError("val-fraction + test-fraction must leave data to train on (< 0.95)")
+    if int(cfg["min-replies"]) > int(cfg["num-clients"]):
+        raise SettingsError(
+            f"min-replies ({cfg['min-replies']}) exceeds num-clients ({cfg['num-clients']})"
+        )
+    if int(cfg["min-available-clients"]) > int(cfg["num-clients"]):
+        raise SettingsError(
+            f"min-available-clients ({cfg['min-available-clients']}) exceeds "
+            f"num-clients ({cfg['num-clients']})"
+        )
+
+
+def _closest(name: str, known: Iterable[str]) -> str:
+    """' (did you mean X?)' for the nearest known names, or ''."""
+    import difflib
+
+    names = list(known)
+    close = difflib.get_close_matches(name, names, n=2, cutoff=0.6)
+    close += [k for k in names if k.split(".")[-1] == name.split(".")[-1] and k not in close]
+    return f" (did you mean {' or '.join(close[:3])}?)" if close else ""
+
+
+def foreign_settings(algorithm: str, keys: Iterable[str]) -> dict[str, list[str]]:
+    """The keys among `keys` that `algorithm` does not read, each with the algorithms that do
+    (`fedprox.mu` for `fedavg`: ['fedprox']). Common settings belong to every algorithm."""
+    spec = ALGORITHMS.get(algorithm)
+    if spec is None:
+        return {}
+    mine = spec.setting_groups()
+    out: dict[str, list[str]] = {}
+    for key in keys:
+        group = key.split(".")[0] if "." in key else None
+        if group is None or group in mine:
+            continue
+        out[key] = sorted(n for n, a in ALGORITHMS.items() if group in a.setting_groups())
+    return out
+
+
+def from_run_config(run_config: Mapping[str, Any]) -> dict[str, Scalar]:
+    """Settings of a running app: Flower's run config, checked like CLI input."""
+    declared = all_settings()
+    known = {k: v for k, v in run_config.items() if k in declared}
+    return resolve(known)

@@ -1,13 +1,15 @@
-"""Run settings: one declaration of every key a run accepts, its type, default and range.
+"""Run settings: what a setting is (key, type, default, range) and the settings every run has,
+whatever its algorithm. Each algorithm declares its own in its registry entry; pollen.registry
+resolves and checks a run's settings against all of them.
 
-Flower only accepts run-config keys that `pyproject.toml` declares, so the keys below are
-mirrored there; `tests/pollen/test_settings.py` keeps the two identical.
+Flower only accepts run-config keys that `pyproject.toml` declares, so every key is mirrored
+there; `tests/pollen/test_settings.py` keeps the two identical.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -266,100 +268,6 @@ def toml_value(value: Scalar) -> str:
     if isinstance(value, int | float):
         return repr(value)
     return json.dumps(value)
-
-
-def _by_key(settings: Iterable[Setting]) -> dict[str, Setting]:
-    out: dict[str, Setting] = {}
-    for s in settings:
-        if s.key in out:
-            raise ValueError(f"setting '{s.key}' declared twice")
-        out[s.key] = s
-    return out
-
-
-def all_settings() -> dict[str, Setting]:
-    """Every declared setting: the common ones and each algorithm's own."""
-    from pollen.registry import ALGORITHMS
-
-    declared: list[Setting] = list(COMMON_SETTINGS)
-    for spec in ALGORITHMS.values():
-        declared.extend(spec.settings)
-    return _by_key(declared)
-
-
-def defaults() -> dict[str, Scalar]:
-    return {key: s.default for key, s in all_settings().items()}
-
-
-def resolve(
-    overrides: Mapping[str, Any], base: Mapping[str, Any] | None = None
-) -> dict[str, Scalar]:
-    """Defaults, then `base`, then `overrides`; every key known, every value checked."""
-    declared = all_settings()
-    out: dict[str, Scalar] = {k: s.default for k, s in declared.items()}
-    for layer in (base or {}, overrides):
-        for key, value in layer.items():
-            if key not in declared:
-                raise SettingsError(f"unknown setting '{key}'{_closest(key, declared)}")
-            out[key] = declared[key].coerce(value)
-    _check_consistency(out)
-    return out
-
-
-def _check_consistency(cfg: Mapping[str, Scalar]) -> None:
-    from pollen.registry import ALGORITHMS
-
-    if cfg["algorithm"] not in ALGORITHMS:
-        raise SettingsError(
-            f"unknown algorithm {cfg['algorithm']!r}{_closest(str(cfg['algorithm']), ALGORITHMS)}"
-            f"; known: {', '.join(sorted(ALGORITHMS))}"
-        )
-    if float(cfg["val-fraction"]) + float(cfg["test-fraction"]) >= 0.95:
-        raise SettingsError("val-fraction + test-fraction must leave data to train on (< 0.95)")
-    if int(cfg["min-replies"]) > int(cfg["num-clients"]):
-        raise SettingsError(
-            f"min-replies ({cfg['min-replies']}) exceeds num-clients ({cfg['num-clients']})"
-        )
-    if int(cfg["min-available-clients"]) > int(cfg["num-clients"]):
-        raise SettingsError(
-            f"min-available-clients ({cfg['min-available-clients']}) exceeds "
-            f"num-clients ({cfg['num-clients']})"
-        )
-
-
-def _closest(name: str, known: Iterable[str]) -> str:
-    """' (did you mean X?)' for the nearest known names, or ''."""
-    import difflib
-
-    names = list(known)
-    close = difflib.get_close_matches(name, names, n=2, cutoff=0.6)
-    close += [k for k in names if k.split(".")[-1] == name.split(".")[-1] and k not in close]
-    return f" (did you mean {' or '.join(close[:3])}?)" if close else ""
-
-
-def foreign_settings(algorithm: str, keys: Iterable[str]) -> dict[str, list[str]]:
-    """The keys among `keys` that `algorithm` does not read, each with the algorithms that do
-    (`fedprox.mu` for `fedavg`: ['fedprox']). Common settings belong to every algorithm."""
-    from pollen.registry import ALGORITHMS
-
-    spec = ALGORITHMS.get(algorithm)
-    if spec is None:
-        return {}
-    mine = spec.setting_groups()
-    out: dict[str, list[str]] = {}
-    for key in keys:
-        group = key.split(".")[0] if "." in key else None
-        if group is None or group in mine:
-            continue
-        out[key] = sorted(n for n, a in ALGORITHMS.items() if group in a.setting_groups())
-    return out
-
-
-def from_run_config(run_config: Mapping[str, Any]) -> dict[str, Scalar]:
-    """Settings of a running app: Flower's run config, checked like CLI input."""
-    declared = all_settings()
-    known = {k: v for k, v in run_config.items() if k in declared}
-    return resolve(known)
 
 
 def parse_assignments(items: Iterable[str]) -> dict[str, str]:

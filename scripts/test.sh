@@ -7,4 +7,5 @@ bash scripts/setup.sh
 export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
 echo "== ruff"; .venv/bin/ruff check .
 echo "== mypy"; .venv/bin/mypy .
+echo "== import contracts"; .venv/bin/lint-imports
 echo "== pytest"; .venv/bin/python -m pytest "$@"

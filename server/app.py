@@ -15,9 +15,8 @@ from pathlib import Path
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from pollen.launcher import LAUNCHER_PID
-from pollen.registry import get_algorithm
-from pollen.settings import from_run_config
+from pollen.contracts.launcher import LAUNCHER_PID
+from pollen.registry import from_run_config, get_algorithm
 from server.blas import limit_blas_threads
 from server.engine import Engine
 from server.results import ResultsWriter

@@ -12,16 +12,16 @@ Layout (one directory per run):
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from pollen.files import atomic_write_bytes, atomic_write_json
 
 METRICS = "metrics.jsonl"
 CLIENTS = "clients.jsonl"
@@ -30,25 +30,6 @@ SUMMARY = "summary.json"
 RESUME_FAILED = "resume-failed.json"
 CONFIG = "config.json"
 FINAL_MODEL = "final_model.npz"
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write via a temporary file and rename, so readers never see a partial file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

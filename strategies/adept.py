@@ -18,22 +18,28 @@ import numpy as np
 from flwr.app import RecordDict
 
 from pollen import protocol
+from pollen.contracts.adept import MU, SIGMA, shares
 from strategies.aggregate import aggregate_metrics, expect_arrays, final_evaluation
 from strategies.base import Federation, InvalidReply, Strategy
 
-MU, SIGMA = "mu", "sigma"
 
+def initial_global_model(settings: Mapping[str, Any], seed: int) -> dict[str, np.ndarray]:
+    """The server's mu_0: a uniform point of St(d, r) for PCA, a fresh autoencoder for AE."""
+    from pollen.dataspec import model_input
 
-def shares(settings: Mapping[str, Any], server_round: int) -> bool:
-    """Whether clients send mu and sigma back this round (all but local training)."""
-    method = settings["adept.method"]
-    if method == "fedavg-ft":
-        return server_round <= tune_round(settings)
-    return bool(method != "local")
+    shape, _ = model_input(settings)
+    if settings["algorithm"] == "adept-pca":
+        from models.stiefel import random_point
 
+        rank = int(settings["adept-pca.rank"])
+        return {"V": random_point(int(np.prod(shape)), rank, np.random.default_rng(seed))}
+    import torch
 
-def tune_round(settings: Mapping[str, Any]) -> int:
-    return int(settings["adept.tune-round"]) or int(settings["num-rounds"]) // 2
+    from models.adept_ae import theta_network
+    from models.weights import get_weights
+
+    torch.manual_seed(seed)
+    return get_weights(theta_network(settings, shape))
 
 
 class ADEPT(Strategy):
@@ -44,8 +50,6 @@ class ADEPT(Strategy):
         self.sigma: dict[str, np.ndarray] = {}
 
     def initialize(self, seed: int) -> None:
-        from client.adept import initial_global_model
-
         self.mu = initial_global_model(self.settings, seed)
         sigma0 = float(self.settings["adept.sigma-init"])
         if self.pca:  # one scalar sigma, as in the theory of ADEPT-PCA (sent as shape (1,))

@@ -94,28 +94,3 @@ class Strategy(ABC):
         self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]
     ) -> None:
         """Inverse of `state`."""
-
-
-class GlobalModelStrategy(Strategy):
-    """A strategy whose whole state is one flat dict of global arrays (FedAvg's model, FedEM's
-    packed components): it is what the clients train, checkpoints and final model."""
-
-    def __init__(self, settings: Mapping[str, Scalar]) -> None:
-        super().__init__(settings)
-        self.weights: dict[str, np.ndarray] = {}
-
-    def validate(self, _cid: int, content: RecordDict) -> None:
-        """A training reply must carry exactly the global arrays' keys, shapes and dtypes."""
-        from pollen import protocol
-        from strategies.aggregate import expect_arrays
-
-        expect_arrays(content, protocol.ARRAYS, self.weights)
-
-    def global_arrays(self) -> dict[str, np.ndarray]:
-        return self.weights
-
-    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        return dict(self.weights), {}
-
-    def load_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
-        self.weights = dict(arrays)

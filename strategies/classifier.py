@@ -27,7 +27,7 @@ def _model(settings: Mapping[str, Scalar]) -> nn.Module:
 def initial_weights(settings: Mapping[str, Scalar], seed: int) -> dict[str, np.ndarray]:
     import torch
 
-    from client.training import get_weights
+    from models.weights import get_weights
 
     torch.manual_seed(seed)
     return get_weights(_model(settings))
@@ -73,7 +73,8 @@ class ServerEvaluator:
             return {}
         import torch
 
-        from client.training import evaluate_classifier, set_weights
+        from models.evaluation import evaluate_classifier
+        from models.weights import set_weights
         from pollen.dataspec import class_weights
 
         model = _model(self.settings)

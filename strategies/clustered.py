@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 from flwr.app import RecordDict
 
-from client.fedem import pack, unpack
 from models.clustered import flat_update, split_clusters, update_norms
 from pollen import protocol
+from pollen.contracts.fedem import pack, unpack
 from strategies.aggregate import (
     aggregate_metrics,
     final_evaluation,

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from client.fedem import pack
 from pollen import protocol
+from pollen.contracts.fedem import pack
 from strategies.aggregate import aggregate_metrics, train_from
 from strategies.base import Federation, Strategy
 from strategies.classifier import initial_weights

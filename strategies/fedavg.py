@@ -14,8 +14,9 @@ from strategies.aggregate import (
     num_examples,
     weighted_average,
 )
-from strategies.base import Federation, GlobalModelStrategy
+from strategies.base import Federation
 from strategies.classifier import ServerEvaluator, initial_weights
+from strategies.global_model import GlobalModelStrategy
 from strategies.schedule import learning_rate
 
 

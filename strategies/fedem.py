@@ -17,16 +17,17 @@ from typing import Any
 
 import numpy as np
 
-from client.fedem import pack, unpack
 from pollen import protocol
+from pollen.contracts.fedem import pack, unpack
 from strategies.aggregate import (
     aggregate_metrics,
     final_evaluation,
     num_examples,
     weighted_average,
 )
-from strategies.base import Federation, GlobalModelStrategy
+from strategies.base import Federation
 from strategies.classifier import initial_weights
+from strategies.global_model import GlobalModelStrategy
 from strategies.schedule import learning_rate
 
 

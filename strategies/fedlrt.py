@@ -147,8 +147,8 @@ class FeDLRT(Strategy):
         """One round. The corrections V_c = G − G_c sum to zero (weighted) only over the clients
         whose gradients G is the mean of; a client that fails in the train phase, after its
         correction went out, would leave the others' corrections biased. The round is then
-        restarted with the clients that answered (spec §6.7): their basis-phase replies are
-        reused (gradients at the same point), so Ū, V̄, G and every V_c are recomputed over
+        restarted with the clients that answered: their basis-phase replies are reused
+        (gradients at the same point), so Ū, V̄, G and every V_c are recomputed over
         them, and the coefficient phases are repeated. The update equals that of a round in
         which only they had been sampled. Without corrections a failure needs no restart."""
         rnd = fed.server_round
@@ -302,7 +302,7 @@ class FeDLRT(Strategy):
 
     # ---- accounting ----------------------------------------------------------------------
     def formula_bytes(self) -> dict[str, float]:
-        """Spec §2.9 float counts × 4 per client for a round at the current ranks, and what
+        """`round_floats` × 4 bytes per client for a round at the current ranks, and what
         FedAvg / FedLin would send for the same model."""
         dense = sum(self.dense[k].size for k in self.dense)
         full = dense + sum(fac.U.shape[0] * fac.V.shape[0] for fac in self.factors.values())

@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 from flwr.app import RecordDict
 
-from client.fedsc import CORRELATION, OTHERS, contrastive_net, release_epsilon
-from models.dp_correlation import closed_form_epsilon, sensitivity
+from models.dp_correlation import closed_form_epsilon, release_epsilon, sensitivity
 from models.spectral import alpha_at, others
 from pollen import protocol
+from pollen.contracts.fedsc import CORRELATION, OTHERS
 from strategies.aggregate import (
     aggregate_metrics,
     expect_arrays,
@@ -42,7 +42,8 @@ from strategies.aggregate import (
     num_examples,
     weighted_average,
 )
-from strategies.base import ClientInfo, Federation, GlobalModelStrategy, InvalidReply
+from strategies.base import ClientInfo, Federation, InvalidReply
+from strategies.global_model import GlobalModelStrategy
 from strategies.schedule import learning_rate
 
 log = logging.getLogger("flwr.pollen")
@@ -76,14 +77,15 @@ class FedSC(GlobalModelStrategy):
     def initialize(self, seed: int) -> None:
         import torch
 
-        from client.training import get_weights
+        from models.ssl_nets import contrastive_net
+        from models.weights import get_weights
+        from pollen.dataspec import model_input
 
         torch.manual_seed(seed)
+        net = contrastive_net(self.settings, model_input(self.settings)[0])
         # through the message codec once: it stores 0-d tensors (BatchNorm's batch counters)
         # with shape (1,), the shape every reply will have
-        self.weights = protocol.from_record(
-            protocol.to_record(get_weights(contrastive_net(self.settings)))
-        )
+        self.weights = protocol.from_record(protocol.to_record(get_weights(net)))
 
     # ---- weights of clients: q_j over every training client ---------------------------------
     def _q(self, pool: list[ClientInfo]) -> dict[int, float]:
@@ -270,9 +272,11 @@ class RepresentationEvaluator:
 
     def net(self, weights: Mapping[str, np.ndarray]) -> Any:
         """The ContrastiveNet holding `weights`, in eval mode."""
-        from client.training import set_weights
+        from models.ssl_nets import contrastive_net
+        from models.weights import set_weights
+        from pollen.dataspec import model_input
 
-        net = contrastive_net(self.settings)
+        net = contrastive_net(self.settings, model_input(self.settings)[0])
         set_weights(net, weights)
         return net.eval()
 

@@ -30,7 +30,7 @@ def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def run_config(tmp_path: Path, shared_cache: Path) -> dict[str, Any]:
-    from pollen.settings import resolve
+    from pollen.registry import resolve
 
     return resolve(
         {

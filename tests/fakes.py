@@ -132,7 +132,7 @@ class FakeGrid(Grid):
 
 def settings_of(values: dict[str, Any]) -> dict[str, Any]:
     """Checked run settings, typed loosely for tests."""
-    from pollen.settings import resolve
+    from pollen.registry import resolve
 
     return dict(resolve(values))
 

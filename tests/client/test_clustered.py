@@ -13,9 +13,9 @@ from client import common
 from client.clustered import evaluate
 from client.common import new_model, tensors
 from client.env import ClientEnv
-from client.fedem import pack
-from client.training import get_weights, set_weights
+from models.weights import get_weights, set_weights
 from pollen import protocol
+from pollen.contracts.fedem import pack
 from tests.fakes import settings_of
 
 

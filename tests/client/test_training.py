@@ -5,14 +5,9 @@ import pytest
 import torch
 from torch import nn
 
-from client.training import (
-    SGD,
-    evaluate_classifier,
-    get_weights,
-    set_weights,
-    train_classifier,
-    train_two_views,
-)
+from client.training import SGD, train_classifier, train_two_views
+from models.evaluation import evaluate_classifier
+from models.weights import get_weights, set_weights
 from tests.fakes import FixedLogits
 
 

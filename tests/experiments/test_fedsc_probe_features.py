@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.fedsc_probe_features import settings_of, untrained_key
-from pollen.settings import resolve
+from pollen.registry import resolve
 
 FEDERATED = {
     "algorithm": "fedsc",

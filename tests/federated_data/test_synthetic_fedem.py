@@ -81,7 +81,7 @@ def _reference_generator(
     n_test: int,
     seed: int,
 ) -> tuple[list[list[np.ndarray]], np.ndarray, np.ndarray]:
-    """The reference procedure as the spec describes it: numpy's global RandomState and
+    """The reference code's procedure written out: numpy's global RandomState and
     sklearn's shuffle, with the slice start never advanced."""
     from sklearn.utils import shuffle
 
@@ -154,7 +154,7 @@ def test_reference_labels_are_about_36_percent_ones() -> None:
 
 
 @pytest.mark.slow
-def test_full_reference_dataset_label_fractions_match_the_spec() -> None:
+def test_full_reference_dataset_has_the_known_label_fractions() -> None:
     """The paper's full data (1.57M rows) streamed client by client, never held at once."""
     gen = FedEMSynthetic(300)
     ones, total = np.zeros(2), np.zeros(2)

@@ -1,5 +1,5 @@
-"""ADEPT-AE math: the per-weight prior's gradients (O2), per-weight sigma dynamics (O3),
-clipping and clamps, lazy sigma, the local-training limit (O8) and the server mean."""
+"""ADEPT-AE math: the per-weight prior's gradients, per-weight sigma dynamics, clipping and
+clamps, lazy sigma, the local-training limit and the server mean."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""ADEPT-PCA math against the spec's oracles: finite-difference gradients (O2), the sigma
-dynamics and its lower bound (O3), and a small version of the synthetic experiment (O4)."""
+"""ADEPT-PCA math: finite-difference gradients, the sigma dynamics and its lower bound, and a
+small version of the paper's synthetic experiment (App. F.1)."""
 
 from __future__ import annotations
 
@@ -145,7 +145,7 @@ def test_synthetic_generator_scatters_subspaces_with_heterogeneity() -> None:
 
 
 def _ratios(het: float, rounds: int = 200) -> tuple[float, float, float, float]:
-    """(local, global, ADEPT) mean error ratios and the learned sigma on a small O4 task."""
+    """(local, global, ADEPT) mean error ratios and the learned sigma on a small synthetic task."""
     d, r, m, n, noise = 40, 5, 8, 10, 0.2
     clients, _, truth = generate_pca_synthetic({"dimension": d, "rank": r, "num_clients": m,
         "train_size": n, "noise": noise, "heterogeneity": het, "seed": 0})  # fmt: skip

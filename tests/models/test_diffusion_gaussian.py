@@ -1,4 +1,4 @@
-"""ADEPT-DGM theory oracles (adept.md §5 O5, O6): the personalised Gaussian diffusion's
+"""ADEPT-DGM theory (paper Sec. 4): the personalised Gaussian diffusion's
 closed-form ADEPT optimum against ADEPT's gradient iterations and Theorem 4.4, and the
 reverse SDE's output moments (Lemma 4.1), including the printed-drift typo."""
 

@@ -1,4 +1,4 @@
-"""DP-CalR and its accounting against the spec's oracles (fedsc.md §4, O7-O9)."""
+"""DP-CalR (the paper's Algorithm 2) and its privacy accounting (Sec. 6.1, Prop. 6.6)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def _release(
 
 
 def test_noiseless_release_is_the_clipped_correlation_and_psd() -> None:
-    """O7 (sigma = 0): symmetric PSD, Tr <= mu, ||R||_F <= mu; averaged over passes and views
+    """sigma = 0: symmetric PSD, Tr <= mu, ||R||_F <= mu; averaged over passes and views
     it equals the correlation of all clipped views together."""
     mu = 2.0
     x = _x()
@@ -62,7 +62,7 @@ def test_noiseless_release_is_the_clipped_correlation_and_psd() -> None:
 
 
 def test_noise_statistics_and_fresh_noise() -> None:
-    """O7 (sigma > 0): unbiased, entry std sigma without symmetrising, asymmetric then; two
+    """sigma > 0: unbiased, entry std sigma without symmetrising, asymmetric then; two
     releases with different generators differ; symmetrising keeps Tr(R N)."""
     sigma, draws = 0.05, 400
     clean = _release(0.0, 0)
@@ -78,7 +78,7 @@ def test_noise_statistics_and_fresh_noise() -> None:
 
 
 def test_replace_one_sensitivity_is_sqrt2_mu_over_n() -> None:
-    """O8: swapping one clipped vector for an orthogonal one moves R by sqrt(2) mu / n."""
+    """Swapping one clipped vector for an orthogonal one moves R by sqrt(2) mu / n."""
     mu, n = 4.0, 100
     gen = torch.Generator().manual_seed(2)
     z = norm_clip(torch.randn(n, 8, generator=gen, dtype=torch.float64), mu)
@@ -91,7 +91,7 @@ def test_replace_one_sensitivity_is_sqrt2_mu_over_n() -> None:
 
 
 def test_epsilon_values() -> None:
-    """O9: closed form and Opacus' RDP accountant on the spec's reference numbers."""
+    """Closed form (Prop. 6.6) and Opacus' RDP accountant on reference numbers."""
     w = sensitivity(1.0, 1000, "paper")
     assert closed_form_epsilon(10, 0.01, w, 1e-5) == pytest.approx(1.5674, abs=1e-3)
     assert rdp_epsilon(10, 0.01, w, 1e-5) == pytest.approx(1.3085, abs=0.01)

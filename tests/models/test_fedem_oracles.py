@@ -1,9 +1,11 @@
-"""FedEM's small learning oracles (spec §4.2 A and C), on the algorithm's own math.
+"""FedEM's small learning checks, on the algorithm's own math: A, it recovers the mixture and
+beats FedAvg and local training; C, unseen clients fit only pi. The data are the paper's
+synthetic mixture (App. I.1.5) in its "clean" variant, with 100 training rows per client.
 
 The federation is a loop here, not Flower: each round every client runs exactly the steps of
 client/fedem.py (E-step with its pi, M-step for pi, a responsibility-weighted epoch of each
 component with its own momentum) and the server averages each component with weights n_t/n.
-That keeps the oracles at the spec's size in seconds; the engine path is tested elsewhere.
+That keeps the checks at this size in seconds; the engine path is tested elsewhere.
 """
 
 from __future__ import annotations
@@ -163,7 +165,7 @@ def run_local(clients: list[Client], rounds: int, dim: int) -> float:
 
 
 def test_oracle_a_fedem_recovers_the_mixture_and_beats_fedavg_and_local() -> None:
-    """Spec §4.2 A: M = 2, pi_t ~ Dir(0.4), T = 90, d = 100, n_train = 100, 50 rounds."""
+    """A: M = 2, pi_t ~ Dir(0.4), T = 90, d = 100, n_train = 100, 50 rounds."""
     dim, rounds = 100, 50
     clients = _clients(90, dim, 2, 0.4, seed=11)
     fedem = mean_accuracy(*run_fedem(clients, 2, rounds, dim), clients)
@@ -175,7 +177,7 @@ def test_oracle_a_fedem_recovers_the_mixture_and_beats_fedavg_and_local() -> Non
 
 
 def test_oracle_c_unseen_clients_fit_pi_by_em_with_frozen_components() -> None:
-    """Spec §4.2 C: train on the first 72 of 90 clients; the last 18 only fit pi."""
+    """C: train on the first 72 of 90 clients; the last 18 only fit pi."""
     dim = 100
     clients = _clients(90, dim, 2, 0.4, seed=11)
     old, new = clients[:72], clients[72:]

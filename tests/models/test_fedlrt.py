@@ -1,4 +1,5 @@
-"""FeDLRT's matrix operations against the spec's oracles (float64)."""
+"""FeDLRT's matrix operations against exact identities (the paper's Lemma 1, eqs. 8-10) and
+small least-squares runs (float64)."""
 
 from __future__ import annotations
 
@@ -98,7 +99,7 @@ def test_truncation_error_is_below_the_threshold_and_factors_stay_orthonormal() 
         assert (F.s > 0).all() and (np.diff(F.s) <= 0).all()
 
 
-def test_corrections_are_the_gradient_differences_of_the_spec() -> None:
+def test_corrections_are_the_gradient_differences_of_eqs_8_and_9() -> None:
     rng = np.random.default_rng(3)
     g, gc = rng.standard_normal((6, 6)), rng.standard_normal((6, 6))
     np.testing.assert_array_equal(correction("full", g, gc, 6), g - gc)
@@ -125,7 +126,7 @@ def test_factor_gradients_are_the_chain_rule_of_the_dense_gradient() -> None:
     np.testing.assert_allclose(c.coefficient_grad(F.U, F.V)(S), G_S, atol=1e-12)
 
 
-def test_communication_formulas_match_the_spec_table() -> None:
+def test_communication_formulas_count_every_message() -> None:
     m, n, r = 30, 20, 4
     total = {v: sum(round_floats(m, n, r, v).values()) for v in ("none", "simplified", "full")}
     assert total["none"] == 3 * (m + n) * r + 4 * r * r + r
@@ -134,7 +135,7 @@ def test_communication_formulas_match_the_spec_table() -> None:
 
 
 def test_full_rank_full_correction_is_fedlin_and_no_correction_is_fedavg() -> None:
-    """Spec O3: with Ũ, Ṽ square (r0 = n/2, no cap) and no truncation the coefficient steps are
+    """With Ũ, Ṽ square (r0 = n/2, no cap) and no truncation the coefficient steps are
     the dense steps in rotated coordinates; simplified correction is not equivalent."""
     n = 6
     clients, _ = heterogeneous_problem(n=n, rank=2, points_per_client=300, seed=0)
@@ -154,7 +155,7 @@ def test_full_rank_full_correction_is_fedlin_and_no_correction_is_fedavg() -> No
 
 
 def test_single_client_variants_coincide() -> None:
-    """Spec O4: with one client every correction is zero."""
+    """With one client every correction is zero."""
     clients, _ = heterogeneous_problem(n=6, rank=2, points_per_client=200, seed=1)
     F0 = initial_factors(6, 2, 1)
     runs = [
@@ -166,8 +167,8 @@ def test_single_client_variants_coincide() -> None:
 
 
 def test_homogeneous_least_squares_finds_the_true_rank_and_converges() -> None:
-    """Spec H1, scaled down: start above the true rank, compress to it, reach loss < 1e-8;
-    every round keeps orthonormal bases and a truncation error below ϑ."""
+    """H1 (the paper's homogeneous test), scaled down: start above the true rank, compress to
+    it, reach loss < 1e-8; every round keeps orthonormal bases and a truncation error below ϑ."""
     clients, target = homogeneous_problem(n=8, rank=2, points=2000, clients=4, seed=0)
     hist = run_fedlrt(clients, initial_factors(8, 4, 0), "simplified", lr=1e-2, steps=20,
                       rounds=100, tau=0.1)  # fmt: skip
@@ -189,11 +190,12 @@ def test_factorize_keeps_the_leading_singular_triplets() -> None:
     assert np.linalg.norm(W - F.dense()) == pytest.approx(np.linalg.norm(sigma[3:]))
 
 
-def _spec_round(clients: list, U: np.ndarray, s: np.ndarray, V: np.ndarray, var_cor: str,
-                lr: float, steps: int, tau: float) -> tuple[np.ndarray, ...]:  # fmt: skip
-    """Spec §2.2 phases A-C and §2.4 written out on the dense gradient, as independently of
-    models.fedlrt as possible: Ū = Q[:, r:2r] of qr([U | G_U]); the tail of σ(S̃*) strictly
-    below τ‖S̃*‖_F is cut."""
+def _written_out_round(clients: list, U: np.ndarray, s: np.ndarray, V: np.ndarray,
+                       var_cor: str, lr: float, steps: int,
+                       tau: float) -> tuple[np.ndarray, ...]:  # fmt: skip
+    """A round of the paper's Algorithms 1 and 5 (and its truncation rule) written out on the
+    dense gradient, as independently of models.fedlrt as possible: Ū = Q[:, r:2r] of
+    qr([U | G_U]); the tail of σ(S̃*) strictly below τ‖S̃*‖_F is cut."""
     r, S = len(s), np.diag(s)
     G = [c.grad(U @ S @ V.T) for c in clients]
     Q_u = np.linalg.qr(np.hstack([U, np.mean([g @ V @ S.T for g in G], 0)]))[0]
@@ -219,15 +221,15 @@ def _spec_round(clients: list, U: np.ndarray, s: np.ndarray, V: np.ndarray, var_
 
 
 @pytest.mark.parametrize("var_cor", ["simplified", "full"])
-def test_rounds_equal_the_spec_rules_written_out(var_cor: str) -> None:
+def test_rounds_equal_the_rules_written_out(var_cor: str) -> None:
     """Pins augmentation, correction, averaging and the truncation rule of a round to the
-    spec's formulas (H1's setting, scaled down, on the seed whose H1 run stays at rank 5),
+    paper's formulas (H1's setting, scaled down, on the seed whose H1 run stays at rank 5),
     rank by rank and iterate by iterate."""
     clients, _ = homogeneous_problem(n=12, rank=3, points=2000, clients=4, seed=2)
     F = initial_factors(12, 6, 2)
     U, s, V = F.U, F.s, F.V
     for _ in range(15):
         F, _cut = fedlrt_round(clients, F, var_cor, lr=1e-2, steps=20, tau=0.1, r_max=6)
-        U, s, V = _spec_round(clients, U, s, V, var_cor, lr=1e-2, steps=20, tau=0.1)
+        U, s, V = _written_out_round(clients, U, s, V, var_cor, lr=1e-2, steps=20, tau=0.1)
         assert F.rank == len(s)
         np.testing.assert_allclose(F.dense(), (U * s) @ V.T, rtol=0, atol=1e-10)

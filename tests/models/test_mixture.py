@@ -1,4 +1,5 @@
-"""FedEM's mixture math against the spec's unit invariants (fedem.md §4.1)."""
+"""FedEM's mixture math (the E- and M-steps of the paper's Proposition 3.1) against its
+invariants."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""FedSC's spectral-contrastive math against the spec's oracles (fedsc.md §4, O1-O4, O6, O10,
-O11) on a toy federation: 3 non-i.i.d. clients, fixed views, float64."""
+"""FedSC's spectral-contrastive math against the paper's identities (Eqs. 1, 4 and 6) and the
+definitions of its local objective, on a toy federation: 3 non-i.i.d. clients, fixed views,
+float64."""
 
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ Q = [n / sum(SIZES) for n in SIZES]
 
 
 def test_trace_form_equals_pairwise_loss() -> None:
-    """O1: -mean<z1,z2> + 1/2 mean over all ordered view pairs (z_a.z_b)^2 == trace form."""
+    """Paper Eq. 1 (App. A): -mean<z1,z2> + 1/2 mean over all ordered view pairs (z_a.z_b)^2
+    == trace form."""
     w = _weight().detach()
     data = _data()
     views = [(_encode(w, a), _encode(w, b)) for a, b in data]
@@ -61,7 +63,7 @@ def test_trace_form_equals_pairwise_loss() -> None:
 
 
 def test_objective_terms_follow_eq4() -> None:
-    """O2 (paper Eq. 4): contraction + intra + inter == global loss, with the inter-client part
+    """Paper Eq. 4: contraction + intra + inter == global loss, with the inter-client part
     equal to sum_j q_j (1 - q_j)/2 Tr(R_j R_{-j}); local-sum is FedAvg + SC's objective."""
     w = _weight().detach()
     views = [(_encode(w, a), _encode(w, b)) for a, b in _data()]
@@ -87,7 +89,7 @@ def test_effective_rank_counts_equally_used_directions() -> None:
 
 
 def test_aggregated_correlation_equals_centralised() -> None:
-    """O3: sum_j q_j R_j (each client's own, with clipping) == R of the union."""
+    """Aggregation: sum_j q_j R_j (each client's own, with clipping) == R of the union."""
     w = _weight().detach()
     mu = 0.5  # active: tanh outputs have norms up to 2
     clipped = [(norm_clip(_encode(w, a), mu), norm_clip(_encode(w, b), mu)) for a, b in _data()]
@@ -132,19 +134,19 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def test_fresh_others_make_local_gradients_average_to_the_global_one() -> None:
-    """O4 (paper Eq. 6): alpha_j = q_j, Rbar_{-j} = sg(R_{-j}): sum_j q_j grad L_j == grad L."""
+    """Paper Eq. 6: alpha_j = q_j, Rbar_{-j} = sg(R_{-j}): sum_j q_j grad L_j == grad L."""
     assert _rel(_local_grads(Q), _global_grad()) < 1e-12
 
 
 def test_fedavg_sc_and_wrong_variants_do_not_match_the_global_gradient() -> None:
-    """O4 negative controls: FedAvg + SC (alpha = 1, no R), or alpha = 1 with Rbar."""
+    """Negative controls of Eq. 6: FedAvg + SC (alpha = 1, no R), or alpha = 1 with Rbar."""
     assert _rel(_local_grads([1.0] * 3, with_cross=False), _global_grad()) > 0.3
     assert _rel(_local_grads([1.0] * 3), _global_grad()) > 0.3
 
 
 def test_others_is_stopped_and_gradient_matches_analytic_form() -> None:
-    """O11: linear encoder, no clipping: grad = -W C+ - W C+^T... written via R, and Rbar gets
-    no gradient."""
+    """Stop-gradient: linear encoder, no clipping: grad = -W C+ - W C+^T... written via R, and
+    Rbar gets no gradient."""
     a, b = _data()[0]
     w = _weight()
     rbar = torch.randn(4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
@@ -165,7 +167,7 @@ def test_others_is_stopped_and_gradient_matches_analytic_form() -> None:
 
 
 def test_alpha_one_ignores_others_and_loss_pieces() -> None:
-    """O10: alpha = 1 with any Rbar equals the plain SC loss; the parts add up."""
+    """alpha = 1 with any Rbar equals the plain SC loss; the parts add up."""
     gen = torch.Generator().manual_seed(4)
     z1, z2 = torch.randn(8, 5, generator=gen), torch.randn(8, 5, generator=gen)
     rbar = torch.randn(5, 5, generator=gen)
@@ -184,7 +186,8 @@ def test_norm_clip_bounds_and_keeps_short_vectors() -> None:
 
 
 def test_incremental_update_and_others_match_definitions() -> None:
-    """O6: with stale copies, R~ = sum q_j R~_j^latest; Rbar_{-j} leaves j out."""
+    """Partial participation: with stale copies, R~ = sum q_j R~_j^latest; Rbar_{-j} leaves j
+    out."""
     gen = np.random.default_rng(0)
     latest = {j: gen.normal(size=(3, 3)) for j in range(3)}
     q = dict(enumerate(Q))

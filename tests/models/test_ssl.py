@@ -21,8 +21,8 @@ def test_small_encoder_takes_embedded_images(shape: tuple[int, int, int], encode
 
 @pytest.mark.slow
 def test_paper_backbones_have_the_published_sizes() -> None:
-    """Fixup ResNet-20 x8 has 17,108,399 parameters and the 512-1024-512 projector 1,050,112
-    (fedsc.md §2.11); the CIFAR-100 ResNet gives 512-d features."""
+    """Fixup ResNet-20 x8 has 17,108,399 parameters and the 512-1024-512 projector 1,050,112;
+    the CIFAR-100 ResNet gives 512-d features."""
     net = build_contrastive_net("fixup-resnet20", (3, 32, 32), dim=512)
     assert sum(p.numel() for p in net.backbone.parameters()) == 17_108_399
     assert sum(p.numel() for p in net.projector.parameters()) == 1_050_112

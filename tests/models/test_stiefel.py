@@ -1,4 +1,4 @@
-"""Stiefel primitives (spec O1): projection properties, retraction on the manifold, stability."""
+"""Stiefel primitives: projection properties, retraction on the manifold, stability."""
 
 from __future__ import annotations
 

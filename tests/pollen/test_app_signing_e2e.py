@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from pollen.launcher import Federation, free_port, supernode_argv
-from pollen.settings import Scalar, resolve
+from pollen.registry import resolve
+from pollen.settings import Scalar
 from pollen.signing import SIGNATURE_FILE, generate_key, key_id, load_private_key, stage_signed_app
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

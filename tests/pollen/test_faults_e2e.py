@@ -23,7 +23,7 @@ from flwr.app import Context, RecordDict
 from client.app import app as client_app
 from client.state import StateStore
 from pollen.launcher import Federation
-from pollen.settings import resolve
+from pollen.registry import resolve
 from server.app import app as server_app
 from server.results import read_jsonl
 from tests.fakes import FakeGrid

@@ -5,9 +5,10 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from pollen import settings
+from pollen import registry, settings
 from pollen.pyproject_sync import synced
-from pollen.settings import SettingsError, resolve
+from pollen.registry import resolve
+from pollen.settings import SettingsError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,7 +24,7 @@ def test_pyproject_declares_exactly_the_settings() -> None:
             out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
         return out
 
-    assert flat(config) == settings.defaults()
+    assert flat(config) == registry.defaults()
 
 
 def test_values_are_coerced_from_text() -> None:
@@ -61,4 +62,4 @@ def test_assignments_parse() -> None:
 def test_model_choices_are_the_registered_models() -> None:
     from models.registry import ALL_MODEL_NAMES
 
-    assert set(settings.all_settings()["model"].choices or ()) == set(ALL_MODEL_NAMES)
+    assert set(registry.all_settings()["model"].choices or ()) == set(ALL_MODEL_NAMES)

@@ -56,7 +56,7 @@ def test_fedlrt_trains_low_rank_layers_with_two_or_three_phases(
         assert train["orthonormality-error"] < 1e-10
         for name in ("net.1", "net.3"):  # truncation error < ϑ unless the rank cap cut deeper
             assert train[f"truncation-ratio-{name}"] < 1.0 or train[f"rank-{name}"] == 16
-        # the measured payloads are the spec's float counts plus array headers
+        # the measured payloads are round_floats' counts plus array headers
         assert train["bytes-formula"] <= train["bytes-per-client"] < 1.05 * train["bytes-formula"]
         assert train["bytes-per-client"] < 0.5 * train["bytes-fedavg"]
     for fac in strategy.factors.values():

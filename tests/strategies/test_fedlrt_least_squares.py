@@ -1,6 +1,6 @@
-"""Spec §5.3: the least-squares problem H2 through the FeDLRT strategy and the engine (messages,
-float32 wire, reply checks) gives the iterates of the same algorithm run in-process by the plain
-functions of models.least_squares.
+"""The least-squares problem H2 (models.least_squares) through the FeDLRT strategy and the
+engine (messages, float32 wire, reply checks) gives the iterates of the same algorithm run
+in-process by the plain functions of models.least_squares.
 
 The network clients of client/fedlrt.py train classifiers, so the client half here is a small
 ClientApp answering the same three phases for a least-squares client with the same NumPy

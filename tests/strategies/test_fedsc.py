@@ -14,9 +14,9 @@ import pytest
 from flwr.app import Message, RecordDict
 
 from client.app import app as client_app
-from client.fedsc import release_epsilon
 from client.state import StateStore
 from federated_data import load_client_data
+from models.dp_correlation import release_epsilon
 from pollen import protocol
 from pollen.dataspec import data_spec
 from pollen.settings import Scalar
@@ -190,7 +190,7 @@ def test_budget_stops_sharing_and_fedavg_sc_shares_nothing(run_config: dict[str,
 
 @pytest.mark.slow
 def test_fedsc_without_sharing_is_fedavg_sc(run_config: dict[str, Any]) -> None:
-    """O12: with sharing disabled FedSC trains exactly what FedAvg + SC trains (alpha 0.2 from
+    """With sharing disabled FedSC trains exactly what FedAvg + SC trains (alpha 0.2 from
     round 1, so any Rbar sent would show)."""
     weights = []
     for algorithm in ("fedsc", "fedavg-sc"):

@@ -1,0 +1,19 @@
+"""A torch module's weights as NumPy arrays (its state dict), the form every message and
+checkpoint carries; used by the clients and the server alike."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def get_weights(model: nn.Module) -> dict[str, np.ndarray]:
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+
+
+def set_weights(model: nn.Module, weights: Mapping[str, np.ndarray]) -> None:
+    state = {k: torch.from_numpy(np.asarray(v)) for k, v in weights.items()}
+    model.load_state_dict(state, strict=True)

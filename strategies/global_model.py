@@ -1,0 +1,36 @@
+"""The common shape of a strategy with one global model: its state is the model's arrays."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from flwr.app import RecordDict
+
+from pollen import protocol
+from pollen.settings import Scalar
+from strategies.aggregate import expect_arrays
+from strategies.base import Strategy
+
+
+class GlobalModelStrategy(Strategy):
+    """A strategy whose whole state is one flat dict of global arrays (FedAvg's model, FedEM's
+    packed components): it is what the clients train, checkpoints and final model."""
+
+    def __init__(self, settings: Mapping[str, Scalar]) -> None:
+        super().__init__(settings)
+        self.weights: dict[str, np.ndarray] = {}
+
+    def validate(self, _cid: int, content: RecordDict) -> None:
+        """A training reply must carry exactly the global arrays' keys, shapes and dtypes."""
+        expect_arrays(content, protocol.ARRAYS, self.weights)
+
+    def global_arrays(self) -> dict[str, np.ndarray]:
+        return self.weights
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        return dict(self.weights), {}
+
+    def load_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
+        self.weights = dict(arrays)
