@@ -2,7 +2,9 @@
 state stay in the state store; each round moves the personal model, then the received mu and
 sigma, and returns those two (see strategies.adept; the records and the rounds that send them
 back are pollen.contracts.adept's). The baselines of `adept.method` run here too. ADEPT-DGM is
-ADEPT-AE's loop with a UNet denoiser, the denoising loss and Adam for theta_i.
+ADEPT-AE's loop with a UNet denoiser, the denoising loss and Adam for theta_i (argument
+`denoiser` of the shared code). One handler table per variant: PCA_HANDLERS, AE_HANDLERS,
+DGM_HANDLERS.
 
 Metrics describe the client's own model after the round (FedAvg: the received global model):
 reconstruction error on the test split (DGM: of clean inputs, the authors' selection measure),
@@ -14,12 +16,13 @@ the client's true subspace. DGM's final evaluation also samples images and repor
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 import numpy as np
 from flwr.app import RecordDict
 
-from client.env import ClientEnv
+from client.env import ClientEnv, ClientHandler
 from pollen import protocol
 from pollen.contracts.adept import MU, SIGMA, shares
 
@@ -134,9 +137,9 @@ def _ae_hyper(env: ClientEnv, n: int) -> Any:
     )
 
 
-def _ae_model(env: ClientEnv, weights: Mapping[str, np.ndarray] | None) -> Any:
-    """The autoencoder with `weights`, or this client's own random initialisation (clients
-    start from different points, as in the authors' code)."""
+def _ae_model(env: ClientEnv, weights: Mapping[str, np.ndarray] | None, denoiser: bool) -> Any:
+    """The autoencoder (with `denoiser`: the UNet denoiser) with `weights`, or this client's own
+    random initialisation (clients start from different points, as in the authors' code)."""
     import torch
 
     from models.adept_ae import theta_network
@@ -144,7 +147,7 @@ def _ae_model(env: ClientEnv, weights: Mapping[str, np.ndarray] | None) -> Any:
 
     torch.set_num_threads(1)
     torch.manual_seed(env.seed(0, "init"))
-    model = theta_network(env.settings, env.data.train.input_shape)
+    model = theta_network(env.settings, env.data.train.input_shape, denoiser=denoiser)
     if weights is not None:
         set_weights(model, weights)
     return model
@@ -159,14 +162,18 @@ def _ae_metrics(env: ClientEnv, model: Any) -> dict[str, int | float]:
 
 
 def _theta_optimizer(
-    model: Any, content: RecordDict, env: ClientEnv, stored: Mapping[str, np.ndarray]
+    model: Any,
+    content: RecordDict,
+    env: ClientEnv,
+    stored: Mapping[str, np.ndarray],
+    denoiser: bool,
 ) -> Any:
     """SGD with momentum for the autoencoders; Adam for the DGM denoiser (all methods, as the
     authors), its moments kept across rounds like the momentum buffers."""
     from client.common import optimizer, sgd_for_round
 
     sgd = sgd_for_round(content, env)
-    if env.settings["algorithm"] != "adept-dgm":
+    if not denoiser:
         return optimizer(model, sgd, env, stored)
     from client.adept_dgm import adam
 
@@ -185,15 +192,13 @@ def _optimizer_arrays(opt: Any, env: ClientEnv) -> dict[str, np.ndarray]:
     return momentum_arrays(opt, env)
 
 
-def _data_term(env: ClientEnv, rnd: int) -> Any:
+def _data_term(env: ClientEnv, rnd: int, denoiser: bool) -> Any:
     """Per-sample errors of a batch: reconstruction (AE) or denoising of a freshly corrupted
     batch (DGM; the noise is seeded by client and round)."""
     from models.autoencoder import squared_errors
 
-    if env.settings["algorithm"] != "adept-dgm":
+    if not denoiser:
         return squared_errors
-    from functools import partial
-
     from client.common import generator
     from models.diffusion import denoising_errors
 
@@ -206,7 +211,7 @@ def _personal_weights(stored: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]
     return weights or None
 
 
-def _ae_train(content: RecordDict, env: ClientEnv) -> RecordDict:
+def _ae_train(content: RecordDict, env: ClientEnv, *, denoiser: bool) -> RecordDict:
     import torch
 
     from client.common import generator
@@ -221,12 +226,13 @@ def _ae_train(content: RecordDict, env: ClientEnv) -> RecordDict:
     stored, meta = env.state.load(before_round=rnd) or ({}, {})
     # FedAvg trains the received model; fine-tuning starts from the last global model
     fresh = role == "global" or (role == "fedavg-ft" and meta.get("role") != role)
-    model = _ae_model(env, mu if fresh else _personal_weights(stored))
+    model = _ae_model(env, mu if fresh else _personal_weights(stored), denoiser)
     metrics = _ae_metrics(env, model) if role == "global" else {}
     steps = int(env.settings["adept-ae.local-steps"])
     order = batches(n, max(1, n // steps), generator(env, rnd, "train"))
     chunks = [x[idx] for _, idx in zip(range(steps), order, strict=False)]
-    opt, errors = _theta_optimizer(model, content, env, stored), _data_term(env, rnd)
+    opt = _theta_optimizer(model, content, env, stored, denoiser)
+    errors = _data_term(env, rnd, denoiser)
     hp = _ae_hyper(env, n)
     names = [name for name, _ in model.named_parameters()]
     mu_out: dict[str, np.ndarray] = mu
@@ -258,27 +264,25 @@ def _ae_train(content: RecordDict, env: ClientEnv) -> RecordDict:
     return protocol.reply(content, env.cid, metrics, mu=mu_out, sigma=sigma_out)
 
 
-def _ae_evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
+def _ae_evaluate(content: RecordDict, env: ClientEnv, *, denoiser: bool) -> RecordDict:
     rnd, _, role = _phase(content, env)
     saved = env.state.load(before_round=rnd)
     personal = _personal_weights(saved[0]) if saved and role != "global" else None
-    model = _ae_model(env, personal or protocol.arrays_of(content, MU))
+    model = _ae_model(env, personal or protocol.arrays_of(content, MU), denoiser)
     metrics = {**_ae_metrics(env, model), protocol.NUM_EXAMPLES: len(env.data.train)}
-    if env.settings["algorithm"] == "adept-dgm":
+    if denoiser:
         from client.adept_dgm import sample_report
 
         metrics.update(sample_report(env, model, _inputs(env, "test"), role))
     return protocol.reply(content, env.cid, metrics)
 
 
-def train(content: RecordDict, env: ClientEnv) -> RecordDict:
-    pca = env.settings["algorithm"] == "adept-pca"
-    return _pca_train(content, env) if pca else _ae_train(content, env)
-
-
-def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
-    pca = env.settings["algorithm"] == "adept-pca"
-    return _pca_evaluate(content, env) if pca else _ae_evaluate(content, env)
-
-
-HANDLERS = {"train": train, "evaluate": evaluate}
+PCA_HANDLERS: dict[str, ClientHandler] = {"train": _pca_train, "evaluate": _pca_evaluate}
+AE_HANDLERS: dict[str, ClientHandler] = {
+    "train": partial(_ae_train, denoiser=False),
+    "evaluate": partial(_ae_evaluate, denoiser=False),
+}
+DGM_HANDLERS: dict[str, ClientHandler] = {
+    "train": partial(_ae_train, denoiser=True),
+    "evaluate": partial(_ae_evaluate, denoiser=True),
+}

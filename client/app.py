@@ -43,13 +43,13 @@ def handle(msg: Message, context: Context) -> Message:
     env = ClientEnv.from_context(context)
     message_type = msg.metadata.message_type
     timing = bool(env.settings["client-timing"])
-    if timing and message_type != HELLO and env.settings["algorithm"] != "noop":
+    spec = None if message_type == HELLO else get_algorithm(str(env.settings["algorithm"]))
+    if timing and spec is not None and spec.uses_torch:
         _time_torch_import(env)
     codec = protocol.codec_seconds()
-    if message_type == HELLO:
+    if spec is None:
         content = hello(msg.content, env)
     else:
-        spec = get_algorithm(str(env.settings["algorithm"]))
         content = spec.client_handler(message_type)(msg.content, env)
     reply = Message(content, reply_to=msg)
     if timing:

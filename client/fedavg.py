@@ -1,5 +1,5 @@
 """FedAvg-family clients: FedAvg, FedProx (proximal term) and FedAvg+ (local fine-tuning
-before evaluation).
+before evaluation), one handler table each around the same training and evaluation code.
 
 Evaluation rides in the training reply (no separate evaluation exchange per round): the reply's
 test metrics describe the model the client received this round, before training on it.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from functools import partial
 
 import torch
 from flwr.app import RecordDict
@@ -24,7 +25,7 @@ from client.common import (
     test_metrics,
 )
 from client.common import train as train_locally
-from client.env import ClientEnv
+from client.env import ClientEnv, ClientHandler
 from client.training import ProximalTerm
 from models.weights import get_weights, set_weights
 from pollen import protocol
@@ -48,14 +49,14 @@ def _proximal(center: nn.Module, mu: float) -> ProximalTerm:
 
 
 def _model_metrics(
-    model: nn.Module, content: RecordDict, env: ClientEnv, algorithm: str, split: str = "test"
+    model: nn.Module, content: RecordDict, env: ClientEnv, adapt: bool, split: str = "test"
 ) -> dict[str, int | float]:
-    """Metrics of the client's model on a split. For FedAvg+ that model is a copy of the
-    received one fine-tuned on local data (the copy is then dropped); the received model's
+    """Metrics of the client's model on a split. With `adapt` (FedAvg+) that model is a copy of
+    the received one fine-tuned on local data (the copy is then dropped); the received model's
     figures are kept as global-*."""
     data = split_tensors(env, split)
     received = test_metrics(model, data, split)
-    if algorithm != "fedavg-plus":
+    if not adapt:
         return received
     tuned = copy.deepcopy(model)
     sgd = dataclasses.replace(
@@ -70,49 +71,49 @@ def _model_metrics(
     return {**test_metrics(tuned, data, split), **{f"global-{k}": v for k, v in received.items()}}
 
 
-def _train(content: RecordDict, env: ClientEnv, algorithm: str) -> RecordDict:
+def _train(
+    content: RecordDict, env: ClientEnv, *, adapt: bool = False, proximal: bool = False
+) -> RecordDict:
+    """A round of local SGD from the received model; `adapt`: FedAvg+'s metrics, `proximal`:
+    FedProx's term."""
     rnd = protocol.round_of(content)
     model = _received(content, env)
-    metrics = _model_metrics(model, content, env, algorithm)
-    proximal = (
-        _proximal(model, float(env.settings["fedprox.mu"])) if algorithm == "fedprox" else None
-    )
+    metrics = _model_metrics(model, content, env, adapt)
+    term = _proximal(model, float(env.settings["fedprox.mu"])) if proximal else None
     data = split_tensors(env, "train")
     sgd = sgd_for_round(content, env)
     saved = env.state.load(before_round=rnd) if env.settings["persist-momentum"] else None
     opt = optimizer(model, sgd, env, saved[0] if saved else {})
-    metrics["train-loss"] = train_locally(
-        model, data, sgd, generator(env, rnd, "train"), proximal, opt
-    )
+    metrics["train-loss"] = train_locally(model, data, sgd, generator(env, rnd, "train"), term, opt)
     if env.settings["persist-momentum"]:
         env.state.save(rnd, momentum_arrays(opt, env), {"round": rnd})
     metrics[protocol.NUM_EXAMPLES] = len(data)
     return protocol.reply(content, env.cid, metrics, arrays=get_weights(model))
 
 
-def _evaluate(content: RecordDict, env: ClientEnv, algorithm: str) -> RecordDict:
+def _evaluate(content: RecordDict, env: ClientEnv, *, adapt: bool = False) -> RecordDict:
     model = _received(content, env)
-    metrics = _model_metrics(model, content, env, algorithm)
+    metrics = _model_metrics(model, content, env, adapt)
     if protocol.config_of(content).get("unseen"):  # the paper reports their train split too
-        metrics.update(_model_metrics(model, content, env, algorithm, split="train"))
+        metrics.update(_model_metrics(model, content, env, adapt, split="train"))
     metrics[protocol.NUM_EXAMPLES] = len(env.data.train)
     return protocol.reply(content, env.cid, metrics)
 
 
 def train(content: RecordDict, env: ClientEnv) -> RecordDict:
-    return _train(content, env, "fedavg")
+    return _train(content, env)
 
 
 def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
-    return _evaluate(content, env, "fedavg")
+    return _evaluate(content, env)
 
 
-HANDLERS = {"train": train, "evaluate": evaluate}
-PROXIMAL_HANDLERS = {
-    "train": lambda content, env: _train(content, env, "fedprox"),
+HANDLERS: dict[str, ClientHandler] = {"train": train, "evaluate": evaluate}  # FedAvg
+PROXIMAL_HANDLERS: dict[str, ClientHandler] = {  # FedProx
+    "train": partial(_train, proximal=True),
     "evaluate": evaluate,
 }
-ADAPTING_HANDLERS = {
-    "train": lambda content, env: _train(content, env, "fedavg-plus"),
-    "evaluate": lambda content, env: _evaluate(content, env, "fedavg-plus"),
+ADAPTING_HANDLERS: dict[str, ClientHandler] = {  # FedAvg+
+    "train": partial(_train, adapt=True),
+    "evaluate": partial(_evaluate, adapt=True),
 }

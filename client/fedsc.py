@@ -22,13 +22,14 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import torch
 from flwr.app import RecordDict
 
 from client.common import generator, sgd_for_round, tensors
-from client.env import ClientEnv
+from client.env import ClientEnv, ClientHandler
 from client.training import SGD, TwoViewObjective, train_two_views
 from models.augment import Augmenter
 from models.byol import BYOLPair
@@ -43,9 +44,11 @@ from pollen.contracts.fedsc import CORRELATION, OTHERS
 from pollen.dataspec import model_input
 
 
-def _received(content: RecordDict, env: ClientEnv) -> ContrastiveNet:
+def _received(content: RecordDict, env: ClientEnv, predictor: bool) -> ContrastiveNet:
+    """The received model; `predictor`: it has BYOL's predictor (FedAvg + BYOL)."""
     torch.set_num_threads(1)
-    model = contrastive_net(env.settings, model_input(env.settings)[0]).to(env.device)
+    shape = model_input(env.settings)[0]
+    model = contrastive_net(env.settings, shape, predictor).to(env.device)
     set_weights(model, protocol.arrays_of(content))
     return model
 
@@ -78,7 +81,7 @@ def knn_metrics(model: ContrastiveNet, env: ClientEnv) -> dict[str, int | float]
 
 def correlation(content: RecordDict, env: ClientEnv) -> RecordDict:
     rnd = protocol.round_of(content)
-    model = _received(content, env)
+    model = _received(content, env, predictor=False)
     s = env.settings
     saved = env.state.load(before_round=rnd)
     releases = int(saved[1].get("releases", 0)) if saved else 0
@@ -149,7 +152,7 @@ def _train(
 
 
 def train(content: RecordDict, env: ClientEnv) -> RecordDict:
-    model = _received(content, env)
+    model = _received(content, env, predictor=False)
     metrics = knn_metrics(model, env)
     others = None
     if OTHERS in content:
@@ -167,7 +170,7 @@ def train(content: RecordDict, env: ClientEnv) -> RecordDict:
 
 def train_simclr(content: RecordDict, env: ClientEnv) -> RecordDict:
     """FedAvg + SimCLR's local step: NT-Xent on the projector outputs, nothing shared."""
-    model = _received(content, env)
+    model = _received(content, env, predictor=False)
     temperature = float(env.settings["simclr.temperature"])
 
     def objective(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
@@ -178,18 +181,25 @@ def train_simclr(content: RecordDict, env: ClientEnv) -> RecordDict:
 
 def train_byol(content: RecordDict, env: ClientEnv) -> RecordDict:
     """FedAvg + BYOL's local step: the target starts as the received model (reset at sync)."""
-    model = _received(content, env)
+    model = _received(content, env, predictor=True)
     pair = BYOLPair(model, float(env.settings["byol.ema"]))
     metrics = knn_metrics(model, env)
     return _train(content, env, model, pair.symmetric_loss, 1.0, metrics, pair, pair.update_target)
 
 
-def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
-    metrics = knn_metrics(_received(content, env), env)
+def evaluate(content: RecordDict, env: ClientEnv, *, predictor: bool = False) -> RecordDict:
+    metrics = knn_metrics(_received(content, env, predictor), env)
     metrics[protocol.NUM_EXAMPLES] = len(env.data.train)
     return protocol.reply(content, env.cid, metrics)
 
 
-HANDLERS = {"query.correlation": correlation, "train": train, "evaluate": evaluate}
-SIMCLR_HANDLERS = {"train": train_simclr, "evaluate": evaluate}
-BYOL_HANDLERS = {"train": train_byol, "evaluate": evaluate}
+HANDLERS: dict[str, ClientHandler] = {
+    "query.correlation": correlation,
+    "train": train,
+    "evaluate": evaluate,
+}
+SIMCLR_HANDLERS: dict[str, ClientHandler] = {"train": train_simclr, "evaluate": evaluate}
+BYOL_HANDLERS: dict[str, ClientHandler] = {
+    "train": train_byol,
+    "evaluate": partial(evaluate, predictor=True),
+}

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.fedsc_probe_features import initial_weights, settings_of, table
+from experiments.fedsc_probe_features import evaluator_of, initial_weights, settings_of, table
 
 COLUMNS = {
     "global": "global objective L",
@@ -81,8 +81,6 @@ def main() -> None:
     args = parser.parse_args()
     if args.views < 2 or args.views % 2:
         raise SystemExit(f"--views must be an even number >= 2, got {args.views}")
-    from strategies.fedsc import RepresentationEvaluator
-
     runs = sorted(args.out.glob("*-seed*/final_model.npz"))
     if not runs:
         raise SystemExit(f"no runs with a final_model.npz in {args.out}")
@@ -100,12 +98,12 @@ def main() -> None:
             method = path.parent.name.rpartition("-seed")[0]
             if not (path.parent / "config.json").exists():
                 raise SystemExit(f"{path.parent}: final_model.npz without config.json")
-            evaluator = RepresentationEvaluator(settings_of(path.parent))
+            evaluator = evaluator_of(settings_of(path.parent))
             with np.load(path) as saved:
                 row = terms(evaluator.net(dict(saved)), views, q, mu)
             results.setdefault(method, []).append(row)
             print(path.parent.name, {k: round(v, 3) for k, v in row.items()})
-        start = RepresentationEvaluator(base).net(initial_weights(base))
+        start = evaluator_of(base).net(initial_weights(base))
         untrained.append(terms(start, views, q, mu))
         print(f"untrained seed{seed}", {k: round(v, 3) for k, v in untrained[-1].items()})
     results["untrained"] = untrained

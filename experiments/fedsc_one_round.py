@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from experiments.fedsc_objective import client_splits, client_views, terms
-from experiments.fedsc_probe_features import settings_of
+from experiments.fedsc_probe_features import evaluator_of, settings_of
 
 
 def one_round(
@@ -44,7 +44,6 @@ def one_round(
     from client.training import SGD, train_two_views
     from models.spectral import local_objective, norm_clip, others
     from models.weights import get_weights
-    from strategies.fedsc import RepresentationEvaluator
 
     mu, batch = float(settings["fedsc.mu"]), int(settings["batch-size"])
     sizes = [len(train) for train, _ in splits]
@@ -54,7 +53,7 @@ def one_round(
         x = torch.from_numpy(train.features())
         generator = torch.Generator().manual_seed(1000 + cid)
         picked = torch.randint(0, len(x), (steps * batch,), generator=generator)
-        net = RepresentationEvaluator(settings).net(start)
+        net = evaluator_of(settings).net(start)
         rbar = torch.from_numpy(others(shared, q, cid)) if shared is not None else None
         a = alpha if rbar is not None else 1.0
 
@@ -86,9 +85,8 @@ def exact_correlations(
     import torch
 
     from models.dp_correlation import dp_correlation
-    from strategies.fedsc import RepresentationEvaluator
 
-    net = RepresentationEvaluator(settings).net(start)
+    net = evaluator_of(settings).net(start)
     generator = torch.Generator().manual_seed(7)
     out = {}
     for cid, (train, augment) in enumerate(splits):
@@ -137,9 +135,7 @@ def main() -> None:
     import torch
 
     torch.manual_seed(0)
-    from strategies.fedsc import RepresentationEvaluator
-
-    evaluator = RepresentationEvaluator(settings)
+    evaluator = evaluator_of(settings)
     with np.load(args.run / "final_model.npz") as saved:
         start = dict(saved)
     splits = client_splits(settings)

@@ -18,9 +18,12 @@ import dataclasses
 import json
 import statistics
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from strategies.fedsc import FedSC, RepresentationEvaluator
 
 FEATURES = ("backbone", "projector")
 
@@ -33,11 +36,26 @@ def probe(evaluator: Any, weights: dict[str, np.ndarray]) -> dict[str, float]:
     return {f: 100.0 * evaluator.linear_probe(m)[0] for f, m in zip(FEATURES, modules, strict=True)}
 
 
+def strategy_of(settings: dict[str, Any]) -> FedSC:
+    """A fresh server strategy of the run's algorithm, as its registry entry names it (the
+    network of FedAvg + BYOL's has a predictor)."""
+    from pollen.registry import get_algorithm
+    from strategies.fedsc import FedSC
+
+    strategy = get_algorithm(str(settings["algorithm"])).strategy_class()(settings)
+    if not isinstance(strategy, FedSC):
+        raise SystemExit(f"algorithm {settings['algorithm']!r} is not one of FedSC's family")
+    return strategy
+
+
+def evaluator_of(settings: dict[str, Any]) -> RepresentationEvaluator:
+    """The run's RepresentationEvaluator (its network, data, probe settings and seed)."""
+    return strategy_of(settings).evaluator
+
+
 def initial_weights(settings: dict[str, Any]) -> dict[str, np.ndarray]:
     """The model the run started from."""
-    from strategies.fedsc import FedAvgSC
-
-    initial = FedAvgSC(settings)
+    initial = strategy_of(settings)
     initial.initialize(int(settings["seed"]))
     return dict(initial.weights)
 
@@ -91,8 +109,6 @@ def main() -> None:
     runs = sorted(args.out.glob("*-seed*/final_model.npz"))
     if not runs:
         raise SystemExit(f"no runs with a final_model.npz in {args.out}")
-    from strategies.fedsc import RepresentationEvaluator
-
     # the initial models are probed once per (seed, data split and encoder), with the data of
     # the first run of that setup
     untrained: dict[str, dict[str, dict[str, float]]] = {}  # setup -> seed -> accuracies
@@ -101,7 +117,7 @@ def main() -> None:
         run = path.parent
         method, _, seed = run.name.rpartition("-seed")
         settings = settings_of(run)
-        evaluator = RepresentationEvaluator(settings)
+        evaluator = evaluator_of(settings)
         if evaluator.data is None:
             raise SystemExit(f"{run}: the server-side data of this run cannot be loaded")
         with np.load(path) as saved:

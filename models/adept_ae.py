@@ -23,10 +23,13 @@ from torch import nn
 from models.autoencoder import squared_errors
 
 
-def theta_network(settings: Mapping[str, Any], input_shape: tuple[int, ...]) -> nn.Module:
-    """theta's (and mu's) architecture for the run's `settings`: the linear autoencoder
-    (adept-ae) or the small UNet denoiser (adept-dgm)."""
-    if settings["algorithm"] == "adept-dgm":
+def theta_network(
+    settings: Mapping[str, Any], input_shape: tuple[int, ...], denoiser: bool
+) -> nn.Module:
+    """theta's (and mu's) architecture: the linear autoencoder (adept-ae's, size from
+    `adept-ae.latent`) or, with `denoiser`, the small UNet denoiser (adept-dgm's, from
+    `adept-dgm.channels` and `adept-dgm.kernel`)."""
+    if denoiser:
         from models.unet_small import SmallUNet
 
         width = int(settings["adept-dgm.channels"])

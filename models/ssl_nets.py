@@ -172,13 +172,15 @@ def build_contrastive_net(
     return ContrastiveNet(backbone, features, dim, hidden or 2 * features, predictor)
 
 
-def contrastive_net(settings: Mapping[str, Any], input_shape: tuple[int, ...]) -> ContrastiveNet:
+def contrastive_net(
+    settings: Mapping[str, Any], input_shape: tuple[int, ...], predictor: bool
+) -> ContrastiveNet:
     """The run's network for images of input_shape, from its `fedsc.*` settings: backbone and
-    projector, and BYOL's predictor for fedavg-byol."""
+    projector, and with `predictor` BYOL's predictor (fedavg-byol's)."""
     return build_contrastive_net(
         str(settings["fedsc.encoder"]),
         input_shape,
         int(settings["fedsc.dim"]),
         int(settings["fedsc.hidden"]),
-        predictor=settings["algorithm"] == "fedavg-byol",
+        predictor=predictor,
     )

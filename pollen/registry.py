@@ -29,6 +29,9 @@ class AlgorithmSpec:
     settings: tuple[Setting, ...] = ()
     uses: tuple[str, ...] = ()
     """Groups of other algorithms' settings this one reads too (`fedem` for D-FedEM)."""
+    uses_torch: bool = True
+    """Its client handlers import torch (with `client-timing` the ClientApp imports it first, to
+    time the import apart)."""
 
     def setting_groups(self) -> set[str]:
         """The prefixes (`fedem` of `fedem.components`) of every setting this algorithm reads."""
@@ -425,7 +428,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             description="FedAvg + BYOL (online network with predictor, EMA target reset to the "
             "global model each round; nothing shared; uses the fedsc.* encoder, augmentation "
             "and evaluation settings)",
-            strategy="strategies.fedsc:FedAvgSC",
+            strategy="strategies.fedsc:FedAvgBYOL",
             client="client.fedsc:BYOL_HANDLERS",
             message_types=("train", "evaluate"),
             uses=("fedsc",),
@@ -443,8 +446,8 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             name="adept-pca",
             description="ADEPT-PCA: personal principal subspaces U_i and a global V on the "
             "Stiefel manifold, tied by a prior whose width sigma is learned",
-            strategy="strategies.adept:ADEPT",
-            client="client.adept",
+            strategy="strategies.adept:ADEPTPCA",
+            client="client.adept:PCA_HANDLERS",
             message_types=ADEPT_MESSAGES,
             settings=ADEPT_SETTINGS + ADEPT_PCA_SETTINGS,
         ),
@@ -452,8 +455,8 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             name="adept-ae",
             description="ADEPT-AE: personal autoencoders theta_i, a global mu and a per-weight "
             "sigma learned by the federation (uses the adept.* settings)",
-            strategy="strategies.adept:ADEPT",
-            client="client.adept",
+            strategy="strategies.adept:ADEPTAE",
+            client="client.adept:AE_HANDLERS",
             message_types=ADEPT_MESSAGES,
             uses=("adept",),
             settings=ADEPT_AE_SETTINGS,
@@ -463,8 +466,8 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             description="ADEPT-DGM: personal UNet denoisers (diffusion models) theta_i, a global "
             "mu and a per-weight sigma (uses the adept.* settings and adept-ae's local-steps, "
             "prior-scale, mu-gradient, lazy-rounds)",
-            strategy="strategies.adept:ADEPT",
-            client="client.adept",
+            strategy="strategies.adept:ADEPTDGM",
+            client="client.adept:DGM_HANDLERS",
             message_types=ADEPT_MESSAGES,
             uses=("adept", "adept-ae"),
             settings=ADEPT_DGM_SETTINGS,
@@ -482,6 +485,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.noop:NoOp",
             client="client.noop",
             message_types=("query.noop",),
+            uses_torch=False,
             settings=(
                 Setting(
                     "noop.payload-kb", 0, "KB of random data each no-op message carries", minimum=0

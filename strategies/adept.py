@@ -7,12 +7,15 @@ leave the clients.
 `adept.method` runs the baselines in the same framework: 'local' shares nothing, 'fedavg'
 averages one model (sigma unused), 'fedavg-ft' switches to local fine-tuning after
 `adept.tune-round`.
+
+One class per variant, named by its registry entry: ADEPTPCA, ADEPTAE and ADEPTDGM, which set
+the class attributes `pca` and `denoiser` of the shared ADEPT.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from flwr.app import RecordDict
@@ -23,12 +26,15 @@ from strategies.aggregate import aggregate_metrics, expect_arrays, final_evaluat
 from strategies.base import Federation, InvalidReply, Strategy
 
 
-def initial_global_model(settings: Mapping[str, Any], seed: int) -> dict[str, np.ndarray]:
-    """The server's mu_0: a uniform point of St(d, r) for PCA, a fresh autoencoder for AE."""
+def initial_global_model(
+    settings: Mapping[str, Any], seed: int, pca: bool, denoiser: bool
+) -> dict[str, np.ndarray]:
+    """The server's mu_0: a uniform point of St(d, r) for PCA, a fresh autoencoder for AE (with
+    `denoiser`: a fresh UNet denoiser, DGM)."""
     from pollen.dataspec import model_input
 
     shape, _ = model_input(settings)
-    if settings["algorithm"] == "adept-pca":
+    if pca:
         from models.stiefel import random_point
 
         rank = int(settings["adept-pca.rank"])
@@ -39,18 +45,26 @@ def initial_global_model(settings: Mapping[str, Any], seed: int) -> dict[str, np
     from models.weights import get_weights
 
     torch.manual_seed(seed)
-    return get_weights(theta_network(settings, shape))
+    return get_weights(theta_network(settings, shape, denoiser=denoiser))
 
 
 class ADEPT(Strategy):
+    """The server of every ADEPT variant; the variant is set by the subclass (ADEPT itself is
+    ADEPT-AE's)."""
+
+    pca: ClassVar[bool] = False
+    """mu is V on the Stiefel manifold and sigma one scalar (ADEPT-PCA), not a network's
+    weights with one sigma each."""
+    denoiser: ClassVar[bool] = False
+    """The network is the UNet denoiser (ADEPT-DGM), not the linear autoencoder (ADEPT-AE)."""
+
     def __init__(self, settings: Mapping[str, Any]) -> None:
         super().__init__(settings)
-        self.pca = settings["algorithm"] == "adept-pca"
         self.mu: dict[str, np.ndarray] = {}
         self.sigma: dict[str, np.ndarray] = {}
 
     def initialize(self, seed: int) -> None:
-        self.mu = initial_global_model(self.settings, seed)
+        self.mu = initial_global_model(self.settings, seed, self.pca, self.denoiser)
         sigma0 = float(self.settings["adept.sigma-init"])
         if self.pca:  # one scalar sigma, as in the theory of ADEPT-PCA (sent as shape (1,))
             self.sigma = {"V": np.array([sigma0], dtype=np.float64)}
@@ -117,3 +131,19 @@ class ADEPT(Strategy):
         self.sigma = {
             k.removeprefix(f"{SIGMA}."): v for k, v in arrays.items() if k.startswith(f"{SIGMA}.")
         }
+
+
+class ADEPTPCA(ADEPT):
+    """ADEPT-PCA: personal subspaces U_i, a global V on St(d, r), one scalar sigma."""
+
+    pca = True
+
+
+class ADEPTAE(ADEPT):
+    """ADEPT-AE: personal linear autoencoders, a global mu and one sigma per weight."""
+
+
+class ADEPTDGM(ADEPT):
+    """ADEPT-DGM: personal UNet denoisers, a global mu and one sigma per weight."""
+
+    denoiser = True

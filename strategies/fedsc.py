@@ -15,9 +15,9 @@ longer asked; its last matrix stays in use. The ledger counts every request (a c
 upper bound when a reply is lost); each client also keeps and enforces its own. Model weights
 are not protected.
 
-`fedavg-sc` is the same server with alpha = 1 and nothing shared (FedAvg + spectral contrastive);
-`fedavg-simclr` and `fedavg-byol` run it with clients that train SimCLR's or BYOL's loss instead
-(BYOL's predictor is part of the averaged model).
+`fedavg-sc` is the same server with alpha = 1 and nothing shared (FedAvg + spectral contrastive,
+FedAvgSC); `fedavg-simclr` runs it with clients that train SimCLR's loss instead, `fedavg-byol`
+(FedAvgBYOL) with clients that train BYOL's, whose predictor is part of the averaged model.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import logging
 import math
 from collections.abc import Mapping
 from functools import cached_property
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from flwr.app import RecordDict
@@ -61,14 +61,21 @@ def shares(settings: Mapping[str, Any], server_round: int) -> bool:
 
 
 class FedSC(GlobalModelStrategy):
-    share_correlations = True
+    share_correlations: ClassVar[bool] = True
+    predictor: ClassVar[bool] = False
+    """The model has BYOL's predictor (FedAvgBYOL)."""
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
         super().__init__(settings)
         self.latest: dict[int, np.ndarray] = {}
         self.releases: dict[int, int] = {}
         self.sizes: dict[int, int] = {}
-        self._evaluator = RepresentationEvaluator(settings)
+        self._evaluator = RepresentationEvaluator(settings, self.predictor)
+
+    @property
+    def evaluator(self) -> RepresentationEvaluator:
+        """The centralised evaluation of this run's encoder (its network, data and probe)."""
+        return self._evaluator
 
     @property
     def dim(self) -> int:
@@ -82,7 +89,7 @@ class FedSC(GlobalModelStrategy):
         from pollen.dataspec import model_input
 
         torch.manual_seed(seed)
-        net = contrastive_net(self.settings, model_input(self.settings)[0])
+        net = contrastive_net(self.settings, model_input(self.settings)[0], self.predictor)
         # through the message codec once: it stores 0-d tensors (BatchNorm's batch counters)
         # with shape (1,), the shape every reply will have
         self.weights = protocol.from_record(protocol.to_record(get_weights(net)))
@@ -240,14 +247,21 @@ class FedAvgSC(FedSC):
     share_correlations = False
 
 
+class FedAvgBYOL(FedAvgSC):
+    """FedAvg + BYOL: the averaged model includes BYOL's predictor."""
+
+    predictor = True
+
+
 class RepresentationEvaluator:
     """Centralised evaluation of the global encoder where the server can load the labelled data
     (simulation, or a server holding a copy): global kNN each round (memory bank = all clients'
     training splits, queries = the server's test set) and, at the end, a linear probe on frozen
     backbone features trained on all training splits (the paper's protocol)."""
 
-    def __init__(self, settings: Mapping[str, Any]) -> None:
+    def __init__(self, settings: Mapping[str, Any], predictor: bool) -> None:
         self.settings = settings
+        self.predictor = predictor  # the network has BYOL's predictor
 
     @cached_property
     def data(self) -> tuple[Any, Any] | None:
@@ -276,7 +290,7 @@ class RepresentationEvaluator:
         from models.weights import set_weights
         from pollen.dataspec import model_input
 
-        net = contrastive_net(self.settings, model_input(self.settings)[0])
+        net = contrastive_net(self.settings, model_input(self.settings)[0], self.predictor)
         set_weights(net, weights)
         return net.eval()
 

@@ -36,6 +36,6 @@ def test_fedavg_plus_tunes_newcomers_at_the_initial_rate(
     content = protocol.instruction(
         200, "evaluate", {"lr": 0.001, "unseen": unseen}, arrays=fedavg.get_weights(model)
     )
-    metrics = fedavg._model_metrics(model, content, env, "fedavg-plus")
+    metrics = fedavg._model_metrics(model, content, env, adapt=True)
     assert rates == [expected_lr]
     assert "global-test-accuracy" in metrics and "test-accuracy" in metrics

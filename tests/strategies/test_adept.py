@@ -14,14 +14,16 @@ from flwr.app import Message, RecordDict
 from client.app import app as client_app
 from client.state import StateStore
 from pollen import protocol
+from pollen.registry import get_algorithm
 from server.engine import Engine
 from server.results import ResultsWriter, read_jsonl
-from strategies.adept import ADEPT
+from strategies.adept import ADEPT, ADEPTPCA
 from tests.fakes import FakeClock, FakeGrid, settings_of
 
 
 def _run(cfg: dict[str, Any], nodes: int) -> tuple[ADEPT, FakeGrid]:
-    strategy = ADEPT(cfg)
+    strategy = get_algorithm(cfg["algorithm"]).strategy_class()(cfg)
+    assert isinstance(strategy, ADEPT)
     grid = FakeGrid(client_app, nodes, cfg)
     clock = FakeClock()
     Engine(grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock=clock, sleep=clock.sleep).run()
@@ -122,7 +124,7 @@ def test_malformed_reply_is_rejected_and_the_run_continues(
 ) -> None:
     cfg = _pca(run_config, **{"num-rounds": 2, "final-eval": False, "out-dir":
                               f"{run_config['out-dir']}-{kind}", "run-name": kind})  # fmt: skip
-    strategy = ADEPT(cfg)
+    strategy = ADEPTPCA(cfg)
     grid = FakeGrid(client_app, 4, cfg)
     grid.faults.append(_corrupt(kind))
     clock = FakeClock()

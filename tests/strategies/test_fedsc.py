@@ -19,6 +19,7 @@ from federated_data import load_client_data
 from models.dp_correlation import release_epsilon
 from pollen import protocol
 from pollen.dataspec import data_spec
+from pollen.registry import get_algorithm
 from pollen.settings import Scalar
 from server.engine import Engine
 from server.results import ResultsWriter, read_jsonl
@@ -268,7 +269,8 @@ def _run_baseline(
     """An engine run of a FedAvg-server baseline on 4 fake clients: (settings, strategy after
     the run, initial weights, instructions delivered)."""
     cfg = _cfg(run_config, **{"algorithm": algorithm, "server-eval": False})
-    strategy = FedAvgSC(cfg)
+    strategy = get_algorithm(algorithm).strategy_class()(cfg)
+    assert isinstance(strategy, FedAvgSC)
     grid = FakeGrid(client_app, 4, cfg)
     seen = _capture(grid)
     strategy.initialize(int(cfg["seed"]))
