@@ -473,6 +473,14 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             settings=ADEPT_DGM_SETTINGS,
         ),
         AlgorithmSpec(
+            name="scaffold",
+            description="SCAFFOLD: local SGD corrected by control variates c - c_i (server's "
+            "minus client's, option II), against client drift; c_i kept in the client state",
+            strategy="strategies.scaffold:Scaffold",
+            client="client.scaffold",
+            message_types=("train", "evaluate"),
+        ),
+        AlgorithmSpec(
             name="local",
             description="Local training only: each client keeps its own model, nothing is shared",
             strategy="strategies.local:LocalOnly",

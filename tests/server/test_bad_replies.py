@@ -57,6 +57,7 @@ ROUNDS: dict[str, tuple[dict[str, Any], list[str]]] = {
     "adept-pca": (PCA, ["train"]),
     "adept-ae": ({"adept-ae.latent": 4, "adept-ae.local-steps": 2}, ["train"]),
     "adept-dgm": (DGM, ["train"]),
+    "scaffold": ({}, ["train"]),
     "local": ({}, ["train"]),
     "noop": ({"noop.payload-kb": 1}, ["query.noop"]),
 }

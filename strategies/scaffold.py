@@ -1,0 +1,100 @@
+"""SCAFFOLD (Karimireddy et al., ICML 2020, Algorithm 1, option II): FedAvg's local SGD with
+every gradient corrected by c - c_i, the difference between the server's control variate and
+the client's own; the server applies the mean model update and moves c by sum(delta_c)/N.
+
+The server's state is the model x and c (one array per trainable parameter); both go into the
+checkpoint. Each client's c_i lives in its state store (client.scaffold). The update rules are
+models.scaffold's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from flwr.app import RecordDict
+
+from models.scaffold import norm, server_update, zeros_like
+from pollen import protocol
+from pollen.contracts.scaffold import CONTROL, CONTROL_DELTA
+from pollen.settings import Scalar
+from strategies.aggregate import aggregate_metrics, expect_arrays, final_evaluation
+from strategies.base import Federation
+from strategies.classifier import ServerEvaluator, initial_weights, parameter_keys
+from strategies.global_model import GlobalModelStrategy
+from strategies.schedule import learning_rate
+
+GLOBAL_LR = 1.0  # eta_g, the global step of the paper's experiments
+_STATE = f"{CONTROL}/"  # checkpoint keys of c (state-dict keys are dotted module paths)
+
+
+def training_clients(settings: Mapping[str, Scalar]) -> int:
+    """N: the clients that train (all but the held-out unseen ones), connected or not; c is the
+    mean of their c_i."""
+    total = int(settings["num-clients"])
+    return total - math.floor(float(settings["unseen-fraction"]) * total)
+
+
+class Scaffold(GlobalModelStrategy):
+    def __init__(self, settings: Mapping[str, Scalar]) -> None:
+        super().__init__(settings)
+        self.control: dict[str, np.ndarray] = {}
+        self._evaluator = ServerEvaluator(settings)
+
+    def initialize(self, seed: int) -> None:
+        self.weights = initial_weights(self.settings, seed)
+        self.control = zeros_like(self.weights, parameter_keys(self.settings))
+
+    def validate(self, cid: int, content: RecordDict) -> None:
+        """delta_y with the model's keys, shapes and dtypes; delta_c with c's."""
+        super().validate(cid, content)
+        expect_arrays(content, CONTROL_DELTA, self.control)
+
+    def run_round(self, fed: Federation) -> dict[str, float]:
+        clients = fed.sample()
+        config = {"lr": learning_rate(self.settings, fed.server_round)}
+        payloads = {
+            c.cid: protocol.instruction(
+                fed.server_round, "train", config, arrays=self.weights, **{CONTROL: self.control}
+            )
+            for c in clients
+        }
+        replies = fed.exchange("train", payloads, self.validate)
+        delta_ys = [protocol.arrays_of(r) for r in replies.values()]
+        delta_cs = [protocol.arrays_of(r, CONTROL_DELTA) for r in replies.values()]
+        self.weights, self.control = server_update(
+            self.weights,
+            self.control,
+            delta_ys,
+            delta_cs,
+            training_clients(self.settings),
+            GLOBAL_LR,
+        )
+        metrics = aggregate_metrics(replies)
+        metrics["server-control-norm"] = norm(self.control)
+        return metrics
+
+    def finalize(self, fed: Federation) -> dict[str, float]:
+        config = {"lr": learning_rate(self.settings, int(self.settings["num-rounds"]))}
+        return final_evaluation(
+            fed,
+            lambda c, new: protocol.instruction(
+                fed.server_round, "evaluate", {**config, "unseen": new}, arrays=self.weights
+            ),
+        )
+
+    def server_evaluate(self) -> dict[str, float]:
+        return self._evaluator(self.weights)
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        arrays = dict(self.weights)
+        arrays.update({f"{_STATE}{k}": v for k, v in self.control.items()})
+        return arrays, {}
+
+    def load_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
+        self.weights = {k: v for k, v in arrays.items() if not k.startswith(_STATE)}
+        self.control = {
+            k.removeprefix(_STATE): v for k, v in arrays.items() if k.startswith(_STATE)
+        }
