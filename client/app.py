@@ -42,8 +42,8 @@ def handle(msg: Message, context: Context) -> Message:
     entered = time.perf_counter()
     env = ClientEnv.from_context(context)
     message_type = msg.metadata.message_type
-    timing = bool(env.settings["client-timing"])
-    spec = None if message_type == HELLO else get_algorithm(str(env.settings["algorithm"]))
+    timing = env.run.client_timing
+    spec = None if message_type == HELLO else get_algorithm(env.run.algorithm)
     if timing and spec is not None and spec.uses_torch:
         _time_torch_import(env)
     codec = protocol.codec_seconds()

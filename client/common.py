@@ -55,7 +55,7 @@ def split_tensors(env: ClientEnv, split: str) -> Tensors:
 
 def new_model(env: ClientEnv) -> nn.Module:
     shape, classes = model_input(env.settings)
-    return build_model(str(env.settings["model"]), shape, classes).to(env.device)
+    return build_model(env.run.model, shape, classes).to(env.device)
 
 
 def generator(env: ClientEnv, server_round: int, tag: str) -> torch.Generator:
@@ -72,13 +72,13 @@ class SGDSettings:
 
 
 def sgd_settings(env: ClientEnv) -> SGDSettings:
-    s = env.settings
+    run = env.run
     return SGDSettings(
-        epochs=int(s["local-epochs"]),
-        batch_size=int(s["batch-size"]),
-        lr=float(s["lr"]),
-        momentum=float(s["momentum"]),
-        weight_decay=float(s["weight-decay"]),
+        epochs=run.local_epochs,
+        batch_size=run.batch_size,
+        lr=run.lr,
+        momentum=run.momentum,
+        weight_decay=run.weight_decay,
     )
 
 
@@ -102,7 +102,7 @@ def optimizer(
     ones stored under `prefix` (see `momentum_arrays`)."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = SGD(params, sgd.lr, sgd.momentum, sgd.weight_decay)
-    if env.settings["persist-momentum"] and sgd.momentum > 0:
+    if env.run.persist_momentum and sgd.momentum > 0:
         for i in range(len(params)):
             saved = stored.get(f"{prefix}.{i}")
             if saved is not None and saved.shape == tuple(params[i].shape):
@@ -111,7 +111,7 @@ def optimizer(
 
 
 def momentum_arrays(opt: SGD, env: ClientEnv, prefix: str = "momentum") -> dict[str, np.ndarray]:
-    if not env.settings["persist-momentum"]:
+    if not env.run.persist_momentum:
         return {}
     return {
         f"{prefix}.{i}": buf.detach().cpu().numpy()

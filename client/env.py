@@ -19,7 +19,7 @@ from flwr.app import Context, RecordDict
 from client.state import StateStore
 from pollen.paths import cache_dir
 from pollen.registry import from_run_config
-from pollen.settings import Scalar
+from pollen.settings import RunSettings, Scalar
 
 if TYPE_CHECKING:
     import torch
@@ -44,11 +44,12 @@ class ClientEnv:
     @classmethod
     def from_context(cls, context: Context) -> ClientEnv:
         cfg = from_run_config(context.run_config)
+        run = RunSettings.of(cfg)
         node = context.node_config
         if "partition-id" not in node:
             raise ClientConfigError("node config has no partition-id")
         cid = int(node["partition-id"])  # type: ignore[call-overload]
-        num = int(cfg["num-clients"])
+        num = run.num_clients
         if "num-partitions" in node and int(node["num-partitions"]) != num:  # type: ignore[call-overload]
             raise ClientConfigError(
                 f"node has num-partitions={node['num-partitions']} but the run has "
@@ -59,11 +60,16 @@ class ClientEnv:
         return cls(
             cid=cid,
             settings=cfg,
-            state_root=_state_root(node, cfg),
-            run_name=str(cfg["run-name"]) or f"run-{context.run_id}",
+            state_root=_state_root(node, cfg, run),
+            run_name=run.run_name or f"run-{context.run_id}",
             cache_dir=_cache_dir(node, cfg),
-            data_dir=str(node.get("data-dir") or cfg["data-dir"]) or None,
+            data_dir=str(node.get("data-dir") or run.data_dir) or None,
         )
+
+    @cached_property
+    def run(self) -> RunSettings:
+        """The run's common settings, typed; an algorithm's own: its contract's SettingsGroup."""
+        return RunSettings.of(self.settings)
 
     @cached_property
     def data_spec(self) -> DataSpec:
@@ -88,24 +94,24 @@ class ClientEnv:
     def device(self) -> torch.device:
         import torch
 
-        wanted = str(self.settings["device"])
+        wanted = self.run.device
         if wanted == "cuda" or (wanted == "auto" and torch.cuda.is_available()):
             return torch.device("cuda")
         return torch.device("cpu")
 
     def seed(self, server_round: int, tag: str) -> int:
         """A seed fixed by (run seed, client, round, purpose): same numbers in any process."""
-        text = f"{self.settings['seed']}/{self.cid}/{server_round}/{tag}"
+        text = f"{self.run.seed}/{self.cid}/{server_round}/{tag}"
         return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
 
 
-def _state_root(node: Mapping[str, Any], cfg: Mapping[str, Scalar]) -> Path:
+def _state_root(node: Mapping[str, Any], cfg: Mapping[str, Scalar], run: RunSettings) -> Path:
     if node.get("state-dir"):
         return Path(str(node["state-dir"]))
-    if cfg["client-state-dir"]:
-        return Path(str(cfg["client-state-dir"]))
-    if cfg["out-dir"]:
-        return Path(str(cfg["out-dir"])) / "client-state"
+    if run.client_state_dir:
+        return Path(run.client_state_dir)
+    if run.out_dir:
+        return Path(run.out_dir) / "client-state"
     return _cache_dir(node, cfg) / "client-state"
 
 

@@ -35,7 +35,7 @@ from pollen.launcher import (
     supernode_argv,
     tls_args_superlink,
 )
-from pollen.settings import Scalar, SettingsError
+from pollen.settings import RunSettings, Scalar, SettingsError
 
 
 # ---- settings from the command line ----------------------------------------------------------
@@ -106,19 +106,19 @@ def resolve_run_settings(args: argparse.Namespace, local: bool = True) -> dict[s
     else:
         overrides.setdefault("resume", False)
     resolved = registry.resolve(overrides, base)
-    foreign = registry.foreign_settings(str(resolved["algorithm"]), overrides)
+    run = RunSettings.of(resolved)
+    foreign = registry.foreign_settings(run.algorithm, overrides)
     for key, owners in foreign.items():
         raise SettingsError(
-            f"setting '{key}' is not read by {resolved['algorithm']}; it belongs to "
-            f"{', '.join(owners)}"
+            f"setting '{key}' is not read by {run.algorithm}; it belongs to {', '.join(owners)}"
         )
     if local:
-        _check_device(str(resolved["device"]))
+        _check_device(run.device)
     out = (
         Path(args.out)
         if args.out
         else Path("results")
-        / (f"{resolved['algorithm']}-{resolved['dataset']}-{time.strftime('%Y%m%d-%H%M%S')}")
+        / (f"{run.algorithm}-{run.dataset}-{time.strftime('%Y%m%d-%H%M%S')}")
     )
     _check_writable(out)
     if not args.resume and (out / "checkpoint").exists():
@@ -126,10 +126,10 @@ def resolve_run_settings(args: argparse.Namespace, local: bool = True) -> dict[s
             f"{out} already holds a run; pass --resume to continue it or choose another --out"
         )
     resolved["out-dir"] = str(out.resolve())
-    if not resolved["run-name"]:
+    if not run.run_name:
         resolved["run-name"] = f"{out.name}-{int(time.time())}"
     if "min-available-clients" not in overrides and "min-available-clients" not in base:
-        resolved["min-available-clients"] = resolved["num-clients"]
+        resolved["min-available-clients"] = run.num_clients
     if args.resume:
         _check_resumable(out, resolved)
     _check_data(resolved)
@@ -175,7 +175,7 @@ def _check_resumable(out: Path, resolved: dict[str, Scalar]) -> None:
         checkpoint.check_compatible(saved.settings, resolved)
     except checkpoint.CheckpointError as exc:
         raise SettingsError(f"--resume: {exc}") from None
-    rounds = int(resolved["num-rounds"])
+    rounds = RunSettings.of(resolved).num_rounds
     if saved.server_round >= rounds and _completed(out):
         raise NothingToDo(
             f"the run in {out} already completed its {rounds} rounds; nothing to resume "
@@ -204,7 +204,7 @@ def _check_data(resolved: dict[str, Scalar]) -> None:
         shape, classes = model_input(resolved)
         from models import build_model
 
-        build_model(str(resolved["model"]), shape, classes)  # the model fits the data
+        build_model(RunSettings.of(resolved).model, shape, classes)  # the model fits the data
         load_client_data(spec, 0, cache_dir(resolved))
     except (DataConfigError, ValueError) as exc:
         raise SettingsError(str(exc)) from None
@@ -216,15 +216,15 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     if args.auth and not tls:
         raise LaunchError("--auth (SuperNode authentication) needs TLS: give --tls-dir too")
     resolved = resolve_run_settings(args)
-    out = Path(str(resolved["out-dir"]))
-    n = int(resolved["num-clients"])
+    run = RunSettings.of(resolved)
+    out, n = Path(run.out_dir), run.num_clients
     keys = [node_key(args.tls_dir, i) for i in range(n)] if args.auth else []
     # a SuperNode that dies is restarted on its partition and state (docs/reliability.md)
     fed = Federation(out / "processes", restart_nodes=True, events=out / "events.jsonl")
     security = ("with TLS" if tls else "insecure") + (" and node authentication" if keys else "")
     print(
-        f"Pollen deploy: {resolved['algorithm']} on {resolved['dataset']}, {n} clients, "
-        f"{resolved['num-rounds']} rounds, gRPC {security}; results in {out}",
+        f"Pollen deploy: {run.algorithm} on {run.dataset}, {n} clients, "
+        f"{run.num_rounds} rounds, gRPC {security}; results in {out}",
         flush=True,
     )
     try:
@@ -250,12 +250,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             f"--parallel (clients trained at once) must be 1 or more, not {args.parallel}"
         )
     resolved = resolve_run_settings(args)
-    out = Path(str(resolved["out-dir"]))
-    n = int(resolved["num-clients"])
+    run = RunSettings.of(resolved)
+    out, n = Path(run.out_dir), run.num_clients
     fed = Federation(out / "processes")
     print(
-        f"Pollen simulate: {resolved['algorithm']} on {resolved['dataset']}, {n} clients, "
-        f"{resolved['num-rounds']} rounds; results in {out}",
+        f"Pollen simulate: {run.algorithm} on {run.dataset}, {n} clients, "
+        f"{run.num_rounds} rounds; results in {out}",
         flush=True,
     )
     try:
@@ -279,14 +279,15 @@ def simulate_run(
     all) when Ray's runtime did not start. That failure comes before any client has answered,
     so the next attempt starts from where this one did (the beginning or the checkpoint it
     resumed from)."""
-    out = Path(str(resolved["out-dir"]))
+    run = RunSettings.of(resolved)
+    out = Path(run.out_dir)
     for attempt in range(1, RUNTIME_START_ATTEMPTS):
         code = _run_and_report(fed, resolved, timeout)
         log = out / "server.log"
         if code == 0 or RUNTIME_START_FAILURE not in log.read_text(errors="replace"):
             return code
         log.replace(out / f"server-attempt{attempt}.log")
-        if not resolved["resume"]:  # what the failed attempt wrote; a resume keeps its history
+        if not run.resume:  # what the failed attempt wrote; a resume keeps its history
             for name in ("events.jsonl", "summary.json"):
                 (out / name).unlink(missing_ok=True)
         print(
@@ -304,7 +305,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _host_port(args.superlink, "--superlink")
     signing_key = _signing_key(args.signing_key)
     resolved = resolve_run_settings(args, local=False)
-    out = Path(str(resolved["out-dir"]))
+    out = Path(RunSettings.of(resolved).out_dir)
     fresh = not out.exists()
     fed = Federation(out / "processes", signing_key=signing_key)
     fed.write_connection(
@@ -370,13 +371,13 @@ def _record_restarts(summary_path: Path, restarts: list[dict[str, Any]]) -> None
 
 
 def _run_and_report(fed: Federation, resolved: dict[str, Scalar], timeout: float) -> int:
-    out = Path(str(resolved["out-dir"]))
+    run = RunSettings.of(resolved)
+    out = Path(run.out_dir)
     run_id = fed.submit(resolved)
     print(f"run {run_id} submitted", flush=True)
     try:
         status = follow(
-            fed, run_id, out, timeout, num_rounds=int(resolved["num-rounds"]),
-            history=bool(resolved["resume"]),
+            fed, run_id, out, timeout, num_rounds=run.num_rounds, history=run.resume,
         )  # fmt: skip
     except KeyboardInterrupt:
         fed.stop_run(run_id)

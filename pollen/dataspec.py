@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import fields
 from typing import TYPE_CHECKING
 
-from pollen.settings import Scalar
+from pollen.settings import RunSettings, Scalar, SyntheticSettings
 
 if TYPE_CHECKING:
     from federated_data import DataSpec
@@ -13,47 +14,51 @@ if TYPE_CHECKING:
 
 def partition_params(settings: Mapping[str, Scalar]) -> dict[str, int | float | str]:
     """The partitioner's own parameters, taken from the run settings."""
-    scheme = str(settings["partitioner"])
-    alpha = float(settings["dirichlet-alpha"])
-    k = int(settings["classes-per-client"])
+    return _partition_params(RunSettings.of(settings))
+
+
+def _partition_params(run: RunSettings) -> dict[str, int | float | str]:
+    scheme = run.partitioner
+    alpha = run.dirichlet_alpha
+    k = run.classes_per_client
     if scheme == "dirichlet":
         return {"alpha": alpha}
     if scheme in ("classes", "one-class"):
         return {"classes_per_client": k}
     if scheme == "label-groups":
-        return {"alpha": alpha, "groups": int(settings["label-groups"])}
+        return {"alpha": alpha, "groups": run.label_groups}
     if scheme == "pachinko":
-        return {"alpha": alpha, "beta": float(settings["pachinko-beta"])}
+        return {"alpha": alpha, "beta": run.pachinko_beta}
     return {}
 
 
 def dataset_params(settings: Mapping[str, Scalar]) -> dict[str, int | float | str]:
     """The dataset's own parameters (only generated datasets take any)."""
+    return _dataset_params(RunSettings.of(settings), SyntheticSettings.of(settings))
+
+
+def _dataset_params(run: RunSettings, synthetic: SyntheticSettings) -> dict[str, int | float | str]:
     from federated_data.registry import dataset_param_names
 
-    names = set(dataset_param_names(str(settings["dataset"])))
-    out: dict[str, int | float | str] = {}
-    for key, value in settings.items():
-        group, _, name = key.partition(".")
-        if group == "synthetic" and name.replace("-", "_") in names:
-            out[name.replace("-", "_")] = value  # type: ignore[assignment]
-    return out
+    names = set(dataset_param_names(run.dataset))
+    return {f.name: getattr(synthetic, f.name) for f in fields(synthetic) if f.name in names}
 
 
 def data_spec(settings: Mapping[str, Scalar], data_dir: str | None = None) -> DataSpec:
     from federated_data import DataSpec
 
+    run = RunSettings.of(settings)
     return DataSpec(
-        dataset=str(settings["dataset"]),
-        num_clients=int(settings["num-clients"]),
-        partitioner=str(settings["partitioner"]),
-        seed=int(settings["seed"]),
-        params=tuple(sorted(partition_params(settings).items())),
-        val_fraction=float(settings["val-fraction"]),
-        test_fraction=float(settings["test-fraction"]),
-        data_dir=data_dir or (str(settings["data-dir"]) or None),
-        download=bool(settings["download"]),
-        dataset_params=tuple(sorted(dataset_params(settings).items())),
+        dataset=run.dataset,
+        num_clients=run.num_clients,
+        partitioner=run.partitioner,
+        seed=run.seed,
+        params=tuple(sorted(_partition_params(run).items())),
+        val_fraction=run.val_fraction,
+        test_fraction=run.test_fraction,
+        data_dir=data_dir or (run.data_dir or None),
+        download=run.download,
+        dataset_params=tuple(sorted(_dataset_params(run, SyntheticSettings.of(settings)).items())),
     )
 
 
@@ -61,7 +66,8 @@ def model_input(settings: Mapping[str, Scalar]) -> tuple[tuple[int, ...], int]:
     """(input shape, number of classes) of the run's dataset, without loading it."""
     from federated_data.catalog import dataset_info
 
-    info = dataset_info(str(settings["dataset"]), dataset_params(settings) or None)
+    run = RunSettings.of(settings)
+    info = dataset_info(run.dataset, _dataset_params(run, SyntheticSettings.of(settings)) or None)
     return info.input_shape, info.num_classes
 
 
@@ -70,8 +76,10 @@ def check_model_fits(settings: Mapping[str, Scalar]) -> None:
     from federated_data.catalog import dataset_info
     from models.registry import SEQUENCE_MODEL_NAMES
 
-    model, dataset = str(settings["model"]), str(settings["dataset"])
-    tokens = dataset_info(dataset, dataset_params(settings) or None).tokens
+    run = RunSettings.of(settings)
+    model, dataset = run.model, run.dataset
+    params = _dataset_params(run, SyntheticSettings.of(settings))
+    tokens = dataset_info(dataset, params or None).tokens
     if tokens != (model in SEQUENCE_MODEL_NAMES):
         kind = "token sequences" if tokens else "images or feature vectors"
         raise ValueError(
@@ -84,7 +92,8 @@ def class_weights(settings: Mapping[str, Scalar]) -> tuple[float, ...] | None:
     """The run's per-class loss weights (None: unweighted), without loading the data."""
     from federated_data.catalog import dataset_info
 
-    if settings["class-weights"] == "none":
+    run = RunSettings.of(settings)
+    if run.class_weights == "none":
         return None
-    info = dataset_info(str(settings["dataset"]), dataset_params(settings) or None)
+    info = dataset_info(run.dataset, _dataset_params(run, SyntheticSettings.of(settings)) or None)
     return info.class_weights

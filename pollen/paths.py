@@ -6,11 +6,12 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from pollen.settings import Scalar
+from pollen.settings import RunSettings, Scalar
 
 
 def cache_dir(settings: Mapping[str, Scalar]) -> Path:
-    if settings.get("cache-dir"):
-        return Path(str(settings["cache-dir"]))
+    configured = RunSettings.of(settings).cache_dir
+    if configured:
+        return Path(configured)
     env = os.environ.get("POLLEN_CACHE_DIR")
     return Path(env) if env else Path.home() / ".cache" / "pollen"

@@ -1,6 +1,8 @@
-"""Run settings: what a setting is (key, type, default, range) and the settings every run has,
-whatever its algorithm. Each algorithm declares its own in its registry entry; pollen.registry
-resolves and checks a run's settings against all of them.
+"""Run settings: what a setting is (key, type, default, range), settings groups (declared once
+as frozen dataclasses, read typed) and the settings every run has, whatever its algorithm
+(RunSettings, SyntheticSettings). Each algorithm declares its own group in its contract module
+and names it in its registry entry; pollen.registry resolves and checks a run's settings against
+all of them.
 
 Flower only accepts run-config keys that `pyproject.toml` declares, so every key is mirrored
 there; `tests/pollen/test_settings.py` keeps the two identical.
@@ -9,9 +11,9 @@ there; `tests/pollen/test_settings.py` keeps the two identical.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, TypeVar
 
 Scalar = int | float | str | bool
 
@@ -85,12 +87,73 @@ class Setting:
         return out
 
 
-COMMON_SETTINGS: tuple[Setting, ...] = (
+def setting(
+    default: Scalar,
+    help: str,
+    *,
+    choices: tuple[str, ...] | None = None,
+    minimum: float | None = None,
+    maximum: float | None = None,
+) -> Any:
+    """A field of a SettingsGroup: its default, its help line and its allowed values."""
+    return field(
+        default=default,
+        metadata={"help": help, "choices": choices, "minimum": minimum, "maximum": maximum},
+    )
+
+
+G = TypeVar("G", bound="SettingsGroup")
+
+
+@dataclass(frozen=True)
+class SettingsGroup:
+    """Settings that share a key prefix, declared once as the fields of a frozen dataclass and
+    read typed: field `em_iterations` of a group whose PREFIX is "fedem" is the setting
+    `fedem.em-iterations`. `declarations()` gives the catalogue entries (`pollen settings`,
+    pyproject.toml, validation); `of(settings)` builds the typed view of a resolved run's
+    settings, checking each value once."""
+
+    PREFIX: ClassVar[str] = ""
+
+    @classmethod
+    def key(cls, name: str) -> str:
+        """The setting's key of field `name`."""
+        base = name.replace("_", "-")
+        return f"{cls.PREFIX}.{base}" if cls.PREFIX else base
+
+    @classmethod
+    def declarations(cls) -> tuple[Setting, ...]:
+        return tuple(
+            Setting(
+                cls.key(f.name),
+                f.default,  # type: ignore[arg-type]  # every field has a scalar default
+                f.metadata["help"],
+                choices=f.metadata["choices"],
+                minimum=f.metadata["minimum"],
+                maximum=f.metadata["maximum"],
+            )
+            for f in fields(cls)
+        )
+
+    @classmethod
+    def of(cls: type[G], settings: Mapping[str, Scalar]) -> G:
+        """The typed view of `settings`: each value coerced and checked like CLI input; a key
+        the mapping lacks takes its default."""
+        values = {
+            f.name: decl.coerce(settings[decl.key]) if decl.key in settings else decl.default
+            for f, decl in zip(fields(cls), cls.declarations(), strict=True)
+        }
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class RunSettings(SettingsGroup):
+    """The settings every run has, whatever its algorithm: `RunSettings.of(settings)`."""
+
     # what to run
-    Setting("algorithm", "fedavg", "algorithm to run (see `pollen algorithms`)"),
-    Setting("dataset", "mnist-5k", "dataset name (see `pollen datasets`)"),
-    Setting(
-        "model",
+    algorithm: str = setting("fedavg", "algorithm to run (see `pollen algorithms`)")
+    dataset: str = setting("mnist-5k", "dataset name (see `pollen datasets`)")
+    model: str = setting(
         "mlp",
         "model architecture",
         choices=(
@@ -103,162 +166,155 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
             "char-lstm-small",
             "resnet18-cifar",
         ),
-    ),
-    Setting("num-rounds", 3, "number of server rounds", minimum=1),
-    Setting("num-clients", 3, "number of data partitions (one per client)", minimum=1),
-    Setting(
-        "seed", 0, "seed of partitions, model initialisation, sampling and client RNGs", minimum=0
-    ),
+    )
+    num_rounds: int = setting(3, "number of server rounds", minimum=1)
+    num_clients: int = setting(3, "number of data partitions (one per client)", minimum=1)
+    seed: int = setting(
+        0, "seed of partitions, model initialisation, sampling and client RNGs", minimum=0
+    )
     # data
-    Setting(
-        "partitioner",
+    partitioner: str = setting(
         "iid",
         "how data is split over clients",
         choices=("iid", "dirichlet", "classes", "label-groups", "pachinko", "one-class", "natural"),
-    ),
-    Setting("dirichlet-alpha", 0.5, "concentration of the Dirichlet partitioners", minimum=1e-6),
-    Setting("classes-per-client", 2, "labels per client ('classes', 'one-class')", minimum=1),
-    Setting(
-        "label-groups",
-        3,
-        "label groups of the 'label-groups' split (-1: one per label)",
-        minimum=-1,
-    ),
-    Setting(
-        "pachinko-beta", 10.0, "fine-label concentration of the 'pachinko' split", minimum=1e-6
-    ),
-    Setting(
-        "val-fraction",
-        0.1,
-        "share of each client's data kept for validation",
-        minimum=0.0,
-        maximum=0.9,
-    ),
-    Setting(
-        "test-fraction",
-        0.2,
-        "share of each client's data kept for testing",
-        minimum=0.0,
-        maximum=0.9,
-    ),
-    Setting("data-dir", "", "directory holding torchvision datasets and LEAF's shakespeare/"),
-    Setting("download", False, "let torchvision download a missing dataset"),
-    Setting("cache-dir", "", "partition cache (default: $POLLEN_CACHE_DIR or ~/.cache/pollen)"),
-    # FedEM's synthetic dataset (dataset=fedem-synthetic, partitioner=natural)
-    Setting("synthetic.dimension", 150, "feature dimension d", minimum=1),
-    Setting("synthetic.components", 3, "true mixture components", minimum=1),
-    Setting("synthetic.alpha", 0.4, "Dirichlet concentration of clients' mixtures", minimum=1e-6),
-    Setting("synthetic.noise", 0.1, "label noise standard deviation", minimum=0.0),
-    Setting("synthetic.test-size", 1000, "test examples per client (paper: 5000)", minimum=1),
-    Setting("synthetic.seed", 1234, "seed of the generated data (paper: 1234)", minimum=0),
-    Setting(
-        "synthetic.mode",
-        "reference",
-        "'reference' reproduces the paper's generator (bugs included); 'clean' fixes it; "
-        "'bernoulli' draws labels as the paper's text says",
-        choices=("reference", "clean", "bernoulli"),
-    ),
-    Setting(
-        "synthetic.train-size",
-        0,
-        "fixed training examples per client (0: fedem-synthetic's lognormal draw, "
-        "pca-synthetic's 20)",
-        minimum=0,
-    ),
-    # ADEPT-PCA's synthetic dataset (dataset=pca-synthetic, partitioner=natural); it also
-    # reads synthetic.dimension, noise (sigma_eps), seed, train-size and test-size
-    Setting("synthetic.rank", 20, "rank r of the clients' principal subspaces", minimum=1),
-    Setting(
-        "synthetic.heterogeneity",
-        0.1,
-        "std of the perturbation scattering the clients' subspaces around the shared one",
-        minimum=0.0,
-    ),
+    )
+    dirichlet_alpha: float = setting(
+        0.5, "concentration of the Dirichlet partitioners", minimum=1e-06
+    )
+    classes_per_client: int = setting(2, "labels per client ('classes', 'one-class')", minimum=1)
+    label_groups: int = setting(
+        3, "label groups of the 'label-groups' split (-1: one per label)", minimum=-1
+    )
+    pachinko_beta: float = setting(
+        10.0, "fine-label concentration of the 'pachinko' split", minimum=1e-06
+    )
+    val_fraction: float = setting(
+        0.1, "share of each client's data kept for validation", minimum=0.0, maximum=0.9
+    )
+    test_fraction: float = setting(
+        0.2, "share of each client's data kept for testing", minimum=0.0, maximum=0.9
+    )
+    data_dir: str = setting("", "directory holding torchvision datasets and LEAF's shakespeare/")
+    download: bool = setting(False, "let torchvision download a missing dataset")
+    cache_dir: str = setting("", "partition cache (default: $POLLEN_CACHE_DIR or ~/.cache/pollen)")
     # local training
-    Setting("lr", 0.05, "client learning rate", minimum=0.0),
-    Setting("momentum", 0.0, "client SGD momentum", minimum=0.0, maximum=1.0),
-    Setting("weight-decay", 0.0, "client L2 weight decay", minimum=0.0),
-    Setting("local-epochs", 1, "local epochs per round", minimum=1),
-    Setting("batch-size", 32, "client mini-batch size", minimum=1),
-    Setting(
-        "class-weights",
+    lr: float = setting(0.05, "client learning rate", minimum=0.0)
+    momentum: float = setting(0.0, "client SGD momentum", minimum=0.0, maximum=1.0)
+    weight_decay: float = setting(0.0, "client L2 weight decay", minimum=0.0)
+    local_epochs: int = setting(1, "local epochs per round", minimum=1)
+    batch_size: int = setting(32, "client mini-batch size", minimum=1)
+    class_weights: str = setting(
         "dataset",
-        "per-class loss weights: 'dataset' uses the dataset's reference weights when it has "
-        "them (shakespeare: FedEM's character weights), 'none' weighs every class 1",
+        "per-class loss weights: 'dataset' uses the dataset's reference weights when it has them "
+        "(shakespeare: FedEM's character weights), 'none' weighs every class 1",
         choices=("dataset", "none"),
-    ),
-    Setting(
-        "persist-momentum",
+    )
+    persist_momentum: bool = setting(
         False,
-        "keep each client's SGD momentum buffers between rounds (as the reference codes of "
-        "FedEM and its baselines do); stored in the client state",
-    ),
-    Setting(
-        "lr-schedule",
+        "keep each client's SGD momentum buffers between rounds (as the reference codes of FedEM "
+        "and its baselines do); stored in the client state",
+    )
+    lr_schedule: str = setting(
         "constant",
         "'multistep' multiplies lr by 0.1 at round num-rounds//2 and again at 3*(num-rounds//4); "
-        "'cosine' anneals it to lr-min over the rounds, "
-        "lr-min + (lr - lr-min)(1 + cos(pi (t-1)/num-rounds))/2",
+        "'cosine' anneals it to lr-min over the rounds, lr-min + (lr - lr-min)(1 + cos(pi "
+        "(t-1)/num-rounds))/2",
         choices=("constant", "multistep", "cosine"),
-    ),
-    Setting("lr-min", 0.0, "the learning rate 'cosine' anneals to", minimum=0.0),
+    )
+    lr_min: float = setting(0.0, "the learning rate 'cosine' anneals to", minimum=0.0)
     # orchestration
-    Setting(
-        "fraction-train",
-        1.0,
-        "fraction of available clients sampled each round",
-        minimum=0.0,
-        maximum=1.0,
-    ),
-    Setting("min-train-clients", 1, "clients sampled at least per round", minimum=1),
-    Setting("min-replies", 1, "valid replies a phase needs, else the run stops", minimum=1),
-    Setting("min-available-clients", 1, "clients that must be connected before round 1", minimum=1),
-    Setting("wait-for-clients", 300.0, "seconds to wait for min-available-clients", minimum=0.0),
-    Setting(
-        "phase-timeout",
-        600.0,
-        "seconds a phase waits for replies (stragglers are dropped)",
-        minimum=0.1,
-    ),
-    Setting(
-        "poll-interval",
+    fraction_train: float = setting(
+        1.0, "fraction of available clients sampled each round", minimum=0.0, maximum=1.0
+    )
+    min_train_clients: int = setting(1, "clients sampled at least per round", minimum=1)
+    min_replies: int = setting(1, "valid replies a phase needs, else the run stops", minimum=1)
+    min_available_clients: int = setting(
+        1, "clients that must be connected before round 1", minimum=1
+    )
+    wait_for_clients: float = setting(
+        300.0, "seconds to wait for min-available-clients", minimum=0.0
+    )
+    phase_timeout: float = setting(
+        600.0, "seconds a phase waits for replies (stragglers are dropped)", minimum=0.1
+    )
+    poll_interval: float = setting(
         1.0,
         "longest wait between reply polls (polling starts at 5 ms and backs off)",
         minimum=0.01,
         maximum=30.0,
-    ),
-    Setting(
-        "client-timing",
+    )
+    client_timing: bool = setting(
         False,
-        "clients add time-* metrics (process start-up, data load, handler) and peak-rss-mb "
-        "to each reply (benchmarks)",
-    ),
-    Setting(
-        "server-blas-threads",
+        "clients add time-* metrics (process start-up, data load, handler) and peak-rss-mb to "
+        "each reply (benchmarks)",
+    )
+    server_blas_threads: int = setting(
         1,
-        "threads of NumPy's BLAS in the server process (0: the library's default); more only "
-        "help large models on a server machine of its own",
+        "threads of NumPy's BLAS in the server process (0: the library's default); more only help "
+        "large models on a server machine of its own",
         minimum=0,
-    ),
-    Setting("max-examples", 100_000_000, "largest example count a reply may claim", minimum=1),
-    Setting("max-reply-mb", 2048.0, "largest reply payload accepted, in MB", minimum=0.001),
-    Setting(
-        "unseen-fraction",
+    )
+    max_examples: int = setting(100000000, "largest example count a reply may claim", minimum=1)
+    max_reply_mb: float = setting(2048.0, "largest reply payload accepted, in MB", minimum=0.001)
+    unseen_fraction: float = setting(
         0.0,
         "share of clients (the highest ids) that never train; the final evaluation serves them "
         "the trained model(s) and reports them apart as unseen-*",
         minimum=0.0,
         maximum=0.9,
-    ),
-    Setting("server-eval", True, "evaluate the global model on the server each round"),
-    Setting("final-eval", True, "evaluate the final model on every client after the last round"),
+    )
+    server_eval: bool = setting(True, "evaluate the global model on the server each round")
+    final_eval: bool = setting(
+        True, "evaluate the final model on every client after the last round"
+    )
     # results and state
-    Setting("out-dir", "", "results directory (written by the server)"),
-    Setting("run-name", "", "stable name of the run; client state is kept under it"),
-    Setting("resume", False, "continue the run in out-dir from its last checkpoint"),
-    Setting("client-state-dir", "", "client state directory when a node gives none"),
-    Setting("device", "auto", "client device", choices=("auto", "cpu", "cuda")),
-)
+    out_dir: str = setting("", "results directory (written by the server)")
+    run_name: str = setting("", "stable name of the run; client state is kept under it")
+    resume: bool = setting(False, "continue the run in out-dir from its last checkpoint")
+    client_state_dir: str = setting("", "client state directory when a node gives none")
+    device: str = setting("auto", "client device", choices=("auto", "cpu", "cuda"))
+
+
+@dataclass(frozen=True)
+class SyntheticSettings(SettingsGroup):
+    """The generated datasets' settings: FedEM's (dataset=fedem-synthetic, partitioner=natural)
+    and ADEPT-PCA's (dataset=pca-synthetic, partitioner=natural; it reads dimension, noise as
+    sigma_eps, seed, train-size, test-size, rank and heterogeneity)."""
+
+    PREFIX: ClassVar[str] = "synthetic"
+
+    # FedEM's synthetic dataset (dataset=fedem-synthetic, partitioner=natural)
+    dimension: int = setting(150, "feature dimension d", minimum=1)
+    components: int = setting(3, "true mixture components", minimum=1)
+    alpha: float = setting(0.4, "Dirichlet concentration of clients' mixtures", minimum=1e-06)
+    noise: float = setting(0.1, "label noise standard deviation", minimum=0.0)
+    test_size: int = setting(1000, "test examples per client (paper: 5000)", minimum=1)
+    seed: int = setting(1234, "seed of the generated data (paper: 1234)", minimum=0)
+    mode: str = setting(
+        "reference",
+        "'reference' reproduces the paper's generator (bugs included); 'clean' fixes it; "
+        "'bernoulli' draws labels as the paper's text says",
+        choices=("reference", "clean", "bernoulli"),
+    )
+    train_size: int = setting(
+        0,
+        "fixed training examples per client (0: fedem-synthetic's lognormal draw, pca-synthetic's "
+        "20)",
+        minimum=0,
+    )
+    # ADEPT-PCA's synthetic dataset (dataset=pca-synthetic, partitioner=natural); it also
+    # reads synthetic.dimension, noise (sigma_eps), seed, train-size and test-size
+    rank: int = setting(20, "rank r of the clients' principal subspaces", minimum=1)
+    heterogeneity: float = setting(
+        0.1,
+        "std of the perturbation scattering the clients' subspaces around the shared one",
+        minimum=0.0,
+    )
+
+
+COMMON_SETTINGS: tuple[Setting, ...] = RunSettings.declarations() + SyntheticSettings.declarations()
+"""Every setting a run has whatever its algorithm; each algorithm declares its own in its
+contract module (a SettingsGroup) named by its registry entry."""
 
 
 def toml_value(value: Scalar) -> str:

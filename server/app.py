@@ -17,6 +17,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from pollen.contracts.launcher import LAUNCHER_PID
 from pollen.registry import from_run_config, get_algorithm
+from pollen.settings import RunSettings
 from server.blas import limit_blas_threads
 from server.engine import Engine
 from server.results import ResultsWriter
@@ -104,7 +105,8 @@ def main(grid: Grid, context: Context) -> None:
     if os.path.basename(sys.argv[0]) in WATCHED:  # not when driven in-process
         threading.Thread(target=exit_with_parent, daemon=True).start()
     settings = from_run_config(context.run_config)
-    limit_blas_threads(int(settings["server-blas-threads"]))
-    out_dir = Path(str(settings["out-dir"]) or f"results/run-{context.run_id}")
-    strategy = get_algorithm(str(settings["algorithm"])).strategy_class()(settings)
+    run = RunSettings.of(settings)
+    limit_blas_threads(run.server_blas_threads)
+    out_dir = Path(run.out_dir or f"results/run-{context.run_id}")
+    strategy = get_algorithm(run.algorithm).strategy_class()(settings)
     Engine(grid, settings, strategy, ResultsWriter(out_dir)).run()

@@ -23,7 +23,7 @@ from flwr.serverapp import Grid
 
 from pollen import protocol
 from pollen.registry import HELLO
-from pollen.settings import Scalar
+from pollen.settings import RunSettings, Scalar
 from server import checkpoint
 from server.results import ResultsWriter, brief
 from strategies.base import ClientInfo, InvalidReply, Strategy, Validator
@@ -47,12 +47,14 @@ class Engine:
     ) -> None:
         self.grid = grid
         self.settings = settings
+        self.run_settings = RunSettings.of(settings)
+        """The run's common settings, typed (`run` is the method that runs it)."""
         self.strategy = strategy
         self.results = results
         self.clock = clock
         self.sleep = sleep
         self.server_round = 0
-        self.rng = np.random.default_rng(int(settings["seed"]))
+        self.rng = np.random.default_rng(self.run_settings.seed)
         self._clients: dict[int, ClientInfo] = {}  # by client id
         self._node_to_cid: dict[int, int] = {}
         self._silent: set[int] = set()  # nodes whose last instruction went unanswered
@@ -63,8 +65,8 @@ class Engine:
     # ---- what strategies use -------------------------------------------------------------
     @property
     def first_unseen(self) -> int:
-        total = int(self.settings["num-clients"])
-        return total - math.floor(float(self.settings["unseen-fraction"]) * total)
+        total = self.run_settings.num_clients
+        return total - math.floor(self.run_settings.unseen_fraction * total)
 
     def available(self) -> list[ClientInfo]:
         return [self._clients[c] for c in sorted(self._clients) if c < self.first_unseen]
@@ -76,8 +78,8 @@ class Engine:
         pool = list(self.available() if clients is None else clients)
         if not pool:
             raise PhaseFailed(f"round {self.server_round}: no clients available to sample")
-        fraction = float(self.settings["fraction-train"])
-        want = max(int(self.settings["min-train-clients"]), math.ceil(fraction * len(pool)))
+        fraction = self.run_settings.fraction_train
+        want = max(self.run_settings.min_train_clients, math.ceil(fraction * len(pool)))
         want = min(want, len(pool))
         if want == len(pool):
             return pool
@@ -91,7 +93,7 @@ class Engine:
         validate: Validator | None = None,
         min_replies: int | None = None,
     ) -> dict[int, RecordDict]:
-        needed = int(self.settings["min-replies"]) if min_replies is None else min_replies
+        needed = self.run_settings.min_replies if min_replies is None else min_replies
         replies, failures = self._exchange(message_type, payloads, validate)
         if len(replies) < min(needed, len(payloads)):
             reasons = "; ".join(f"client {c}: {r}" for c, r in sorted(failures.items()))
@@ -139,8 +141,8 @@ class Engine:
         replies: dict[int, RecordDict] = {}
         failures: dict[int, str] = {}
         bytes_received = 0
-        deadline = started + float(self.settings["phase-timeout"])
-        poll = float(self.settings["poll-interval"])
+        deadline = started + self.run_settings.phase_timeout
+        poll = self.run_settings.poll_interval
         reported = -1
         while pending:
             for msg in self.grid.pull_messages(list(pending)):
@@ -186,7 +188,7 @@ class Engine:
             # (doubling waits picked it up up to 100% late: 0.5 s instead of 0.25 s per round)
             wait = min(poll, max(0.005, 0.25 * (self.clock() - started)))
             self.sleep(min(wait, max(0.0, deadline - self.clock())))
-        timeout = float(self.settings["phase-timeout"])
+        timeout = self.run_settings.phase_timeout
         for mid in pending:
             failures[targets[by_message[mid]]] = f"no reply within {timeout:g} s"
             self._silent.add(by_message[mid])
@@ -246,7 +248,7 @@ class Engine:
     def _check_reply(
         self, content: RecordDict, message_type: str, cid: int | None, size: int
     ) -> None:
-        limit = float(self.settings["max-reply-mb"]) * 1e6
+        limit = self.run_settings.max_reply_mb * 1e6
         if size > limit:
             raise InvalidReply(f"payload of {size} bytes exceeds max-reply-mb")
         envelope = content.get(protocol.ENVELOPE)
@@ -268,7 +270,7 @@ class Engine:
         n = metrics.get(protocol.NUM_EXAMPLES)
         if not isinstance(n, int | float) or isinstance(n, bool) or not math.isfinite(n):
             raise InvalidReply(f"num-examples is {n!r}")
-        if n < 0 or n > int(self.settings["max-examples"]) or n != int(n):
+        if n < 0 or n > self.run_settings.max_examples or n != int(n):
             raise InvalidReply(f"num-examples {n} is not a count in [0, max-examples]")
         for key, value in metrics.items():
             values = value if isinstance(value, list) else [value]
@@ -351,7 +353,7 @@ class Engine:
         cid = content[protocol.ENVELOPE].get("client-id")  # type: ignore[union-attr]
         if not isinstance(cid, int) or isinstance(cid, bool):
             raise InvalidReply(f"hello without an integer client-id: {cid!r}")
-        if not 0 <= cid < int(self.settings["num-clients"]):
+        if not 0 <= cid < self.run_settings.num_clients:
             raise InvalidReply(f"client-id {cid} outside [0, num-clients)")
         m = protocol.metrics_of(content)
         for key in ("val-examples", "test-examples"):
@@ -361,8 +363,8 @@ class Engine:
                 raise InvalidReply(f"hello without a count {key}") from None
 
     def wait_for_clients(self) -> None:
-        need = int(self.settings["min-available-clients"])
-        deadline = self.clock() + float(self.settings["wait-for-clients"])
+        need = self.run_settings.min_available_clients
+        deadline = self.clock() + self.run_settings.wait_for_clients
         while True:
             self.discover()
             if len(self._clients) >= need:
@@ -370,18 +372,19 @@ class Engine:
             if self.clock() >= deadline:
                 raise PhaseFailed(
                     f"only {len(self._clients)} of the {need} required clients connected within "
-                    f"{float(self.settings['wait-for-clients']):g} s"
+                    f"{self.run_settings.wait_for_clients:g} s"
                 )
-            self.sleep(min(1.0, float(self.settings["poll-interval"])))
+            self.sleep(min(1.0, self.run_settings.poll_interval))
 
     # ---- the run -------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         settings = dict(self.settings)
+        run = self.run_settings
         out = self.results.dir
         start_round = 1
         t0 = self.clock()
         try:
-            if settings["resume"]:
+            if run.resume:
                 ckpt = checkpoint.load(out)
                 checkpoint.check_compatible(ckpt.settings, settings)
                 self.strategy.load_state(ckpt.arrays, ckpt.strategy_meta)
@@ -390,15 +393,15 @@ class Engine:
                 self.results.truncate_after(ckpt.server_round)
                 log.info("resuming after round %s", ckpt.server_round)
             else:
-                self.strategy.initialize(int(settings["seed"]))
+                self.strategy.initialize(run.seed)
                 self.results.write_config(settings)
             # a resumed run rewrites config.json once it has completed a round of its own, so a
             # resume that fails leaves the interrupted (or completed) run's files as they were
-            pending_config = bool(settings["resume"])
+            pending_config = run.resume
             self.server_round = start_round
             self.wait_for_clients()
             last: dict[str, Any] = {}
-            for rnd in range(start_round, int(settings["num-rounds"]) + 1):
+            for rnd in range(start_round, run.num_rounds + 1):
                 self.server_round = rnd
                 self._phases = []
                 r0 = self.clock()
@@ -406,7 +409,7 @@ class Engine:
                 self.discover()
                 train = self.strategy.run_round(self)
                 row: dict[str, Any] = {"round": rnd, "train": train}
-                if settings["server-eval"]:
+                if run.server_eval:
                     row["server-eval"] = self.strategy.server_evaluate()
                 row["phases"] = self._phases
                 row["seconds"] = round(self.clock() - r0, 4)
@@ -422,21 +425,21 @@ class Engine:
                 log.info("round %s: %s", rnd, _brief(row))
                 last = row
             final: dict[str, Any] = {}
-            if settings["final-eval"]:
-                self.server_round = int(settings["num-rounds"]) + 1
+            if run.final_eval:
+                self.server_round = run.num_rounds + 1
                 self._phases = []
                 self.discover()
                 final = {"eval": self.strategy.finalize(self), "phases": self._phases}
-                if settings["server-eval"]:
+                if run.server_eval:
                     final["server-eval"] = self.strategy.server_evaluate()
             model = self.strategy.global_arrays()
             if model is not None:
                 self.results.final_model(model)
             summary = {
                 "status": "completed",
-                "algorithm": settings["algorithm"],
-                "dataset": settings["dataset"],
-                "rounds": int(settings["num-rounds"]),
+                "algorithm": run.algorithm,
+                "dataset": run.dataset,
+                "rounds": run.num_rounds,
                 "last-round": last,
                 "final": final,
                 "seconds": round(self.clock() - t0, 3),
@@ -452,8 +455,8 @@ class Engine:
                     "status": "failed",
                     "reason": brief(f"{type(exc).__name__}: {exc}", limit=600),
                     "log": str(Path(out) / "server.log"),
-                    "algorithm": settings["algorithm"],
-                    "dataset": settings["dataset"],
+                    "algorithm": run.algorithm,
+                    "dataset": run.dataset,
                     "last-completed-round": self.server_round - 1,
                     "seconds": round(self.clock() - t0, 3),
                 }

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 from flwr.app import RecordDict
 
-from pollen.settings import Scalar
+from pollen.settings import RunSettings, Scalar
 
 
 class InvalidReply(ValueError):
@@ -65,6 +65,8 @@ class Strategy(ABC):
 
     def __init__(self, settings: Mapping[str, Scalar]) -> None:
         self.settings = settings
+        self.run = RunSettings.of(settings)
+        """The run's common settings, typed; an algorithm's own: its contract's SettingsGroup."""
 
     @abstractmethod
     def initialize(self, seed: int) -> None:

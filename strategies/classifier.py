@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pollen.settings import Scalar
+from pollen.settings import RunSettings, Scalar
 
 if TYPE_CHECKING:
     from torch import nn
@@ -21,7 +21,7 @@ def _model(settings: Mapping[str, Scalar]) -> nn.Module:
     from pollen.dataspec import model_input
 
     shape, classes = model_input(settings)
-    return build_model(str(settings["model"]), shape, classes)
+    return build_model(RunSettings.of(settings).model, shape, classes)
 
 
 def initial_weights(settings: Mapping[str, Scalar], seed: int) -> dict[str, np.ndarray]:

@@ -5,20 +5,21 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from pollen.settings import Scalar
+from pollen.settings import RunSettings, Scalar
 
 
 def learning_rate(settings: Mapping[str, Scalar], server_round: int) -> float:
     """The client learning rate for a round; 'multistep' decays by 10x at K//2 and 3(K//4)
     (FedEM's reference schedule, counted in server rounds); 'cosine' anneals over the rounds
     (FedSC's reference code)."""
-    lr = float(settings["lr"])
-    if settings["lr-schedule"] == "cosine":
-        low = float(settings.get("lr-min", 0.0))
-        rounds = int(settings["num-rounds"])
+    run = RunSettings.of(settings)
+    lr = run.lr
+    if run.lr_schedule == "cosine":
+        low = run.lr_min
+        rounds = run.num_rounds
         return low + (lr - low) * 0.5 * (1 + math.cos(math.pi * (server_round - 1) / rounds))
-    if settings["lr-schedule"] == "multistep":
-        rounds = int(settings["num-rounds"])
+    if run.lr_schedule == "multistep":
+        rounds = run.num_rounds
         for milestone in (rounds // 2, 3 * (rounds // 4)):
             if milestone and server_round > milestone:
                 lr *= 0.1
