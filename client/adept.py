@@ -24,7 +24,15 @@ from flwr.app import RecordDict
 
 from client.env import ClientEnv, ClientHandler
 from pollen import protocol
-from pollen.contracts.adept import MU, SIGMA, shares
+from pollen.contracts.adept import (
+    MU,
+    SIGMA,
+    AdeptAESettings,
+    AdeptDGMSettings,
+    AdeptPCASettings,
+    AdeptSettings,
+    shares,
+)
 
 
 def _inputs(env: ClientEnv, split: str) -> np.ndarray:
@@ -40,29 +48,28 @@ def _vectors(env: ClientEnv, split: str) -> np.ndarray:
     return x.reshape(len(x), -1).astype(np.float64)
 
 
-def _phase(content: RecordDict, env: ClientEnv) -> tuple[int, bool, str]:
+def _phase(content: RecordDict, env: ClientEnv, adept: AdeptSettings) -> tuple[int, bool, str]:
     """(round, whether mu and sigma go back, this round's role of the personal model)."""
     rnd = protocol.round_of(content)
-    share = shares(env.settings, rnd)
-    method = str(env.settings["adept.method"])
-    return rnd, share, "global" if method in ("fedavg", "fedavg-ft") and share else method
+    share = shares(adept, rnd, env.run.num_rounds)
+    role = "global" if adept.method in ("fedavg", "fedavg-ft") and share else adept.method
+    return rnd, share, role
 
 
 # --- ADEPT-PCA --------------------------------------------------------------------------------
 
 
-def _pca_hyper(env: ClientEnv, d: int) -> Any:
+def _pca_hyper(env: ClientEnv, adept: AdeptSettings, pca: AdeptPCASettings, d: int) -> Any:
     from models.adept_pca import PCAHyper
 
-    s, r = env.settings, int(env.settings["adept-pca.rank"])
     return PCAHyper(
-        eta1=float(s["lr"]),
-        eta2=float(s["adept.lr-global"]),
-        eta3=float(s["adept.lr-sigma"]),
-        xi=float(s["adept.xi"]),
-        noise=float(s["adept-pca.noise"]),
-        d_theta=float(s["adept-pca.d-theta"]) or float(d * r),
-        data_factor=1.0 if s["adept-pca.gradient"] == "exact" else 0.5,
+        eta1=env.run.lr,
+        eta2=adept.lr_global,
+        eta3=adept.lr_sigma,
+        xi=adept.xi,
+        noise=pca.noise,
+        d_theta=pca.d_theta or float(d * pca.rank),
+        data_factor=1.0 if pca.gradient == "exact" else 0.5,
     )
 
 
@@ -73,7 +80,7 @@ def _pca_metrics(env: ClientEnv, u: np.ndarray) -> dict[str, int | float]:
     out: dict[str, int | float] = {"test-examples": len(x)}
     if len(x):
         out["test-error"] = reconstruction_error(u, x)
-    if env.settings["dataset"] == "pca-synthetic":
+    if env.run.dataset == "pca-synthetic":
         from federated_data.synthetic_pca import true_subspaces
 
         params = {**dict(env.data_spec.dataset_params), "num_clients": env.data_spec.num_clients}
@@ -86,11 +93,12 @@ def _pca_train(content: RecordDict, env: ClientEnv) -> RecordDict:
     from models.adept_pca import client_round, data_step
     from models.stiefel import polar_factor, top_eigenvectors
 
-    rnd, share, role = _phase(content, env)
+    adept = AdeptSettings.of(env.settings)
+    rnd, share, role = _phase(content, env, adept)
     x = _vectors(env, "train")
     n, d = x.shape
     s = x.T @ x / max(n, 1)
-    hp = _pca_hyper(env, d)
+    hp = _pca_hyper(env, adept, AdeptPCASettings.of(env.settings), d)
     v = protocol.arrays_of(content, MU)["V"]
     sigma = float(protocol.arrays_of(content, SIGMA)["V"][0])
     stored, meta = env.state.load(before_round=rnd) or ({}, {})
@@ -114,7 +122,7 @@ def _pca_train(content: RecordDict, env: ClientEnv) -> RecordDict:
 
 
 def _pca_evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
-    rnd, _, role = _phase(content, env)
+    rnd, _, role = _phase(content, env, AdeptSettings.of(env.settings))
     stored, _ = env.state.load(before_round=rnd) or ({}, {})
     u = stored["U"] if role != "global" and "U" in stored else protocol.arrays_of(content, MU)["V"]
     metrics = {**_pca_metrics(env, u), protocol.NUM_EXAMPLES: len(env.data.train)}
@@ -124,20 +132,25 @@ def _pca_evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
 # --- ADEPT-AE ---------------------------------------------------------------------------------
 
 
-def _ae_hyper(env: ClientEnv, n: int) -> Any:
+def _ae_hyper(adept: AdeptSettings, ae: AdeptAESettings, n: int) -> Any:
     from models.adept_ae import AEHyper
 
-    s = env.settings
     return AEHyper(
-        eta2=float(s["adept.lr-global"]),
-        eta3=float(s["adept.lr-sigma"]),
-        xi=float(s["adept.xi"]),
-        prior_scale=float(s["adept-ae.prior-scale"]) or 1.0 / max(n, 1),
-        mu_gradient=str(s["adept-ae.mu-gradient"]),
+        eta2=adept.lr_global,
+        eta3=adept.lr_sigma,
+        xi=adept.xi,
+        prior_scale=ae.prior_scale or 1.0 / max(n, 1),
+        mu_gradient=ae.mu_gradient,
     )
 
 
-def _ae_model(env: ClientEnv, weights: Mapping[str, np.ndarray] | None, denoiser: bool) -> Any:
+def _ae_model(
+    env: ClientEnv,
+    weights: Mapping[str, np.ndarray] | None,
+    denoiser: bool,
+    ae: AdeptAESettings,
+    dgm: AdeptDGMSettings,
+) -> Any:
     """The autoencoder (with `denoiser`: the UNet denoiser) with `weights`, or this client's own
     random initialisation (clients start from different points, as in the authors' code)."""
     import torch
@@ -147,7 +160,13 @@ def _ae_model(env: ClientEnv, weights: Mapping[str, np.ndarray] | None, denoiser
 
     torch.set_num_threads(1)
     torch.manual_seed(env.seed(0, "init"))
-    model = theta_network(env.settings, env.data.train.input_shape, denoiser=denoiser)
+    model = theta_network(
+        env.data.train.input_shape,
+        denoiser,
+        latent=ae.latent,
+        channels=dgm.channels,
+        kernel=dgm.kernel,
+    )
     if weights is not None:
         set_weights(model, weights)
     return model
@@ -192,7 +211,7 @@ def _optimizer_arrays(opt: Any, env: ClientEnv) -> dict[str, np.ndarray]:
     return momentum_arrays(opt, env)
 
 
-def _data_term(env: ClientEnv, rnd: int, denoiser: bool) -> Any:
+def _data_term(env: ClientEnv, rnd: int, denoiser: bool, dgm: AdeptDGMSettings) -> Any:
     """Per-sample errors of a batch: reconstruction (AE) or denoising of a freshly corrupted
     batch (DGM; the noise is seeded by client and round)."""
     from models.autoencoder import squared_errors
@@ -202,8 +221,7 @@ def _data_term(env: ClientEnv, rnd: int, denoiser: bool) -> Any:
     from client.common import generator
     from models.diffusion import denoising_errors
 
-    kind = str(env.settings["adept-dgm.diffusion"])
-    return partial(denoising_errors, kind=kind, generator=generator(env, rnd, "noise"))
+    return partial(denoising_errors, kind=dgm.diffusion, generator=generator(env, rnd, "noise"))
 
 
 def _personal_weights(stored: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
@@ -219,28 +237,30 @@ def _ae_train(content: RecordDict, env: ClientEnv, *, denoiser: bool) -> RecordD
     from models.adept_ae import local_round
     from models.weights import get_weights
 
-    rnd, share, role = _phase(content, env)
+    adept = AdeptSettings.of(env.settings)
+    ae, dgm = AdeptAESettings.of(env.settings), AdeptDGMSettings.of(env.settings)
+    rnd, share, role = _phase(content, env, adept)
     x = torch.from_numpy(_inputs(env, "train"))
     n = len(x)
     mu = protocol.arrays_of(content, MU)
     stored, meta = env.state.load(before_round=rnd) or ({}, {})
     # FedAvg trains the received model; fine-tuning starts from the last global model
     fresh = role == "global" or (role == "fedavg-ft" and meta.get("role") != role)
-    model = _ae_model(env, mu if fresh else _personal_weights(stored), denoiser)
+    model = _ae_model(env, mu if fresh else _personal_weights(stored), denoiser, ae, dgm)
     metrics = _ae_metrics(env, model) if role == "global" else {}
-    steps = int(env.settings["adept-ae.local-steps"])
+    steps = ae.local_steps
     order = batches(n, max(1, n // steps), generator(env, rnd, "train"))
     chunks = [x[idx] for _, idx in zip(range(steps), order, strict=False)]
     opt = _theta_optimizer(model, content, env, stored, denoiser)
-    errors = _data_term(env, rnd, denoiser)
-    hp = _ae_hyper(env, n)
+    errors = _data_term(env, rnd, denoiser, dgm)
+    hp = _ae_hyper(adept, ae, n)
     names = [name for name, _ in model.named_parameters()]
     mu_out: dict[str, np.ndarray] = mu
     sigma_out = protocol.arrays_of(content, SIGMA)
     if role == "adept":
         tensors = [torch.tensor(mu[k]) for k in names]
         sigmas = [torch.tensor(sigma_out[k]) for k in names]
-        lazy = rnd <= int(env.settings["adept-ae.lazy-rounds"])
+        lazy = rnd <= ae.lazy_rounds
         new_mu, new_sigma, loss = local_round(
             model, chunks, opt, hp, tensors, sigmas, not lazy, errors
         )
@@ -265,15 +285,16 @@ def _ae_train(content: RecordDict, env: ClientEnv, *, denoiser: bool) -> RecordD
 
 
 def _ae_evaluate(content: RecordDict, env: ClientEnv, *, denoiser: bool) -> RecordDict:
-    rnd, _, role = _phase(content, env)
+    ae, dgm = AdeptAESettings.of(env.settings), AdeptDGMSettings.of(env.settings)
+    rnd, _, role = _phase(content, env, AdeptSettings.of(env.settings))
     saved = env.state.load(before_round=rnd)
     personal = _personal_weights(saved[0]) if saved and role != "global" else None
-    model = _ae_model(env, personal or protocol.arrays_of(content, MU), denoiser)
+    model = _ae_model(env, personal or protocol.arrays_of(content, MU), denoiser, ae, dgm)
     metrics = {**_ae_metrics(env, model), protocol.NUM_EXAMPLES: len(env.data.train)}
     if denoiser:
         from client.adept_dgm import sample_report
 
-        metrics.update(sample_report(env, model, _inputs(env, "test"), role))
+        metrics.update(sample_report(env, dgm, model, _inputs(env, "test"), role))
     return protocol.reply(content, env.cid, metrics)
 
 

@@ -18,6 +18,7 @@ from torch import nn
 
 from client.env import ClientEnv
 from federated_data.cachefiles import exclusive_lock
+from pollen.contracts.adept import AdeptDGMSettings
 
 ADAM = "adam"
 
@@ -54,14 +55,13 @@ def _images(ds: Any) -> np.ndarray:
     return x.astype(np.float32) / 255.0 if x.dtype == np.uint8 else x.astype(np.float32)
 
 
-def feature_net(env: ClientEnv) -> Any:
-    """The KID feature network: a SmallCNN classifier trained on every client's training split
-    (labels used, test images never), built once per data spec and cached."""
+def feature_net(env: ClientEnv, epochs: int) -> Any:
+    """The KID feature network: a SmallCNN classifier trained for `epochs` on every client's
+    training split (labels used, test images never), built once per data spec and cached."""
     from federated_data.client_data import load_client_data
     from models.classifiers import SmallCNN
     from models.kid import train_feature_net
 
-    epochs = int(env.settings["adept-dgm.feature-epochs"])
     key = hashlib.sha256(f"{env.data_spec!r}/{epochs}".encode()).hexdigest()[:16]
     directory = Path(env.cache_dir) / "adept-dgm-features"
     path = directory / f"{key}.pt"
@@ -107,31 +107,27 @@ def save_grid(images: np.ndarray, path: Path, columns: int = 10, scale: int = 0)
 
 
 def sample_report(
-    env: ClientEnv, model: nn.Module, test: np.ndarray, role: str
+    env: ClientEnv, dgm: AdeptDGMSettings, model: nn.Module, test: np.ndarray, role: str
 ) -> dict[str, int | float]:
     """Sample `adept-dgm.samples` images with the client's model, compare them with its test
     images (KID), and save a grid of the first 50 next to the run's results."""
     from models.diffusion import sample
     from models.kid import features, kid
 
-    s = env.settings
-    count = int(s["adept-dgm.samples"])
+    count = dgm.samples
     shape = tuple(test.shape[1:])
-    fake = sample(
-        model, count, shape, str(s["adept-dgm.diffusion"]), int(s["adept-dgm.sample-steps"]),
-        seed=env.seed(0, "samples"),
-    )  # fmt: skip
+    fake = sample(model, count, shape, dgm.diffusion, dgm.sample_steps, seed=env.seed(0, "samples"))
     out: dict[str, int | float] = {"sample-examples": count}
     if len(test) >= 2 and count >= 2:
-        net = feature_net(env)
+        net = feature_net(env, dgm.feature_epochs)
         rng = np.random.default_rng(env.seed(0, "kid"))
         value, spread = kid(
             features(net, torch.from_numpy(test)), features(net, fake),
-            int(s["adept-dgm.kid-subsets"]), 100, rng,
+            dgm.kid_subsets, 100, rng,
         )  # fmt: skip
         out.update({"sample-kid": value, "sample-kid-std": spread})
-    if s["out-dir"]:
-        directory = Path(str(s["out-dir"])) / "samples"
+    if env.run.out_dir:
+        directory = Path(env.run.out_dir) / "samples"
         save_grid(fake[:50].numpy(), directory / f"client-{env.cid}.png")
         save_grid(test[:20], directory / f"client-{env.cid}-test.png")
         line = {"client": env.cid, "role": role, "test-images": len(test), **out}

@@ -29,6 +29,7 @@ from client.env import ClientEnv, ClientHandler
 from client.training import ProximalTerm
 from models.weights import get_weights, set_weights
 from pollen import protocol
+from pollen.contracts.fedavg import FedAvgPlusSettings, FedProxSettings
 
 
 def _received(content: RecordDict, env: ClientEnv) -> nn.Module:
@@ -60,12 +61,12 @@ def _model_metrics(
         return received
     tuned = copy.deepcopy(model)
     sgd = dataclasses.replace(
-        sgd_for_round(content, env), epochs=int(env.settings["fedavg-plus.adapt-epochs"])
+        sgd_for_round(content, env), epochs=FedAvgPlusSettings.of(env.settings).adapt_epochs
     )
     if protocol.config_of(content).get("unseen"):
         # A newcomer's own schedule has not started: the reference code counts each client's own
         # local epochs, so it tunes at the initial rate, not at the decayed rate of the last round.
-        sgd = dataclasses.replace(sgd, lr=float(env.settings["lr"]))
+        sgd = dataclasses.replace(sgd, lr=env.run.lr)
     rnd = protocol.round_of(content)
     train_locally(tuned, split_tensors(env, "train"), sgd, generator(env, rnd, "adapt"))
     return {**test_metrics(tuned, data, split), **{f"global-{k}": v for k, v in received.items()}}
@@ -79,13 +80,13 @@ def _train(
     rnd = protocol.round_of(content)
     model = _received(content, env)
     metrics = _model_metrics(model, content, env, adapt)
-    term = _proximal(model, float(env.settings["fedprox.mu"])) if proximal else None
+    term = _proximal(model, FedProxSettings.of(env.settings).mu) if proximal else None
     data = split_tensors(env, "train")
     sgd = sgd_for_round(content, env)
-    saved = env.state.load(before_round=rnd) if env.settings["persist-momentum"] else None
+    saved = env.state.load(before_round=rnd) if env.run.persist_momentum else None
     opt = optimizer(model, sgd, env, saved[0] if saved else {})
     metrics["train-loss"] = train_locally(model, data, sgd, generator(env, rnd, "train"), term, opt)
-    if env.settings["persist-momentum"]:
+    if env.run.persist_momentum:
         env.state.save(rnd, momentum_arrays(opt, env), {"round": rnd})
     metrics[protocol.NUM_EXAMPLES] = len(data)
     return protocol.reply(content, env.cid, metrics, arrays=get_weights(model))

@@ -35,7 +35,7 @@ from models.mixture import (
 )
 from models.weights import get_weights, set_weights
 from pollen import protocol
-from pollen.contracts.fedem import pack, unpack
+from pollen.contracts.fedem import FedEMSettings, pack, unpack
 
 
 def packed_models(content: RecordDict, num: int, env: ClientEnv) -> list[nn.Module]:
@@ -49,7 +49,7 @@ def packed_models(content: RecordDict, num: int, env: ClientEnv) -> list[nn.Modu
 
 
 def _components(content: RecordDict, env: ClientEnv) -> list[nn.Module]:
-    return packed_models(content, int(env.settings["fedem.components"]), env)
+    return packed_models(content, FedEMSettings.of(env.settings).components, env)
 
 
 def _losses(models: list[nn.Module], data: Tensors) -> torch.Tensor:
@@ -90,7 +90,7 @@ def mixture_metrics(
 def _stored(env: ClientEnv, rnd: int) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
     """The client's pi as of before round `rnd` (uniform before its first round) and the rest
     of its stored state."""
-    num = int(env.settings["fedem.components"])
+    num = FedEMSettings.of(env.settings).components
     saved = env.state.load(before_round=rnd)
     stored = saved[0] if saved is not None else {}
     if "pi" in stored:
@@ -141,10 +141,9 @@ def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
     train_data = split_tensors(env, "train")
     metrics: dict[str, int | float] = {protocol.NUM_EXAMPLES: len(train_data)}
     if protocol.config_of(content).get("unseen"):
+        fedem = FedEMSettings.of(env.settings)
         pi, iterations = fit_mixture_weights(
-            _losses(models, train_data),
-            int(env.settings["fedem.em-iterations"]),
-            float(env.settings["fedem.em-tolerance"]),
+            _losses(models, train_data), fedem.em_iterations, fedem.em_tolerance
         )
         metrics["em-iterations"] = iterations
         metrics.update(mixture_metrics(models, pi, train_data, split="train"))

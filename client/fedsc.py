@@ -37,18 +37,21 @@ from models.dp_correlation import dp_correlation, release_epsilon
 from models.simclr import nt_xent
 from models.spectral import local_objective, norm_clip
 from models.ssl_eval import embed, knn_accuracy
-from models.ssl_nets import ContrastiveNet, contrastive_net
+from models.ssl_nets import ContrastiveNet, build_contrastive_net
 from models.weights import get_weights, set_weights
 from pollen import protocol
-from pollen.contracts.fedsc import CORRELATION, OTHERS
+from pollen.contracts.fedsc import CORRELATION, OTHERS, BYOLSettings, FedSCSettings, SimCLRSettings
 from pollen.dataspec import model_input
 
 
-def _received(content: RecordDict, env: ClientEnv, predictor: bool) -> ContrastiveNet:
+def _received(
+    content: RecordDict, env: ClientEnv, fedsc: FedSCSettings, predictor: bool
+) -> ContrastiveNet:
     """The received model; `predictor`: it has BYOL's predictor (FedAvg + BYOL)."""
     torch.set_num_threads(1)
     shape = model_input(env.settings)[0]
-    model = contrastive_net(env.settings, shape, predictor).to(env.device)
+    net = build_contrastive_net(fedsc.encoder, shape, fedsc.dim, fedsc.hidden, predictor=predictor)
+    model = net.to(env.device)
     set_weights(model, protocol.arrays_of(content))
     return model
 
@@ -59,7 +62,9 @@ def _augmenter(env: ClientEnv) -> Augmenter:
     return Augmenter(shape, train.mean, train.std)
 
 
-def knn_metrics(model: ContrastiveNet, env: ClientEnv) -> dict[str, int | float]:
+def knn_metrics(
+    model: ContrastiveNet, env: ClientEnv, fedsc: FedSCSettings
+) -> dict[str, int | float]:
     """kNN accuracy of the client's test split against its training split (projector outputs)."""
     test = tensors(env.data.test, env.device)
     metrics: dict[str, int | float] = {"knn-examples": len(test)}
@@ -73,21 +78,28 @@ def knn_metrics(model: ContrastiveNet, env: ClientEnv) -> dict[str, int | float]
         embed(model, test.x),
         test.y,
         env.data.train.num_classes,
-        k=int(env.settings["fedsc.knn-k"]),
-        temperature=float(env.settings["fedsc.knn-temperature"]),
+        k=fedsc.knn_k,
+        temperature=fedsc.knn_temperature,
     )
     return metrics
 
 
 def correlation(content: RecordDict, env: ClientEnv) -> RecordDict:
     rnd = protocol.round_of(content)
-    model = _received(content, env, predictor=False)
-    s = env.settings
+    fedsc = FedSCSettings.of(env.settings)
+    model = _received(content, env, fedsc, predictor=False)
     saved = env.state.load(before_round=rnd)
     releases = int(saved[1].get("releases", 0)) if saved else 0
     n = len(env.data.train)
-    budget = float(s["fedsc.epsilon-budget"])
-    epsilon = release_epsilon(s, releases + 1, n)
+    budget = fedsc.epsilon_budget
+    epsilon = release_epsilon(
+        releases + 1,
+        n,
+        mu=fedsc.mu,
+        noise_std=fedsc.noise_std,
+        delta=fedsc.delta,
+        convention=fedsc.sensitivity,
+    )
     if budget > 0 and epsilon > budget:
         raise RuntimeError(
             f"privacy budget: release {releases + 1} would reach epsilon {epsilon:.3f} > "
@@ -99,13 +111,13 @@ def correlation(content: RecordDict, env: ClientEnv) -> RecordDict:
         model,
         tensors(env.data.train, env.device).x,
         _augmenter(env),
-        float(s["fedsc.mu"]),
-        float(s["fedsc.noise-std"]),
+        fedsc.mu,
+        fedsc.noise_std,
         views=generator(env, rnd, "correlation-views"),
         noise=private,
-        passes=int(s["fedsc.passes"]),
-        views_per_pass=int(s["fedsc.views-per-pass"]),
-        batch_size=int(s["batch-size"]),
+        passes=fedsc.passes,
+        views_per_pass=fedsc.views_per_pass,
+        batch_size=env.run.batch_size,
     )
     env.state.save(rnd, {}, {"round": rnd, "releases": releases + 1, "epsilon": epsilon})
     metrics = {
@@ -121,6 +133,7 @@ def correlation(content: RecordDict, env: ClientEnv) -> RecordDict:
 def _train(
     content: RecordDict,
     env: ClientEnv,
+    fedsc: FedSCSettings,
     model: ContrastiveNet,
     objective: TwoViewObjective,
     loss_scale: float,
@@ -144,7 +157,7 @@ def _train(
         opt=SGD(params, sgd.lr, sgd.momentum, sgd.weight_decay),
         generator=generator(env, protocol.round_of(content), "train"),
         loss_scale=loss_scale,
-        grad_clip=float(env.settings["fedsc.grad-clip"]),
+        grad_clip=fedsc.grad_clip,
         after_step=after_step,
     )
     metrics[protocol.NUM_EXAMPLES] = len(data)
@@ -152,43 +165,48 @@ def _train(
 
 
 def train(content: RecordDict, env: ClientEnv) -> RecordDict:
-    model = _received(content, env, predictor=False)
-    metrics = knn_metrics(model, env)
+    fedsc = FedSCSettings.of(env.settings)
+    model = _received(content, env, fedsc, predictor=False)
+    metrics = knn_metrics(model, env, fedsc)
     others = None
     if OTHERS in content:
         others = torch.from_numpy(protocol.arrays_of(content, OTHERS)["r"]).to(env.device)
     alpha = float(protocol.config_of(content).get("alpha", 1.0)) if others is not None else 1.0
-    mu = float(env.settings["fedsc.mu"])
+    mu = fedsc.mu
 
     def objective(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         return local_objective(norm_clip(z1, mu), norm_clip(z2, mu), alpha, others)
 
     metrics["alpha"] = alpha
-    scale = float(env.settings["fedsc.loss-scale"])
-    return _train(content, env, model, objective, scale, metrics)
+    return _train(content, env, fedsc, model, objective, fedsc.loss_scale, metrics)
 
 
 def train_simclr(content: RecordDict, env: ClientEnv) -> RecordDict:
     """FedAvg + SimCLR's local step: NT-Xent on the projector outputs, nothing shared."""
-    model = _received(content, env, predictor=False)
-    temperature = float(env.settings["simclr.temperature"])
+    fedsc = FedSCSettings.of(env.settings)
+    model = _received(content, env, fedsc, predictor=False)
+    temperature = SimCLRSettings.of(env.settings).temperature
 
     def objective(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         return nt_xent(z1, z2, temperature)
 
-    return _train(content, env, model, objective, 1.0, knn_metrics(model, env))
+    return _train(content, env, fedsc, model, objective, 1.0, knn_metrics(model, env, fedsc))
 
 
 def train_byol(content: RecordDict, env: ClientEnv) -> RecordDict:
     """FedAvg + BYOL's local step: the target starts as the received model (reset at sync)."""
-    model = _received(content, env, predictor=True)
-    pair = BYOLPair(model, float(env.settings["byol.ema"]))
-    metrics = knn_metrics(model, env)
-    return _train(content, env, model, pair.symmetric_loss, 1.0, metrics, pair, pair.update_target)
+    fedsc = FedSCSettings.of(env.settings)
+    model = _received(content, env, fedsc, predictor=True)
+    pair = BYOLPair(model, BYOLSettings.of(env.settings).ema)
+    metrics = knn_metrics(model, env, fedsc)
+    return _train(
+        content, env, fedsc, model, pair.symmetric_loss, 1.0, metrics, pair, pair.update_target
+    )
 
 
 def evaluate(content: RecordDict, env: ClientEnv, *, predictor: bool = False) -> RecordDict:
-    metrics = knn_metrics(_received(content, env, predictor), env)
+    fedsc = FedSCSettings.of(env.settings)
+    metrics = knn_metrics(_received(content, env, fedsc, predictor), env, fedsc)
     metrics[protocol.NUM_EXAMPLES] = len(env.data.train)
     return protocol.reply(content, env.cid, metrics)
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from experiments.fedsc_probe_features import evaluator_of, initial_weights, settings_of, table
+from pollen.contracts.fedsc import FedSCSettings
 
 COLUMNS = {
     "global": "global objective L",
@@ -93,7 +94,7 @@ def main() -> None:
             raise SystemExit(f"{reference}: no run of --split-of {args.split_of} for seed {seed}")
         base = settings_of(reference)
         views, q = client_views(client_splits(base), args.views)
-        mu = float(base["fedsc.mu"])
+        mu = FedSCSettings.of(base).mu
         for path in (p for p in runs if p.parent.name.endswith(f"-seed{seed}")):
             method = path.parent.name.rpartition("-seed")[0]
             if not (path.parent / "config.json").exists():

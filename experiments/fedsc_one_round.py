@@ -25,6 +25,8 @@ import numpy as np
 
 from experiments.fedsc_objective import client_splits, client_views, terms
 from experiments.fedsc_probe_features import evaluator_of, settings_of
+from pollen.contracts.fedsc import FedSCSettings
+from pollen.settings import RunSettings
 
 
 def one_round(
@@ -45,7 +47,8 @@ def one_round(
     from models.spectral import local_objective, norm_clip, others
     from models.weights import get_weights
 
-    mu, batch = float(settings["fedsc.mu"]), int(settings["batch-size"])
+    run, fedsc = RunSettings.of(settings), FedSCSettings.of(settings)
+    mu, batch = fedsc.mu, run.batch_size
     sizes = [len(train) for train, _ in splits]
     q = {cid: float(n) for cid, n in enumerate(sizes)}
     models = []
@@ -68,10 +71,10 @@ def one_round(
             objective,
             epochs=1,
             batch_size=batch,
-            opt=SGD(params, lr, float(settings["momentum"]), float(settings["weight-decay"])),
+            opt=SGD(params, lr, run.momentum, run.weight_decay),
             generator=generator,
-            loss_scale=float(settings["fedsc.loss-scale"]),
-            grad_clip=float(settings["fedsc.grad-clip"]),
+            loss_scale=fedsc.loss_scale,
+            grad_clip=fedsc.grad_clip,
         )
         models.append(get_weights(net))
     w = np.asarray(sizes, dtype=np.float64) / sum(sizes)
@@ -86,6 +89,7 @@ def exact_correlations(
 
     from models.dp_correlation import dp_correlation
 
+    fedsc = FedSCSettings.of(settings)
     net = evaluator_of(settings).net(start)
     generator = torch.Generator().manual_seed(7)
     out = {}
@@ -94,12 +98,12 @@ def exact_correlations(
             net,
             torch.from_numpy(train.features()),
             augment,
-            float(settings["fedsc.mu"]),
+            fedsc.mu,
             0.0,
             views=generator,
             noise=generator,
-            passes=int(settings["fedsc.passes"]),
-            views_per_pass=int(settings["fedsc.views-per-pass"]),
+            passes=fedsc.passes,
+            views_per_pass=fedsc.views_per_pass,
             batch_size=256,
         )
         out[cid] = r.numpy()
@@ -130,7 +134,8 @@ def main() -> None:
         if not (args.run / name).exists():
             raise SystemExit(f"{args.run}: no {name} (a run directory of a FedSC experiment?)")
     settings = settings_of(args.run)
-    if settings["fedsc.weighting"] == "uniform" or int(settings["num-clients"]) < 2:
+    fedsc = FedSCSettings.of(settings)
+    if fedsc.weighting == "uniform" or RunSettings.of(settings).num_clients < 2:
         raise SystemExit("needs a run with two or more clients and example-weighted averaging")
     import torch
 
@@ -140,7 +145,7 @@ def main() -> None:
         start = dict(saved)
     splits = client_splits(settings)
     views, q = client_views(splits, 4)
-    mu = float(settings["fedsc.mu"])
+    mu = fedsc.mu
     before = terms(evaluator.net(start), views, q, mu)
     shared = exact_correlations(settings, splits, start)
     rows: list[dict[str, Any]] = []

@@ -40,11 +40,13 @@ def strategy_of(settings: dict[str, Any]) -> FedSC:
     """A fresh server strategy of the run's algorithm, as its registry entry names it (the
     network of FedAvg + BYOL's has a predictor)."""
     from pollen.registry import get_algorithm
+    from pollen.settings import RunSettings
     from strategies.fedsc import FedSC
 
-    strategy = get_algorithm(str(settings["algorithm"])).strategy_class()(settings)
+    algorithm = RunSettings.of(settings).algorithm
+    strategy = get_algorithm(algorithm).strategy_class()(settings)
     if not isinstance(strategy, FedSC):
-        raise SystemExit(f"algorithm {settings['algorithm']!r} is not one of FedSC's family")
+        raise SystemExit(f"algorithm {algorithm!r} is not one of FedSC's family")
     return strategy
 
 
@@ -56,7 +58,7 @@ def evaluator_of(settings: dict[str, Any]) -> RepresentationEvaluator:
 def initial_weights(settings: dict[str, Any]) -> dict[str, np.ndarray]:
     """The model the run started from."""
     initial = strategy_of(settings)
-    initial.initialize(int(settings["seed"]))
+    initial.initialize(initial.run.seed)
     return dict(initial.weights)
 
 
@@ -68,11 +70,13 @@ def settings_of(run: Path) -> dict[str, Any]:
 def untrained_key(settings: dict[str, Any]) -> str:
     """What the untrained probe of a run depends on, apart from the seed: its data split and
     encoder (runs of one seed with equal keys start from the same model and data)."""
+    from pollen.contracts.fedsc import FedSCSettings
     from pollen.dataspec import data_spec
 
     split = dataclasses.replace(data_spec(settings), seed=0)
-    model = [settings[k] for k in ("fedsc.encoder", "fedsc.dim", "fedsc.hidden")]
-    probe = [settings[k] for k in ("fedsc.probe-epochs", "fedsc.probe-lr")]
+    fedsc = FedSCSettings.of(settings)
+    model = [fedsc.encoder, fedsc.dim, fedsc.hidden]
+    probe = [fedsc.probe_epochs, fedsc.probe_lr]
     return repr((split, model, probe))
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -24,19 +24,19 @@ from models.autoencoder import squared_errors
 
 
 def theta_network(
-    settings: Mapping[str, Any], input_shape: tuple[int, ...], denoiser: bool
+    input_shape: tuple[int, ...], denoiser: bool, *, latent: int, channels: int, kernel: int
 ) -> nn.Module:
-    """theta's (and mu's) architecture: the linear autoencoder (adept-ae's, size from
-    `adept-ae.latent`) or, with `denoiser`, the small UNet denoiser (adept-dgm's, from
-    `adept-dgm.channels` and `adept-dgm.kernel`)."""
+    """theta's (and mu's) architecture: the linear autoencoder with `latent` units (adept-ae's,
+    `adept-ae.latent`) or, with `denoiser`, the small UNet denoiser of widths `channels` and
+    2 `channels` and convolution size `kernel` (adept-dgm's, `adept-dgm.channels` and
+    `adept-dgm.kernel`)."""
     if denoiser:
         from models.unet_small import SmallUNet
 
-        width = int(settings["adept-dgm.channels"])
-        return SmallUNet(input_shape, (width, 2 * width), int(settings["adept-dgm.kernel"]))
+        return SmallUNet(input_shape, (channels, 2 * channels), kernel)
     from models.autoencoder import LinearAutoencoder
 
-    return LinearAutoencoder(input_shape, int(settings["adept-ae.latent"]))
+    return LinearAutoencoder(input_shape, latent)
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,7 @@ the sqrt(2) bound (the one the paper's Table 6 noise levels match); 'paper' give
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -103,14 +102,20 @@ def rdp_epsilon(releases: int, sigma: float, w: float, delta: float) -> float:
     return float(np.nanmin(eps))
 
 
-def release_epsilon(settings: Mapping[str, Any], releases: int, num_train: int) -> float:
-    """Epsilon (Opacus RDP) of a client after `releases` DP-CalR releases, under the run's
-    `fedsc.*` settings (clipping mu, noise std, delta, sensitivity convention)."""
-    mu = float(settings["fedsc.mu"])
-    w = sensitivity(mu, max(num_train, 1), str(settings["fedsc.sensitivity"]))
-    return rdp_epsilon(
-        releases, float(settings["fedsc.noise-std"]), w, float(settings["fedsc.delta"])
-    )
+def release_epsilon(
+    releases: int,
+    num_train: int,
+    *,
+    mu: float,
+    noise_std: float,
+    delta: float,
+    convention: str,
+) -> float:
+    """Epsilon (Opacus RDP) of a client with `num_train` training examples after `releases`
+    DP-CalR releases with clipping mu, noise std and delta, at the sensitivity of `convention`
+    (the run's `fedsc.mu`, `fedsc.noise-std`, `fedsc.delta`, `fedsc.sensitivity`)."""
+    w = sensitivity(mu, max(num_train, 1), convention)
+    return rdp_epsilon(releases, noise_std, w, delta)
 
 
 def calibrate_sigma(target_epsilon: float, releases: int, w: float, delta: float) -> float:

@@ -18,8 +18,6 @@ correlation matrices use, the backbone's output is what a linear probe reads. Ba
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
 
 import torch
 from torch import nn
@@ -170,17 +168,3 @@ def build_contrastive_net(
         raise ValueError(f"unknown encoder {encoder!r}; known: {', '.join(ENCODERS)}")
     features = int(backbone.out_features)  # type: ignore[arg-type]
     return ContrastiveNet(backbone, features, dim, hidden or 2 * features, predictor)
-
-
-def contrastive_net(
-    settings: Mapping[str, Any], input_shape: tuple[int, ...], predictor: bool
-) -> ContrastiveNet:
-    """The run's network for images of input_shape, from its `fedsc.*` settings: backbone and
-    projector, and with `predictor` BYOL's predictor (fedavg-byol's)."""
-    return build_contrastive_net(
-        str(settings["fedsc.encoder"]),
-        input_shape,
-        int(settings["fedsc.dim"]),
-        int(settings["fedsc.hidden"]),
-        predictor=predictor,
-    )

@@ -12,6 +12,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pollen.contracts.adept import (
+    AdeptAESettings,
+    AdeptDGMSettings,
+    AdeptPCASettings,
+    AdeptSettings,
+)
+from pollen.contracts.clustered import ClusteredSettings
+from pollen.contracts.fedavg import FedAvgPlusSettings, FedProxSettings
+from pollen.contracts.fedem import DFedEMSettings, FedEMSettings
+from pollen.contracts.fedlrt import FeDLRTSettings
+from pollen.contracts.fedsc import BYOLSettings, FedSCSettings, SimCLRSettings
+from pollen.contracts.noop import NoOpSettings
 from pollen.settings import COMMON_SETTINGS, Scalar, Setting, SettingsError
 
 if TYPE_CHECKING:
@@ -51,154 +63,7 @@ class AlgorithmSpec:
         return handler
 
 
-FEDSC_SETTINGS = (
-    Setting(
-        "fedsc.encoder",
-        "cnn",
-        "backbone: 'cnn' (small, for 28x28/8x8 grayscale; BatchNorm), 'cnn-gn' (the same with "
-        "per-sample GroupNorm/LayerNorm: for few classes per client), the paper's "
-        "'fixup-resnet20' (SVHN, CIFAR-10) or 'resnet34-cifar' (CIFAR-100)",
-        choices=("cnn", "cnn-gn", "fixup-resnet20", "resnet34-cifar"),
-    ),
-    Setting(
-        "fedsc.dim", 64, "representation dimension H (projector output; paper: 512)", minimum=1
-    ),
-    Setting("fedsc.hidden", 0, "projector hidden width (0: twice the backbone's)", minimum=0),
-    Setting(
-        "fedsc.mu", 4.0, "representations are clipped to norm sqrt(mu) (paper: 2-5)", minimum=1e-9
-    ),
-    Setting(
-        "fedsc.alpha-schedule",
-        "linear",
-        "'linear': alpha from 1 to alpha-min over the rounds (paper's experiments); 'constant': "
-        "alpha-min; 'q': the client's data share q_j (the provable objective)",
-        choices=("linear", "constant", "q"),
-    ),
-    Setting(
-        "fedsc.alpha-min",
-        0.2,
-        "last alpha of 'linear', value of 'constant'",
-        minimum=0.0,
-        maximum=1.0,
-    ),
-    Setting(
-        "fedsc.share",
-        "every-round",
-        "rounds in which correlation matrices are shared: 'every-round', 'after' (t > "
-        "share-after), 'after-even' (t > share-after, t even), 'never'",
-        choices=("every-round", "after", "after-even", "never"),
-    ),
-    Setting(
-        "fedsc.share-after", 0, "first rounds without sharing ('after', 'after-even')", minimum=0
-    ),
-    Setting(
-        "fedsc.noise-std",
-        0.0,
-        "DP noise std sigma on every correlation entry (0: no DP)",
-        minimum=0.0,
-    ),
-    Setting(
-        "fedsc.delta", 1e-5, "delta of the reported (epsilon, delta)", minimum=1e-12, maximum=1.0
-    ),
-    Setting(
-        "fedsc.epsilon-budget",
-        0.0,
-        "stop a client's releases before its epsilon would exceed this (0: no budget)",
-        minimum=0.0,
-    ),
-    Setting(
-        "fedsc.sensitivity",
-        "sqrt2",
-        "sensitivity of a release: 'sqrt2' = sqrt(2) mu/|D_j| (replace-one bound), 'paper' = "
-        "mu/|D_j|",
-        choices=("sqrt2", "paper"),
-    ),
-    Setting("fedsc.passes", 5, "DP-CalR passes over the local data", minimum=1),
-    Setting("fedsc.views-per-pass", 2, "augmented views per image and pass", minimum=1),
-    Setting(
-        "fedsc.loss-scale",
-        2.0,
-        "training loss = scale x paper loss (reference code: 2)",
-        minimum=0.0,
-    ),
-    Setting("fedsc.grad-clip", 3.0, "local gradient-norm clipping (0: off)", minimum=0.0),
-    Setting(
-        "fedsc.weighting",
-        "examples",
-        "weights of clients in R and model averaging: 'examples' (q_j) or 'uniform'",
-        choices=("examples", "uniform"),
-    ),
-    Setting("fedsc.knn-k", 200, "neighbours of the kNN monitor", minimum=1),
-    Setting("fedsc.knn-temperature", 0.1, "temperature of the kNN votes", minimum=1e-6),
-    Setting("fedsc.probe-epochs", 100, "epochs of the final linear probe (paper: 200)", minimum=1),
-    Setting("fedsc.probe-lr", 3e-3, "Adam learning rate of the linear probe", minimum=0.0),
-)
-
 ADEPT_MESSAGES = ("train", "evaluate")
-ADEPT_SETTINGS = (
-    Setting(
-        "adept.method",
-        "adept",
-        "'adept'; or a baseline in the same framework: 'local' (no prior, nothing shared), "
-        "'fedavg' (one global model), 'fedavg-ft' (FedAvg, then local fine-tuning)",
-        choices=("adept", "local", "fedavg", "fedavg-ft"),
-    ),
-    Setting("adept.sigma-init", 1.0, "initial sigma (every entry)", minimum=1e-12),
-    Setting("adept.xi", 1e-6, "hyper-prior xi: keeps sigma away from 0", minimum=0.0),
-    Setting("adept.lr-global", 0.01, "step size eta2 of the client's copy of mu (V)", minimum=0.0),
-    Setting("adept.lr-sigma", 1e-3, "step size eta3 of sigma", minimum=0.0),
-    Setting(
-        "adept.tune-round",
-        0,
-        "fedavg-ft: last FedAvg round before local fine-tuning (0: num-rounds // 2)",
-        minimum=0,
-    ),
-)
-ADEPT_PCA_SETTINGS = (
-    Setting("adept-pca.rank", 20, "rank r of the learned subspaces", minimum=1),
-    Setting("adept-pca.noise", 0.2, "sigma_eps of the probabilistic PCA model", minimum=1e-9),
-    Setting("adept-pca.d-theta", 0.0, "d_theta of the sigma prior (0: d * r)", minimum=0.0),
-    Setting(
-        "adept-pca.gradient",
-        "exact",
-        "data-term gradient factor: 'exact' (n) or 'paper' (the printed n/2)",
-        choices=("exact", "paper"),
-    ),
-)
-ADEPT_AE_SETTINGS = (
-    Setting("adept-ae.latent", 10, "latent size of the linear autoencoder", minimum=1),
-    Setting("adept-ae.local-steps", 20, "local iterations tau per round", minimum=1),
-    Setting(
-        "adept-ae.prior-scale",
-        0.0,
-        "weight c of the prior beside the per-sample mean loss (0: 1/n_i; authors' code: 0.1)",
-        minimum=0.0,
-    ),
-    Setting(
-        "adept-ae.mu-gradient",
-        "code",
-        "client step of mu: 'code' 2(mu - theta) (authors' code), 'paper' c(mu - theta)/sigma^2",
-        choices=("code", "paper"),
-    ),
-    Setting("adept-ae.lazy-rounds", 2, "rounds before sigma starts to move", minimum=0),
-)
-ADEPT_DGM_SETTINGS = (
-    Setting(
-        "adept-dgm.diffusion",
-        "soft",
-        "'soft': the authors' released corruption (1 - a) x + a U[0,1) noise and mixing "
-        "sampler; 'vp': variance-preserving, cosine schedule, x-prediction, DDIM sampler",
-        choices=("soft", "vp"),
-    ),
-    Setting("adept-dgm.channels", 32, "UNet widths c and 2c (authors: 32)", minimum=1),
-    Setting("adept-dgm.kernel", 5, "UNet convolution kernel size (odd; authors: 5)", minimum=1),
-    Setting("adept-dgm.samples", 200, "images each client samples at the end", minimum=0),
-    Setting("adept-dgm.sample-steps", 500, "sampler steps (authors: 500)", minimum=1),
-    Setting("adept-dgm.kid-subsets", 100, "random subsets the KID is averaged over", minimum=1),
-    Setting(
-        "adept-dgm.feature-epochs", 10, "epochs of the KID feature network's training", minimum=1
-    ),
-)
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {
     spec.name: spec
@@ -217,14 +82,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.fedavg:FedAvg",
             client="client.fedavg:ADAPTING_HANDLERS",
             message_types=("train", "evaluate"),
-            settings=(
-                Setting(
-                    "fedavg-plus.adapt-epochs",
-                    1,
-                    "local epochs of fine-tuning before evaluation",
-                    minimum=1,
-                ),
-            ),
+            settings=FedAvgPlusSettings.declarations(),
         ),
         AlgorithmSpec(
             name="fedprox",
@@ -232,7 +90,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.fedavg:FedAvg",
             client="client.fedavg:PROXIMAL_HANDLERS",
             message_types=("train", "evaluate"),
-            settings=(Setting("fedprox.mu", 0.01, "proximal term strength", minimum=0.0),),
+            settings=FedProxSettings.declarations(),
         ),
         AlgorithmSpec(
             name="fedem",
@@ -241,29 +99,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.fedem:FedEM",
             client="client.fedem",
             message_types=("train", "evaluate"),
-            settings=(
-                Setting("fedem.components", 3, "number of mixture components M", minimum=1),
-                Setting(
-                    "fedem.aggregation",
-                    "stale",
-                    "under client sampling: 'stale' counts "
-                    "unsampled clients with their copy of the previous model (reference "
-                    "code); 'renormalize' averages sampled clients only",
-                    choices=("stale", "renormalize"),
-                ),
-                Setting(
-                    "fedem.em-iterations",
-                    100,
-                    "EM iterations an unseen client runs on its mixture weights",
-                    minimum=1,
-                ),
-                Setting(
-                    "fedem.em-tolerance",
-                    1e-6,
-                    "stop an unseen client's EM when pi changes less than this (L1)",
-                    minimum=0.0,
-                ),
-            ),
+            settings=FedEMSettings.declarations(),
         ),
         AlgorithmSpec(
             name="d-fedem",
@@ -273,15 +109,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             client="client.fedem",
             message_types=("train", "evaluate"),
             uses=("fedem",),
-            settings=(
-                Setting(
-                    "d-fedem.edge-probability",
-                    0.5,
-                    "edge probability of the Erdős–Rényi communication graph",
-                    minimum=1e-6,
-                    maximum=1.0,
-                ),
-            ),
+            settings=DFedEMSettings.declarations(),
         ),
         AlgorithmSpec(
             name="clustered",
@@ -290,34 +118,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.clustered:Clustered",
             client="client.clustered",
             message_types=("train", "evaluate"),
-            settings=(
-                Setting(
-                    "clustered.tol1",
-                    0.4,
-                    "split a cluster only while the norm of its mean update is below this",
-                    minimum=0.0,
-                ),
-                Setting(
-                    "clustered.tol2",
-                    1.6,
-                    "split a cluster only while some member's update norm is above this",
-                    minimum=0.0,
-                ),
-                Setting(
-                    "clustered.max-norm",
-                    "l2",
-                    "the member update norm compared with tol2: 'l2' (official code) or "
-                    "'coordinate', the largest absolute entry (FedEM's reference code)",
-                    choices=("l2", "coordinate"),
-                ),
-                Setting(
-                    "clustered.warmup-rounds",
-                    0,
-                    "rounds before any split is allowed (FedEM's reference: 0; the official "
-                    "code's example: 20)",
-                    minimum=0,
-                ),
-            ),
+            settings=ClusteredSettings.declarations(),
         ),
         AlgorithmSpec(
             name="fedlrt",
@@ -332,52 +133,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
                 "train.fedlrt_coef",
                 "evaluate",
             ),
-            settings=(
-                Setting(
-                    "fedlrt.var-cor",
-                    "simplified",
-                    "variance correction: 'none' (2 phases), 'simplified' (2 phases, corrects "
-                    "the non-augmented block), 'full' (3 phases)",
-                    choices=("none", "simplified", "full"),
-                ),
-                Setting(
-                    "fedlrt.tau",
-                    0.01,
-                    "truncation tolerance: discarded singular values have norm < tau*||S||_F "
-                    "(relative) or < tau (absolute)",
-                    minimum=0.0,
-                ),
-                Setting(
-                    "fedlrt.truncation",
-                    "relative",
-                    "truncation threshold mode",
-                    choices=("relative", "absolute"),
-                ),
-                Setting(
-                    "fedlrt.rank",
-                    0,
-                    "initial rank of every factorized layer (0: the cap)",
-                    minimum=0,
-                ),
-                Setting(
-                    "fedlrt.max-rank",
-                    0,
-                    "rank cap of every factorized layer (0: floor(min(m, n)/2))",
-                    minimum=0,
-                ),
-                Setting("fedlrt.min-rank", 1, "smallest rank truncation may leave", minimum=1),
-                Setting(
-                    "fedlrt.layers",
-                    "hidden",
-                    "linear layers to factorize: 'hidden' (all but the output layer), 'all', "
-                    "or comma-separated module names",
-                ),
-                Setting(
-                    "fedlrt.dense-correction",
-                    True,
-                    "with a variance correction, also correct the dense parameters FedLin-style",
-                ),
-            ),
+            settings=FeDLRTSettings.declarations(),
         ),
         AlgorithmSpec(
             name="fedlin",
@@ -395,7 +151,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.fedsc:FedSC",
             client="client.fedsc",
             message_types=("query.correlation", "train", "evaluate"),
-            settings=FEDSC_SETTINGS,
+            settings=FedSCSettings.declarations(),
         ),
         AlgorithmSpec(
             name="fedavg-sc",
@@ -414,14 +170,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             client="client.fedsc:SIMCLR_HANDLERS",
             message_types=("train", "evaluate"),
             uses=("fedsc",),
-            settings=(
-                Setting(
-                    "simclr.temperature",
-                    0.5,
-                    "temperature of SimCLR's NT-Xent loss",
-                    minimum=1e-6,
-                ),
-            ),
+            settings=SimCLRSettings.declarations(),
         ),
         AlgorithmSpec(
             name="fedavg-byol",
@@ -432,15 +181,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             client="client.fedsc:BYOL_HANDLERS",
             message_types=("train", "evaluate"),
             uses=("fedsc",),
-            settings=(
-                Setting(
-                    "byol.ema",
-                    0.99,
-                    "rate of the target network's moving average, per step (paper's code: 0.99)",
-                    minimum=0.0,
-                    maximum=1.0,
-                ),
-            ),
+            settings=BYOLSettings.declarations(),
         ),
         AlgorithmSpec(
             name="adept-pca",
@@ -449,7 +190,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.adept:ADEPTPCA",
             client="client.adept:PCA_HANDLERS",
             message_types=ADEPT_MESSAGES,
-            settings=ADEPT_SETTINGS + ADEPT_PCA_SETTINGS,
+            settings=AdeptSettings.declarations() + AdeptPCASettings.declarations(),
         ),
         AlgorithmSpec(
             name="adept-ae",
@@ -459,7 +200,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             client="client.adept:AE_HANDLERS",
             message_types=ADEPT_MESSAGES,
             uses=("adept",),
-            settings=ADEPT_AE_SETTINGS,
+            settings=AdeptAESettings.declarations(),
         ),
         AlgorithmSpec(
             name="adept-dgm",
@@ -470,7 +211,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             client="client.adept:DGM_HANDLERS",
             message_types=ADEPT_MESSAGES,
             uses=("adept", "adept-ae"),
-            settings=ADEPT_DGM_SETTINGS,
+            settings=AdeptDGMSettings.declarations(),
         ),
         AlgorithmSpec(
             name="scaffold",
@@ -494,11 +235,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             client="client.noop",
             message_types=("query.noop",),
             uses_torch=False,
-            settings=(
-                Setting(
-                    "noop.payload-kb", 0, "KB of random data each no-op message carries", minimum=0
-                ),
-            ),
+            settings=NoOpSettings.declarations(),
         ),
     )
 }

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from pollen.experiment import Experiment
+from pollen.settings import SyntheticSettings
 
 CURVES = {"adept": "ADEPT-PCA", "local": "local", "global": "global", "fedavg-ft": "FedAvg + FT"}
 
@@ -33,7 +34,7 @@ def main(experiment: Path, results: Path) -> Path:
         ratio, sigma = stats.get("error-ratio", {}), stats.get("sigma-mean", {})
         if kind not in points or ratio.get("mean") is None:
             continue
-        het = float({**exp.common, **exp.methods[method]}["synthetic.heterogeneity"])
+        het = SyntheticSettings.of({**exp.common, **exp.methods[method]}).heterogeneity
         points[kind].append((het, float(ratio["mean"]), float(sigma.get("mean") or 0.0)))
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
     print(f"| heterogeneity | {' | '.join(CURVES.values())} | learned sigma |")

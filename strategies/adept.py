@@ -21,7 +21,15 @@ import numpy as np
 from flwr.app import RecordDict
 
 from pollen import protocol
-from pollen.contracts.adept import MU, SIGMA, shares
+from pollen.contracts.adept import (
+    MU,
+    SIGMA,
+    AdeptAESettings,
+    AdeptDGMSettings,
+    AdeptPCASettings,
+    AdeptSettings,
+    shares,
+)
 from strategies.aggregate import aggregate_metrics, expect_arrays, final_evaluation
 from strategies.base import Federation, InvalidReply, Strategy
 
@@ -37,15 +45,19 @@ def initial_global_model(
     if pca:
         from models.stiefel import random_point
 
-        rank = int(settings["adept-pca.rank"])
+        rank = AdeptPCASettings.of(settings).rank
         return {"V": random_point(int(np.prod(shape)), rank, np.random.default_rng(seed))}
     import torch
 
     from models.adept_ae import theta_network
     from models.weights import get_weights
 
+    ae, dgm = AdeptAESettings.of(settings), AdeptDGMSettings.of(settings)
     torch.manual_seed(seed)
-    return get_weights(theta_network(settings, shape, denoiser=denoiser))
+    network = theta_network(
+        shape, denoiser, latent=ae.latent, channels=dgm.channels, kernel=dgm.kernel
+    )
+    return get_weights(network)
 
 
 class ADEPT(Strategy):
@@ -60,12 +72,13 @@ class ADEPT(Strategy):
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
         super().__init__(settings)
+        self.adept = AdeptSettings.of(settings)
         self.mu: dict[str, np.ndarray] = {}
         self.sigma: dict[str, np.ndarray] = {}
 
     def initialize(self, seed: int) -> None:
         self.mu = initial_global_model(self.settings, seed, self.pca, self.denoiser)
-        sigma0 = float(self.settings["adept.sigma-init"])
+        sigma0 = self.adept.sigma_init
         if self.pca:  # one scalar sigma, as in the theory of ADEPT-PCA (sent as shape (1,))
             self.sigma = {"V": np.array([sigma0], dtype=np.float64)}
         else:  # one sigma per weight, as in every ADEPT-AE experiment
@@ -73,18 +86,21 @@ class ADEPT(Strategy):
 
     def validate(self, _cid: int, content: RecordDict) -> None:
         """Both records with the server's keys, shapes and dtypes, and sigma > 0."""
-        if not shares(self.settings, protocol.round_of(content)):
+        if not self._shares(protocol.round_of(content)):
             return
         expect_arrays(content, MU, self.mu)
         for key, value in expect_arrays(content, SIGMA, self.sigma).items():
             if not (value > 0).all():
                 raise InvalidReply(f"sigma.{key} has entries <= 0 (sigma must stay positive)")
 
+    def _shares(self, server_round: int) -> bool:
+        return shares(self.adept, server_round, self.run.num_rounds)
+
     def _instruction(self, server_round: int, message_type: str, **config: Any) -> RecordDict:
         return protocol.instruction(
             server_round,
             message_type,
-            {"share": shares(self.settings, server_round), **config},
+            {"share": self._shares(server_round), **config},
             mu=self.mu,
             sigma=self.sigma,
         )
@@ -95,13 +111,13 @@ class ADEPT(Strategy):
 
         payloads = {c.cid: self._instruction(fed.server_round, "train") for c in fed.sample()}
         replies = fed.exchange("train", payloads, self.validate)
-        if replies and shares(self.settings, fed.server_round):
+        if replies and self._shares(fed.server_round):
             mus = [protocol.arrays_of(r, MU) for r in replies.values()]
             if self.pca:
                 self.mu = {"V": server_update(self.mu["V"], [m["V"] for m in mus])}
             else:
                 self.mu = average(mus)
-            if self.settings["adept.method"] == "adept":
+            if self.adept.method == "adept":
                 self.sigma = average([protocol.arrays_of(r, SIGMA) for r in replies.values()])
         return {**aggregate_metrics(replies), **self.sigma_summary()}
 

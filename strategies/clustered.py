@@ -22,6 +22,7 @@ from flwr.app import RecordDict
 
 from models.clustered import flat_update, split_clusters, update_norms
 from pollen import protocol
+from pollen.contracts.clustered import ClusteredSettings
 from pollen.contracts.fedem import pack, unpack
 from strategies.aggregate import (
     aggregate_metrics,
@@ -38,10 +39,11 @@ from strategies.schedule import learning_rate
 class Clustered(Strategy):
     def __init__(self, settings: Mapping[str, Any]) -> None:
         super().__init__(settings)
-        self.tol1 = float(settings["clustered.tol1"])
-        self.tol2 = float(settings["clustered.tol2"])
-        self.max_norm = str(settings["clustered.max-norm"])
-        self.warmup = int(settings["clustered.warmup-rounds"])
+        clustered = ClusteredSettings.of(settings)
+        self.tol1 = clustered.tol1
+        self.tol2 = clustered.tol2
+        self.max_norm = clustered.max_norm
+        self.warmup = clustered.warmup_rounds
         self.clusters: list[list[int]] = []
         self.models: list[dict[str, np.ndarray]] = []
         self._keys: list[str] | None = None

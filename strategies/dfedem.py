@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from pollen import protocol
-from pollen.contracts.fedem import pack
+from pollen.contracts.fedem import DFedEMSettings, FedEMSettings, pack
 from strategies.aggregate import aggregate_metrics, train_from
 from strategies.base import Federation, Strategy
 from strategies.classifier import initial_weights
@@ -27,8 +27,9 @@ from strategies.schedule import learning_rate
 class DFedEM(Strategy):
     def __init__(self, settings: Mapping[str, Any]) -> None:
         super().__init__(settings)
-        self.num_clients = int(settings["num-clients"])
-        self.num = int(settings["fedem.components"])
+        self.num_clients = self.run.num_clients
+        self.num = FedEMSettings.of(settings).components
+        self.edge_probability = DFedEMSettings.of(settings).edge_probability
         self.models: list[dict[str, np.ndarray]] = []  # client t's latest components
         self.mixing = np.eye(self.num_clients)
 
@@ -36,9 +37,7 @@ class DFedEM(Strategy):
         start = pack([initial_weights(self.settings, seed + m) for m in range(self.num)])
         self.models = [dict(start) for _ in range(self.num_clients)]
         rng = np.random.default_rng([seed, 0xD])
-        adjacency = erdos_renyi(
-            self.num_clients, float(self.settings["d-fedem.edge-probability"]), rng
-        )
+        adjacency = erdos_renyi(self.num_clients, self.edge_probability, rng)
         self.mixing = metropolis_hastings(adjacency)
 
     def gossip(self, cid: int) -> dict[str, np.ndarray]:

@@ -41,7 +41,7 @@ class FedAvg(GlobalModelStrategy):
         return aggregate_metrics(replies)
 
     def finalize(self, fed: Federation) -> dict[str, float]:
-        config = {"lr": learning_rate(self.settings, int(self.settings["num-rounds"]))}
+        config = {"lr": learning_rate(self.settings, self.run.num_rounds)}
         return final_evaluation(
             fed,
             lambda c, new: protocol.instruction(

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from pollen import protocol
-from pollen.contracts.fedem import pack, unpack
+from pollen.contracts.fedem import FedEMSettings, pack, unpack
 from strategies.aggregate import (
     aggregate_metrics,
     final_evaluation,
@@ -34,7 +34,8 @@ from strategies.schedule import learning_rate
 class FedEM(GlobalModelStrategy):
     def __init__(self, settings: Mapping[str, Any]) -> None:
         super().__init__(settings)
-        self.num = int(settings["fedem.components"])
+        self.fedem = FedEMSettings.of(settings)
+        self.num = self.fedem.components
 
     def initialize(self, seed: int) -> None:
         # components must differ, or the E-step can never tell them apart
@@ -54,7 +55,7 @@ class FedEM(GlobalModelStrategy):
         replies = fed.exchange("train", payloads, self.validate)
         models = [protocol.arrays_of(r) for r in replies.values()]
         counts = [num_examples(r) for r in replies.values()]
-        if self.settings["fedem.aggregation"] == "renormalize":
+        if self.fedem.aggregation == "renormalize":
             self.weights = weighted_average(models, counts)
         else:
             self.weights = stale_average(self.weights, models, counts,

@@ -38,6 +38,7 @@ from models.fedlrt import (
     truncate,
 )
 from pollen import protocol
+from pollen.contracts.fedlrt import FeDLRTSettings
 from pollen.settings import Scalar
 from strategies.aggregate import (
     aggregate_metrics,
@@ -76,10 +77,11 @@ class FeDLRT(Strategy):
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
         super().__init__(settings)
-        self.var_cor = str(settings["fedlrt.var-cor"])
-        self.dense_correction = self.var_cor != "none" and bool(settings["fedlrt.dense-correction"])
-        self.tau = float(settings["fedlrt.tau"])
-        self.relative = settings["fedlrt.truncation"] == "relative"
+        self.fedlrt = FeDLRTSettings.of(settings)
+        self.var_cor = self.fedlrt.var_cor
+        self.dense_correction = self.var_cor != "none" and self.fedlrt.dense_correction
+        self.tau = self.fedlrt.tau
+        self.relative = self.fedlrt.truncation == "relative"
         self.dense: dict[str, np.ndarray] = {}
         self.factors: dict[str, Factors] = {}
         self._evaluator = ServerEvaluator(settings, load=_load_low_rank)
@@ -90,12 +92,12 @@ class FeDLRT(Strategy):
         from pollen.dataspec import model_input
 
         shape, classes = model_input(self.settings)
-        return build_model(str(self.settings["model"]), shape, classes)
+        return build_model(self.run.model, shape, classes)
 
     def layer_names(self) -> list[str]:
         from models.lowrank import select_layers
 
-        return select_layers(self._dense_model(), str(self.settings["fedlrt.layers"]))
+        return select_layers(self._dense_model(), self.fedlrt.layers)
 
     @cached_property
     def dense_parameters(self) -> list[str]:
@@ -109,15 +111,15 @@ class FeDLRT(Strategy):
 
     def rank_cap(self, name: str) -> int:
         fac = self.factors[name]
-        return max_rank(fac.U.shape[0], fac.V.shape[0], int(self.settings["fedlrt.max-rank"]))
+        return max_rank(fac.U.shape[0], fac.V.shape[0], self.fedlrt.max_rank)
 
     def initialize(self, seed: int) -> None:
         weights = initial_weights(self.settings, seed)
         self.factors = {}
         for name in self.layer_names():
             w = weights.pop(f"{name}.weight").astype(np.float64)
-            top = max_rank(w.shape[0], w.shape[1], int(self.settings["fedlrt.max-rank"]))
-            wanted = int(self.settings["fedlrt.rank"]) or top
+            top = max_rank(w.shape[0], w.shape[1], self.fedlrt.max_rank)
+            wanted = self.fedlrt.rank or top
             self.factors[name] = factorize(w, min(wanted, top))
         self.dense = weights
 
@@ -193,7 +195,7 @@ class FeDLRT(Strategy):
             u_aug = np.hstack([self.factors[name].U, bars[name][0]])
             v_aug = np.hstack([self.factors[name].V, bars[name][1]])
             cut = truncate(u_aug, coefficients[f"{name}.S"], v_aug, self.tau, self.relative,
-                           int(self.settings["fedlrt.min-rank"]), self.rank_cap(name))  # fmt: skip
+                           self.fedlrt.min_rank, self.rank_cap(name))  # fmt: skip
             self.factors[name] = cut.factors
             metrics[f"truncation-ratio-{name}"] = (
                 cut.discarded / cut.threshold if cut.threshold > 0 else 0.0

@@ -34,7 +34,8 @@ from flwr.app import RecordDict
 from models.dp_correlation import closed_form_epsilon, release_epsilon, sensitivity
 from models.spectral import alpha_at, others
 from pollen import protocol
-from pollen.contracts.fedsc import CORRELATION, OTHERS
+from pollen.contracts.fedsc import CORRELATION, OTHERS, FedSCSettings
+from pollen.settings import RunSettings
 from strategies.aggregate import (
     aggregate_metrics,
     expect_arrays,
@@ -50,13 +51,13 @@ log = logging.getLogger("flwr.pollen")
 _STORE = "fedsc-correlation/"  # checkpoint keys of the stored matrices
 
 
-def shares(settings: Mapping[str, Any], server_round: int) -> bool:
+def shares(fedsc: FedSCSettings, server_round: int) -> bool:
     """Whether correlation matrices are shared in a round ('after': rounds t > share-after;
     'after-even': those of even t; the paper's DP schedules are t > 100, t > 150, t > 100 even)."""
-    mode = str(settings["fedsc.share"])
+    mode = fedsc.share
     if mode == "never":
         return False
-    late = server_round > int(settings["fedsc.share-after"])
+    late = server_round > fedsc.share_after
     return late and (mode != "after-even" or server_round % 2 == 0)
 
 
@@ -67,6 +68,7 @@ class FedSC(GlobalModelStrategy):
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
         super().__init__(settings)
+        self.fedsc = FedSCSettings.of(settings)
         self.latest: dict[int, np.ndarray] = {}
         self.releases: dict[int, int] = {}
         self.sizes: dict[int, int] = {}
@@ -79,33 +81,39 @@ class FedSC(GlobalModelStrategy):
 
     @property
     def dim(self) -> int:
-        return int(self.settings["fedsc.dim"])
+        return self.fedsc.dim
 
     def initialize(self, seed: int) -> None:
         import torch
 
-        from models.ssl_nets import contrastive_net
         from models.weights import get_weights
-        from pollen.dataspec import model_input
 
         torch.manual_seed(seed)
-        net = contrastive_net(self.settings, model_input(self.settings)[0], self.predictor)
+        net = self._evaluator.new_net()
         # through the message codec once: it stores 0-d tensors (BatchNorm's batch counters)
         # with shape (1,), the shape every reply will have
         self.weights = protocol.from_record(protocol.to_record(get_weights(net)))
 
     # ---- weights of clients: q_j over every training client ---------------------------------
     def _q(self, pool: list[ClientInfo]) -> dict[int, float]:
-        if self.settings["fedsc.weighting"] == "uniform":
+        if self.fedsc.weighting == "uniform":
             return {c.cid: 1.0 for c in pool}
         return {c.cid: float(max(c.num_train, 1)) for c in pool}
 
     def epsilon(self, cid: int, releases: int | None = None) -> float:
         count = self.releases.get(cid, 0) if releases is None else releases
-        return release_epsilon(self.settings, count, self.sizes.get(cid, 1))
+        f = self.fedsc
+        return release_epsilon(
+            count,
+            self.sizes.get(cid, 1),
+            mu=f.mu,
+            noise_std=f.noise_std,
+            delta=f.delta,
+            convention=f.sensitivity,
+        )
 
     def _within_budget(self, cid: int) -> bool:
-        budget = float(self.settings["fedsc.epsilon-budget"])
+        budget = self.fedsc.epsilon_budget
         return budget <= 0 or self.epsilon(cid, self.releases.get(cid, 0) + 1) <= budget
 
     # ---- a round -----------------------------------------------------------------------------
@@ -116,19 +124,19 @@ class FedSC(GlobalModelStrategy):
         clients = fed.sample(pool)
         q = self._q(pool)
         out: dict[str, float] = {}
-        if self.share_correlations and shares(self.settings, t):
+        if self.share_correlations and shares(self.fedsc, t):
             out.update(self._share(fed, pool if not self.latest else clients))
-        rounds = int(self.settings["num-rounds"])
+        rounds = self.run.num_rounds
         lr = learning_rate(self.settings, t)
         payloads: dict[int, RecordDict] = {}
         for c in clients:
             alpha = 1.0
             if self.share_correlations:
                 alpha = alpha_at(
-                    str(self.settings["fedsc.alpha-schedule"]),
+                    self.fedsc.alpha_schedule,
                     t,
                     rounds,
-                    float(self.settings["fedsc.alpha-min"]),
+                    self.fedsc.alpha_min,
                     q[c.cid] / sum(q.values()),
                 )
             rbar = others(self.latest, q, c.cid) if alpha < 1 else None
@@ -137,7 +145,7 @@ class FedSC(GlobalModelStrategy):
             payloads[c.cid] = protocol.instruction(t, "train", config, arrays=self.weights, **extra)
         replies = fed.exchange("train", payloads, self.validate)
         models = [protocol.arrays_of(r) for r in replies.values()]
-        uniform = self.settings["fedsc.weighting"] == "uniform"
+        uniform = self.fedsc.weighting == "uniform"
         counts = [1 if uniform else num_examples(r) for r in replies.values()]
         self.weights = weighted_average(models, counts)
         out.update(aggregate_metrics(replies))
@@ -167,18 +175,13 @@ class FedSC(GlobalModelStrategy):
         """Privacy of the correlation releases so far (max over clients)."""
         if not self.releases:
             return {"epsilon": 0.0, "releases-max": 0.0}
-        s = self.settings
-        mu, sigma, delta = (
-            float(s["fedsc.mu"]),
-            float(s["fedsc.noise-std"]),
-            float(s["fedsc.delta"]),
-        )
+        f = self.fedsc
         closed = [
             closed_form_epsilon(
                 n,
-                sigma,
-                sensitivity(mu, max(self.sizes.get(c, 1), 1), str(s["fedsc.sensitivity"])),
-                delta,
+                f.noise_std,
+                sensitivity(f.mu, max(self.sizes.get(c, 1), 1), f.sensitivity),
+                f.delta,
             )
             for c, n in self.releases.items()
         ]
@@ -201,7 +204,7 @@ class FedSC(GlobalModelStrategy):
         scale = max(1.0, float(np.abs(r).max()))
         if np.abs(r - r.T).max() > 1e-5 * scale:
             raise InvalidReply("correlation matrix is not symmetric")
-        bound = float(self.settings["fedsc.mu"]) + 10 * float(self.settings["fedsc.noise-std"])
+        bound = self.fedsc.mu + 10 * self.fedsc.noise_std
         if np.abs(r).max() > bound * (1 + 1e-5):
             raise InvalidReply(f"correlation entry {np.abs(r).max():.4g} exceeds mu + 10 sigma")
 
@@ -261,6 +264,8 @@ class RepresentationEvaluator:
 
     def __init__(self, settings: Mapping[str, Any], predictor: bool) -> None:
         self.settings = settings
+        self.fedsc = FedSCSettings.of(settings)
+        self.seed = RunSettings.of(settings).seed
         self.predictor = predictor  # the network has BYOL's predictor
 
     @cached_property
@@ -284,13 +289,21 @@ class RepresentationEvaluator:
             log.warning("server-side representation evaluation disabled: %s", exc)
             return None
 
-    def net(self, weights: Mapping[str, np.ndarray]) -> Any:
-        """The ContrastiveNet holding `weights`, in eval mode."""
-        from models.ssl_nets import contrastive_net
-        from models.weights import set_weights
+    def new_net(self) -> Any:
+        """A freshly initialised ContrastiveNet of the run (`fedsc.encoder`, `dim`, `hidden`;
+        BYOL's predictor when the run's network has one)."""
+        from models.ssl_nets import build_contrastive_net
         from pollen.dataspec import model_input
 
-        net = contrastive_net(self.settings, model_input(self.settings)[0], self.predictor)
+        f = self.fedsc
+        shape = model_input(self.settings)[0]
+        return build_contrastive_net(f.encoder, shape, f.dim, f.hidden, predictor=self.predictor)
+
+    def net(self, weights: Mapping[str, np.ndarray]) -> Any:
+        """The ContrastiveNet holding `weights`, in eval mode."""
+        from models.weights import set_weights
+
+        net = self.new_net()
         set_weights(net, weights)
         return net.eval()
 
@@ -307,8 +320,8 @@ class RepresentationEvaluator:
             embed(net, tx),
             ty,
             int(max(int(y.max()), int(ty.max())) + 1),
-            k=int(self.settings["fedsc.knn-k"]),
-            temperature=float(self.settings["fedsc.knn-temperature"]),
+            k=self.fedsc.knn_k,
+            temperature=self.fedsc.knn_temperature,
         )
         return {"global-knn-accuracy": acc}
 
@@ -329,9 +342,9 @@ class RepresentationEvaluator:
             embed(features, tx),
             ty,
             classes,
-            epochs=int(self.settings["fedsc.probe-epochs"]),
-            lr=float(self.settings["fedsc.probe-lr"]),
-            generator=torch.Generator().manual_seed(int(self.settings["seed"])),
+            epochs=self.fedsc.probe_epochs,
+            lr=self.fedsc.probe_lr,
+            generator=torch.Generator().manual_seed(self.seed),
         )
 
     def probe(self, weights: Mapping[str, np.ndarray]) -> dict[str, float]:

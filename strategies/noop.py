@@ -5,17 +5,25 @@ client echoes back, to see how time grows with bytes."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 from flwr.app import RecordDict
 
 from pollen import protocol
+from pollen.contracts.noop import NoOpSettings
+from pollen.settings import Scalar
 from strategies.aggregate import expect_arrays
 from strategies.base import Federation, Strategy
 
 
 class NoOp(Strategy):
+    def __init__(self, settings: Mapping[str, Scalar]) -> None:
+        super().__init__(settings)
+        self.noop = NoOpSettings.of(settings)
+
     def initialize(self, seed: int) -> None:
-        kb = int(self.settings.get("noop.payload-kb", 0))
+        kb = self.noop.payload_kb
         rng = np.random.default_rng(seed)
         self.payload = {"blob": rng.standard_normal(kb * 256).astype(np.float32)} if kb else {}
 

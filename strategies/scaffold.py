@@ -19,7 +19,7 @@ from flwr.app import RecordDict
 from models.scaffold import norm, server_update, zeros_like
 from pollen import protocol
 from pollen.contracts.scaffold import CONTROL, CONTROL_DELTA
-from pollen.settings import Scalar
+from pollen.settings import RunSettings, Scalar
 from strategies.aggregate import aggregate_metrics, expect_arrays, final_evaluation
 from strategies.base import Federation
 from strategies.classifier import ServerEvaluator, initial_weights, parameter_keys
@@ -30,11 +30,10 @@ GLOBAL_LR = 1.0  # eta_g, the global step of the paper's experiments
 _STATE = f"{CONTROL}/"  # checkpoint keys of c (state-dict keys are dotted module paths)
 
 
-def training_clients(settings: Mapping[str, Scalar]) -> int:
+def training_clients(run: RunSettings) -> int:
     """N: the clients that train (all but the held-out unseen ones), connected or not; c is the
     mean of their c_i."""
-    total = int(settings["num-clients"])
-    return total - math.floor(float(settings["unseen-fraction"]) * total)
+    return run.num_clients - math.floor(run.unseen_fraction * run.num_clients)
 
 
 class Scaffold(GlobalModelStrategy):
@@ -69,7 +68,7 @@ class Scaffold(GlobalModelStrategy):
             self.control,
             delta_ys,
             delta_cs,
-            training_clients(self.settings),
+            training_clients(self.run),
             GLOBAL_LR,
         )
         metrics = aggregate_metrics(replies)
@@ -77,7 +76,7 @@ class Scaffold(GlobalModelStrategy):
         return metrics
 
     def finalize(self, fed: Federation) -> dict[str, float]:
-        config = {"lr": learning_rate(self.settings, int(self.settings["num-rounds"]))}
+        config = {"lr": learning_rate(self.settings, self.run.num_rounds)}
         return final_evaluation(
             fed,
             lambda c, new: protocol.instruction(

@@ -18,6 +18,7 @@ from client.state import StateStore
 from federated_data import load_client_data
 from models.dp_correlation import release_epsilon
 from pollen import protocol
+from pollen.contracts.fedsc import FedSCSettings
 from pollen.dataspec import data_spec
 from pollen.registry import get_algorithm
 from pollen.settings import Scalar
@@ -66,13 +67,13 @@ def test_cosine_learning_rate() -> None:
 
 
 def test_share_schedules() -> None:
-    every = {"fedsc.share": "every-round", "fedsc.share-after": 0}
+    every = FedSCSettings(share="every-round", share_after=0)
     assert all(shares(every, t) for t in (1, 2, 3))
-    after = {"fedsc.share": "after", "fedsc.share-after": 2}
+    after = FedSCSettings(share="after", share_after=2)
     assert [shares(after, t) for t in (1, 2, 3, 4)] == [False, False, True, True]
-    even = {"fedsc.share": "after-even", "fedsc.share-after": 2}
+    even = FedSCSettings(share="after-even", share_after=2)
     assert [shares(even, t) for t in (3, 4, 5, 6)] == [False, True, False, True]
-    assert not shares({"fedsc.share": "never", "fedsc.share-after": 0}, 1)
+    assert not shares(FedSCSettings(share="never", share_after=0), 1)
 
 
 @pytest.mark.slow
@@ -164,8 +165,15 @@ def test_budget_stops_sharing_and_fedavg_sc_shares_nothing(run_config: dict[str,
                               "server-eval": False, "final-eval": False})  # fmt: skip
     spec, cache = data_spec(cfg), Path(cfg["cache-dir"])
     sizes = [len(load_client_data(spec, c, cache).train) for c in range(4)]
-    eps1 = [release_epsilon(cfg, 1, n) for n in sizes]
-    eps2 = [release_epsilon(cfg, 2, n) for n in sizes]
+    f = FedSCSettings.of(cfg)
+
+    def epsilon(releases: int, n: int) -> float:
+        return release_epsilon(
+            releases, n, mu=f.mu, noise_std=f.noise_std, delta=f.delta, convention=f.sensitivity
+        )
+
+    eps1 = [epsilon(1, n) for n in sizes]
+    eps2 = [epsilon(2, n) for n in sizes]
     assert max(eps1) < min(eps2)
     budget = (max(eps1) * min(eps2)) ** 0.5  # room for one release per client, not two
     budget_cfg = settings_of({**cfg, "fedsc.epsilon-budget": budget})
