@@ -20,9 +20,20 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+import torch
 from flwr.app import RecordDict
 
+from client.adept_dgm import adam, adam_arrays, sample_report
+from client.common import generator, momentum_arrays, optimizer, sgd_for_round
 from client.env import ClientEnv, ClientHandler
+from client.training import batches
+from federated_data.synthetic_pca import true_subspaces
+from models.adept_ae import AEHyper, local_round, theta_network
+from models.adept_pca import PCAHyper, client_round, data_step, error_ratio, reconstruction_error
+from models.autoencoder import reconstruction_metrics, squared_errors
+from models.diffusion import denoising_errors
+from models.stiefel import polar_factor, top_eigenvectors
+from models.weights import get_weights, set_weights
 from pollen import protocol
 from pollen.contracts.adept import (
     MU,
@@ -60,8 +71,6 @@ def _phase(content: RecordDict, env: ClientEnv, adept: AdeptSettings) -> tuple[i
 
 
 def _pca_hyper(env: ClientEnv, adept: AdeptSettings, pca: AdeptPCASettings, d: int) -> Any:
-    from models.adept_pca import PCAHyper
-
     return PCAHyper(
         eta1=env.run.lr,
         eta2=adept.lr_global,
@@ -74,15 +83,11 @@ def _pca_hyper(env: ClientEnv, adept: AdeptSettings, pca: AdeptPCASettings, d: i
 
 
 def _pca_metrics(env: ClientEnv, u: np.ndarray) -> dict[str, int | float]:
-    from models.adept_pca import error_ratio, reconstruction_error
-
     x = _vectors(env, "test")
     out: dict[str, int | float] = {"test-examples": len(x)}
     if len(x):
         out["test-error"] = reconstruction_error(u, x)
     if env.run.dataset == "pca-synthetic":
-        from federated_data.synthetic_pca import true_subspaces
-
         params = {**dict(env.data_spec.dataset_params), "num_clients": env.data_spec.num_clients}
         truth = true_subspaces(params)[1][env.cid]
         out["error-ratio"] = error_ratio(u, truth, float(params["noise"]))
@@ -90,9 +95,6 @@ def _pca_metrics(env: ClientEnv, u: np.ndarray) -> dict[str, int | float]:
 
 
 def _pca_train(content: RecordDict, env: ClientEnv) -> RecordDict:
-    from models.adept_pca import client_round, data_step
-    from models.stiefel import polar_factor, top_eigenvectors
-
     adept = AdeptSettings.of(env.settings)
     rnd, share, role = _phase(content, env, adept)
     x = _vectors(env, "train")
@@ -133,8 +135,6 @@ def _pca_evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
 
 
 def _ae_hyper(adept: AdeptSettings, ae: AdeptAESettings, n: int) -> Any:
-    from models.adept_ae import AEHyper
-
     return AEHyper(
         eta2=adept.lr_global,
         eta3=adept.lr_sigma,
@@ -153,11 +153,6 @@ def _ae_model(
 ) -> Any:
     """The autoencoder (with `denoiser`: the UNet denoiser) with `weights`, or this client's own
     random initialisation (clients start from different points, as in the authors' code)."""
-    import torch
-
-    from models.adept_ae import theta_network
-    from models.weights import set_weights
-
     torch.set_num_threads(1)
     torch.manual_seed(env.seed(0, "init"))
     model = theta_network(
@@ -173,10 +168,6 @@ def _ae_model(
 
 
 def _ae_metrics(env: ClientEnv, model: Any) -> dict[str, int | float]:
-    import torch
-
-    from models.autoencoder import reconstruction_metrics
-
     return reconstruction_metrics(model, torch.from_numpy(_inputs(env, "test")))
 
 
@@ -189,24 +180,14 @@ def _theta_optimizer(
 ) -> Any:
     """SGD with momentum for the autoencoders; Adam for the DGM denoiser (all methods, as the
     authors), its moments kept across rounds like the momentum buffers."""
-    from client.common import optimizer, sgd_for_round
-
     sgd = sgd_for_round(content, env)
     if not denoiser:
         return optimizer(model, sgd, env, stored)
-    from client.adept_dgm import adam
-
     return adam(model, sgd.lr, stored)
 
 
 def _optimizer_arrays(opt: Any, env: ClientEnv) -> dict[str, np.ndarray]:
-    import torch
-
-    from client.common import momentum_arrays
-
     if isinstance(opt, torch.optim.Adam):
-        from client.adept_dgm import adam_arrays
-
         return adam_arrays(opt)
     return momentum_arrays(opt, env)
 
@@ -214,13 +195,8 @@ def _optimizer_arrays(opt: Any, env: ClientEnv) -> dict[str, np.ndarray]:
 def _data_term(env: ClientEnv, rnd: int, denoiser: bool, dgm: AdeptDGMSettings) -> Any:
     """Per-sample errors of a batch: reconstruction (AE) or denoising of a freshly corrupted
     batch (DGM; the noise is seeded by client and round)."""
-    from models.autoencoder import squared_errors
-
     if not denoiser:
         return squared_errors
-    from client.common import generator
-    from models.diffusion import denoising_errors
-
     return partial(denoising_errors, kind=dgm.diffusion, generator=generator(env, rnd, "noise"))
 
 
@@ -230,13 +206,6 @@ def _personal_weights(stored: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]
 
 
 def _ae_train(content: RecordDict, env: ClientEnv, *, denoiser: bool) -> RecordDict:
-    import torch
-
-    from client.common import generator
-    from client.training import batches
-    from models.adept_ae import local_round
-    from models.weights import get_weights
-
     adept = AdeptSettings.of(env.settings)
     ae, dgm = AdeptAESettings.of(env.settings), AdeptDGMSettings.of(env.settings)
     rnd, share, role = _phase(content, env, adept)
@@ -292,8 +261,6 @@ def _ae_evaluate(content: RecordDict, env: ClientEnv, *, denoiser: bool) -> Reco
     model = _ae_model(env, personal or protocol.arrays_of(content, MU), denoiser, ae, dgm)
     metrics = {**_ae_metrics(env, model), protocol.NUM_EXAMPLES: len(env.data.train)}
     if denoiser:
-        from client.adept_dgm import sample_report
-
         metrics.update(sample_report(env, dgm, model, _inputs(env, "test"), role))
     return protocol.reply(content, env.cid, metrics)
 

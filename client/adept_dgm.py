@@ -14,10 +14,15 @@ from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 from torch import nn
 
 from client.env import ClientEnv
 from federated_data.cachefiles import exclusive_lock
+from federated_data.client_data import load_client_data
+from models.classifiers import SmallCNN
+from models.diffusion import sample
+from models.kid import features, kid, train_feature_net
 from pollen.contracts.adept import AdeptDGMSettings
 
 ADAM = "adam"
@@ -58,10 +63,6 @@ def _images(ds: Any) -> np.ndarray:
 def feature_net(env: ClientEnv, epochs: int) -> Any:
     """The KID feature network: a SmallCNN classifier trained for `epochs` on every client's
     training split (labels used, test images never), built once per data spec and cached."""
-    from federated_data.client_data import load_client_data
-    from models.classifiers import SmallCNN
-    from models.kid import train_feature_net
-
     key = hashlib.sha256(f"{env.data_spec!r}/{epochs}".encode()).hexdigest()[:16]
     directory = Path(env.cache_dir) / "adept-dgm-features"
     path = directory / f"{key}.pt"
@@ -90,8 +91,6 @@ def feature_net(env: ClientEnv, epochs: int) -> Any:
 def save_grid(images: np.ndarray, path: Path, columns: int = 10, scale: int = 0) -> None:
     """A PNG of images (N, 1, H, W) in [0, 1], `columns` per row, 1-pixel gaps; small images
     are enlarged (nearest neighbour) to about 28 pixels."""
-    from PIL import Image
-
     n, _, h, w = images.shape
     scale = scale or max(1, 28 // h)
     rows = -(-n // columns)
@@ -111,9 +110,6 @@ def sample_report(
 ) -> dict[str, int | float]:
     """Sample `adept-dgm.samples` images with the client's model, compare them with its test
     images (KID), and save a grid of the first 50 next to the run's results."""
-    from models.diffusion import sample
-    from models.kid import features, kid
-
     count = dgm.samples
     shape = tuple(test.shape[1:])
     fake = sample(model, count, shape, dgm.diffusion, dgm.sample_steps, seed=env.seed(0, "samples"))

@@ -14,6 +14,8 @@ import time
 
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
 
 from client.env import ClientEnv
 from pollen import protocol
@@ -65,7 +67,7 @@ def _time_torch_import(env: ClientEnv) -> None:
     """With client-timing, torch is imported up front so that its share is known apart."""
     if "torch" not in sys.modules:
         started = time.perf_counter()
-        import torch  # noqa: F401
+        import torch  # lazy: torch  # noqa: F401
 
         env._extra["torch-import-seconds"] = time.perf_counter() - started
 
@@ -109,9 +111,6 @@ def add_serialization_timing(incoming: Message, reply: Message) -> None:
     turned into the objects Flower pushes (each deflated, with its content hash as id),
     time-deserialize the incoming message rebuilt from such objects. Measured by doing each
     once more here (client-timing only); the reply's array ids stay cached for Flower's push."""
-    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
-    from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
-
     started = time.perf_counter()
     for obj in get_all_nested_objects(reply).values():
         obj.deflate()

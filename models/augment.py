@@ -31,7 +31,7 @@ class Augmenter:
         channels, side = input_shape[0], input_shape[-1]
         self.rgb = channels == 3
         if self.rgb:
-            from torchvision.transforms import v2
+            from torchvision.transforms import v2  # lazy: torchvision, RGB input only
 
             self.pipeline = v2.Compose([
                 v2.RandomResizedCrop(side, scale=(0.2, 1.0), antialias=True),

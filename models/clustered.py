@@ -44,7 +44,7 @@ def bipartition(similarities: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Positions of the two clusters that complete-linkage agglomerative clustering on the
     distances 1 - S leaves when stopped at two clusters (the official rule; it runs on -S,
     which gives the same merges)."""
-    from sklearn.cluster import AgglomerativeClustering
+    from sklearn.cluster import AgglomerativeClustering  # lazy: sklearn, server only
 
     n = similarities.shape[0]
     if n < 2 or similarities.shape != (n, n):

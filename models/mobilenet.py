@@ -36,7 +36,7 @@ def build_mobilenet_v2(input_shape: tuple[int, ...], num_classes: int) -> nn.Mod
     if num_classes < 2:
         raise ValueError(f"model 'mobilenet-v2' needs at least 2 classes, got {num_classes}")
 
-    from torchvision.models import mobilenet_v2
+    from torchvision.models import mobilenet_v2  # lazy: torchvision
 
     model = mobilenet_v2(weights=None, num_classes=num_classes)
     head = model.classifier[1]

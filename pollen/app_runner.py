@@ -28,6 +28,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from pollen.signing import SigningError, load_public_key, verify_bundle
+
 TRUSTED_KEY_ENV = "POLLEN_TRUSTED_APP_KEY"
 """Path of the operator's public key, handed from the runner to its ClientApp processes."""
 
@@ -42,8 +44,6 @@ def verified_installer(
     install: Callable[..., Any], trusted_key: Path
 ) -> Callable[..., Any]:
     """`install` (Flower's `install_from_fab`) that first verifies the bundle's signature."""
-    from pollen.signing import SigningError, load_public_key, verify_bundle
-
     def install_verified(fab_content: bytes, *args: Any, **kwargs: Any) -> Any:
         try:
             verify_bundle(fab_content, load_public_key(trusted_key))
@@ -57,8 +57,8 @@ def verified_installer(
 
 def clientapp_main() -> None:
     """`pollen-clientapp`: Flower's `flwr-clientapp`, verifying the bundle before installing it."""
-    from flwr.supernode.cli import flwr_clientapp
-    from flwr.supernode.runtime import run_clientapp as runtime
+    from flwr.supernode.cli import flwr_clientapp  # lazy: flwr's SuperNode, only on this path
+    from flwr.supernode.runtime import run_clientapp as runtime  # lazy: only on this path
 
     key = os.environ.get(TRUSTED_KEY_ENV, "")
     # No key means no app is trusted: the check then refuses every bundle.
@@ -74,8 +74,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--trusted-key", required=True, help="the operator's public key")
     parser.add_argument("superexec_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
-    from flwr.supercore.cli import flower_superexec
-    from flwr.supercore.constant import TASK_TYPE_TO_COMMAND, TaskType
+    from flwr.supercore.cli import flower_superexec  # lazy: flwr's SuperExec, only on this path
+    from flwr.supercore.constant import TASK_TYPE_TO_COMMAND, TaskType  # lazy: flwr, this path
 
     os.environ[TRUSTED_KEY_ENV] = str(Path(args.trusted_key).resolve())
     TASK_TYPE_TO_COMMAND[TaskType.CLIENT_APP] = CLIENTAPP_COMMAND

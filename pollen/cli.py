@@ -19,6 +19,8 @@ from typing import Any, NoReturn
 
 from pollen import registry
 from pollen import settings as settings_mod
+from pollen.dataspec import check_model_fits, data_spec, model_input
+from pollen.files import atomic_write_json
 from pollen.launcher import (
     FLWR_ENV,
     TLS,
@@ -35,6 +37,7 @@ from pollen.launcher import (
     supernode_argv,
     tls_args_superlink,
 )
+from pollen.paths import cache_dir
 from pollen.settings import RunSettings, Scalar, SettingsError
 
 
@@ -140,7 +143,7 @@ def _check_device(device: str) -> None:
     """A CUDA device asked for must exist here (`auto` takes CUDA only when there is one)."""
     if not device.startswith("cuda"):
         return
-    import torch
+    import torch  # lazy: torch
 
     if not torch.cuda.is_available():
         raise SettingsError(
@@ -168,7 +171,7 @@ def _check_writable(out: Path) -> None:
 def _check_resumable(out: Path, resolved: dict[str, Scalar]) -> None:
     """The checkpoint to resume from is whole and was written with these settings: the checks
     the ServerApp makes, made before anything starts."""
-    from server import checkpoint
+    from server import checkpoint  # lazy: only on this path (--resume)
 
     try:
         saved = checkpoint.load(out)
@@ -193,16 +196,18 @@ def _completed(out: Path) -> bool:
 
 def _check_data(resolved: dict[str, Scalar]) -> None:
     """Dataset and partition parameters are checked, and the partition cached, up front."""
-    from federated_data import DataConfigError, load_client_data, validate_spec
-    from pollen.dataspec import check_model_fits, data_spec, model_input
-    from pollen.paths import cache_dir
+    from federated_data import (  # lazy: heavy data code
+        DataConfigError,
+        load_client_data,
+        validate_spec,
+    )
 
     try:
         spec = data_spec(resolved)
         validate_spec(spec)
         check_model_fits(resolved)
         shape, classes = model_input(resolved)
-        from models import build_model
+        from models import build_model  # lazy: torch
 
         build_model(RunSettings.of(resolved).model, shape, classes)  # the model fits the data
         load_client_data(spec, 0, cache_dir(resolved))
@@ -324,7 +329,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _signing_key(path: str | None) -> Path | None:
     """The operator's private key for `pollen run`, read once here so that a bad one stops the
     command before anything is submitted."""
-    from pollen.signing import SigningError, load_private_key
+    from pollen.signing import SigningError, load_private_key  # lazy: cryptography
 
     if not path:
         _warn(
@@ -342,7 +347,7 @@ def _signing_key(path: str | None) -> Path | None:
 def _failure(out: Path, status: Mapping[str, Any]) -> str:
     """One line saying why a run did not complete: the ServerApp's reason from summary.json
     (or resume-failed.json), else Flower's status, and where the full log is."""
-    from server.results import RESUME_FAILED, SUMMARY, brief
+    from server.results import RESUME_FAILED, SUMMARY, brief  # lazy: only on this path
 
     reason = ""
     for name in (RESUME_FAILED, SUMMARY):
@@ -364,8 +369,6 @@ def _record_restarts(summary_path: Path, restarts: list[dict[str, Any]]) -> None
         summary = json.loads(summary_path.read_text())
     except (OSError, ValueError):
         return  # no summary to add to: the events file has them
-    from pollen.files import atomic_write_json
-
     summary["node-restarts"] = [*summary.get("node-restarts", []), *restarts]
     atomic_write_json(summary_path, summary)
 
@@ -615,7 +618,7 @@ def _host_port(address: str, option: str) -> tuple[str, int]:
 
 def _trusted_key(args: argparse.Namespace) -> Path | None:
     """The operator's public key this node trusts apps from; None with --allow-any-app."""
-    from pollen.signing import SigningError, load_public_key
+    from pollen.signing import SigningError, load_public_key  # lazy: cryptography
 
     if args.trusted_key and args.allow_any_app:
         raise LaunchError("--trusted-key and --allow-any-app contradict each other: give one")
@@ -670,7 +673,7 @@ def _exec(argv: list[str]) -> NoReturn:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from pollen.report import ReportError, write_report
+    from pollen.report import ReportError, write_report  # lazy: only on this path
 
     try:
         out = write_report([Path(d) for d in args.dirs], Path(args.out) if args.out else None)
@@ -682,7 +685,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
-    from pollen.experiment import Experiment, run, tabulate
+    from pollen.experiment import Experiment, run, tabulate  # lazy: only on this path
 
     exp = Experiment.load(Path(args.file))
     if args.seeds:
@@ -717,8 +720,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
 def cmd_data_download(args: argparse.Namespace) -> int:
     """Fetch a torchvision dataset into a data directory (needs internet)."""
-    from federated_data import DataConfigError, load_dataset
-    from federated_data.registry import dataset_param_names
+    from federated_data import DataConfigError, load_dataset  # lazy: heavy data code
+    from federated_data.registry import dataset_param_names  # lazy: heavy data code
 
     try:
         if dataset_param_names(args.name):
@@ -735,9 +738,7 @@ def cmd_data_download(args: argparse.Namespace) -> int:
 
 def cmd_data_summary(args: argparse.Namespace) -> int:
     """Show how a run's settings split the data: sizes and labels per client."""
-    from federated_data import DataConfigError, partition_summary
-    from pollen.dataspec import data_spec
-    from pollen.paths import cache_dir
+    from federated_data import DataConfigError, partition_summary  # lazy: heavy data code
 
     try:
         resolved = registry.resolve(settings_mod.parse_assignments(args.set))
@@ -779,15 +780,13 @@ def cmd_settings(args: argparse.Namespace) -> int:
 
 
 def cmd_algorithms(args: argparse.Namespace) -> int:
-    from pollen.registry import ALGORITHMS
-
-    for name, spec in sorted(ALGORITHMS.items()):
+    for name, spec in sorted(registry.ALGORITHMS.items()):
         print(f"{name:12s} {spec.description}")
     return 0
 
 
 def cmd_datasets(args: argparse.Namespace) -> int:
-    from federated_data.catalog import CATALOG
+    from federated_data.catalog import CATALOG  # lazy: heavy data code
 
     for name, info in CATALOG.items():
         print(f"{name:14s} input {info.input_shape}, {info.num_classes} classes")

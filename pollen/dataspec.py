@@ -38,14 +38,14 @@ def dataset_params(settings: Mapping[str, Scalar]) -> dict[str, int | float | st
 
 
 def _dataset_params(run: RunSettings, synthetic: SyntheticSettings) -> dict[str, int | float | str]:
-    from federated_data.registry import dataset_param_names
+    from federated_data.registry import dataset_param_names  # lazy: heavy data code
 
     names = set(dataset_param_names(run.dataset))
     return {f.name: getattr(synthetic, f.name) for f in fields(synthetic) if f.name in names}
 
 
 def data_spec(settings: Mapping[str, Scalar], data_dir: str | None = None) -> DataSpec:
-    from federated_data import DataSpec
+    from federated_data import DataSpec  # lazy: heavy data code
 
     run = RunSettings.of(settings)
     return DataSpec(
@@ -64,7 +64,7 @@ def data_spec(settings: Mapping[str, Scalar], data_dir: str | None = None) -> Da
 
 def model_input(settings: Mapping[str, Scalar]) -> tuple[tuple[int, ...], int]:
     """(input shape, number of classes) of the run's dataset, without loading it."""
-    from federated_data.catalog import dataset_info
+    from federated_data.catalog import dataset_info  # lazy: heavy data code
 
     run = RunSettings.of(settings)
     info = dataset_info(run.dataset, _dataset_params(run, SyntheticSettings.of(settings)) or None)
@@ -73,8 +73,8 @@ def model_input(settings: Mapping[str, Scalar]) -> tuple[tuple[int, ...], int]:
 
 def check_model_fits(settings: Mapping[str, Scalar]) -> None:
     """Token data needs a sequence model and a sequence model token data (ValueError)."""
-    from federated_data.catalog import dataset_info
-    from models.registry import SEQUENCE_MODEL_NAMES
+    from federated_data.catalog import dataset_info  # lazy: heavy data code
+    from models.registry import SEQUENCE_MODEL_NAMES  # lazy: torch
 
     run = RunSettings.of(settings)
     model, dataset = run.model, run.dataset
@@ -90,7 +90,7 @@ def check_model_fits(settings: Mapping[str, Scalar]) -> None:
 
 def class_weights(settings: Mapping[str, Scalar]) -> tuple[float, ...] | None:
     """The run's per-class loss weights (None: unweighted), without loading the data."""
-    from federated_data.catalog import dataset_info
+    from federated_data.catalog import dataset_info  # lazy: heavy data code
 
     run = RunSettings.of(settings)
     if run.class_weights == "none":

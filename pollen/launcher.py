@@ -8,6 +8,7 @@ failure or Ctrl-C) leaves nothing behind.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import json
 import os
@@ -15,6 +16,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -51,8 +53,6 @@ def _die_with_parent() -> None:
     graceful shutdown keeps retrying to deregister from a SuperLink that died with the launcher;
     the processes they started exit by watching their parent's pid."""
     if sys.platform.startswith("linux"):
-        import ctypes
-
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
@@ -107,8 +107,8 @@ class TLS:
     def check(self) -> None:
         """The files parse, the key is the certificate's, the CA signed the certificate and it
         is in its validity period: LaunchError naming the problem otherwise."""
-        from cryptography.exceptions import InvalidSignature
-        from cryptography.hazmat.primitives import serialization
+        from cryptography.exceptions import InvalidSignature  # lazy: cryptography
+        from cryptography.hazmat.primitives import serialization  # lazy: cryptography
 
         ca = load_certificate(self.ca_cert)
         cert = load_certificate(self.server_cert)
@@ -141,7 +141,7 @@ class TLS:
 
 def load_certificate(path: Path) -> Any:
     """A PEM certificate (a CA's or a server's), or LaunchError naming the file."""
-    from cryptography import x509
+    from cryptography import x509  # lazy: cryptography
 
     try:
         return x509.load_pem_x509_certificate(path.read_bytes())
@@ -237,7 +237,7 @@ class Federation:
     def sign_apps_with_new_key(self) -> None:
         """A key pair for this federation alone (`pollen deploy`): its submissions are signed
         with it and its SuperNodes trust only it."""
-        from pollen.signing import generate_key
+        from pollen.signing import generate_key  # lazy: cryptography
 
         self.signing_key = self.workdir / "operator-signing.key"
         generate_key(self.signing_key)
@@ -365,8 +365,6 @@ class Federation:
         return procs[0]
 
     def wait_health(self, url: str, proc: Proc, tls: TLS | None, timeout: float = 60) -> None:
-        import ssl
-
         ctx = ssl.create_default_context(cafile=str(tls.ca_cert)) if tls else None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -563,7 +561,11 @@ class Federation:
         config_file.write_text(run_configtoml_value(settings))
         bundle = app or app_dir()
         if self.signing_key is not None:
-            from pollen.signing import SigningError, load_private_key, stage_signed_app
+            from pollen.signing import (  # lazy: cryptography
+                SigningError,
+                load_private_key,
+                stage_signed_app,
+            )
 
             try:
                 key = load_private_key(self.signing_key)

@@ -7,6 +7,7 @@ common ones of pollen.settings and every algorithm's) are resolved and checked h
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -320,8 +321,6 @@ def _check_consistency(cfg: Mapping[str, Scalar]) -> None:
 
 def _closest(name: str, known: Iterable[str]) -> str:
     """' (did you mean X?)' for the nearest known names, or ''."""
-    import difflib
-
     names = list(known)
     close = difflib.get_close_matches(name, names, n=2, cutoff=0.6)
     close += [k for k in names if k.split(".")[-1] == name.split(".")[-1] and k not in close]

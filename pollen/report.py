@@ -286,11 +286,11 @@ def _plot_lines(
     lines = [line for line in lines if line[3]]
     if not lines:
         return False
-    import matplotlib
+    import matplotlib  # lazy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
+    import matplotlib.pyplot as plt  # lazy: matplotlib
+    from matplotlib.ticker import MaxNLocator  # lazy: matplotlib
 
     styles = ["-", "--", ":", "-."]
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -320,10 +320,10 @@ def _plot_client_accuracy(path: Path, runs: Sequence[Run]) -> bool:
     data = [(run, found) for run in runs if (found := last_client_accuracies(run)) is not None]
     if not data:
         return False
-    import matplotlib
+    import matplotlib  # lazy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib
 
     fig, ax = plt.subplots(figsize=(max(6.0, 2.5 * len(data)), 5))
     try:

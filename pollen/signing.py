@@ -148,7 +148,7 @@ def verify_bundle(fab: bytes, trusted: ed25519.Ed25519PublicKey) -> str:
 def stage_signed_app(app: Path, staging: Path, key: ed25519.Ed25519PrivateKey) -> Path:
     """A copy of the files `flwr run` would bundle from `app`, plus their signature; submit
     the returned directory instead of `app`."""
-    from flwr.cli.build import build_fab_from_disk
+    from flwr.cli.build import build_fab_from_disk  # lazy: flwr's CLI (imports flwr.server)
 
     files = _zip_files(build_fab_from_disk(app))
     if staging.exists():

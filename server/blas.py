@@ -7,10 +7,10 @@ multi-threaded OpenBLAS spins its threads against the other processes and one 78
 
 from __future__ import annotations
 
+from threadpoolctl import threadpool_limits
+
 
 def limit_blas_threads(threads: int) -> None:
     """Cap BLAS threads for the rest of the process; 0 keeps the library's default."""
     if threads > 0:
-        from threadpoolctl import threadpool_limits
-
         threadpool_limits(limits=threads, user_api="blas")

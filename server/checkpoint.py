@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from pollen.files import atomic_write_bytes
+from pollen.registry import all_settings
 
 FORMAT_VERSION = 1
 
@@ -128,8 +129,6 @@ RESUMABLE_CHANGES = frozenset(
 def check_compatible(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
     """A setting added to Pollen after the checkpoint was written counts as unchanged when the
     resumed run keeps its default (the behaviour the saved run had)."""
-    from pollen.registry import all_settings
-
     declared = all_settings()
 
     def before(key: str) -> Any:

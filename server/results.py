@@ -11,6 +11,7 @@ Layout (one directory per run):
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import sys
@@ -115,8 +116,6 @@ class ResultsWriter:
             return False
 
     def final_model(self, arrays: Mapping[str, np.ndarray]) -> None:
-        import io
-
         buf = io.BytesIO()
         np.savez(buf, **dict(arrays))  # type: ignore[arg-type]
         atomic_write_bytes(self.dir / FINAL_MODEL, buf.getvalue())

@@ -18,8 +18,13 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
+import torch
 from flwr.app import RecordDict
 
+from models.adept_ae import average, theta_network
+from models.adept_pca import server_update
+from models.stiefel import random_point
+from models.weights import get_weights
 from pollen import protocol
 from pollen.contracts.adept import (
     MU,
@@ -30,6 +35,7 @@ from pollen.contracts.adept import (
     AdeptSettings,
     shares,
 )
+from pollen.dataspec import model_input
 from strategies.aggregate import aggregate_metrics, expect_arrays, final_evaluation
 from strategies.base import Federation, InvalidReply, Strategy
 
@@ -39,19 +45,10 @@ def initial_global_model(
 ) -> dict[str, np.ndarray]:
     """The server's mu_0: a uniform point of St(d, r) for PCA, a fresh autoencoder for AE (with
     `denoiser`: a fresh UNet denoiser, DGM)."""
-    from pollen.dataspec import model_input
-
     shape, _ = model_input(settings)
     if pca:
-        from models.stiefel import random_point
-
         rank = AdeptPCASettings.of(settings).rank
         return {"V": random_point(int(np.prod(shape)), rank, np.random.default_rng(seed))}
-    import torch
-
-    from models.adept_ae import theta_network
-    from models.weights import get_weights
-
     ae, dgm = AdeptAESettings.of(settings), AdeptDGMSettings.of(settings)
     torch.manual_seed(seed)
     network = theta_network(
@@ -106,9 +103,6 @@ class ADEPT(Strategy):
         )
 
     def run_round(self, fed: Federation) -> dict[str, float]:
-        from models.adept_ae import average
-        from models.adept_pca import server_update
-
         payloads = {c.cid: self._instruction(fed.server_round, "train") for c in fed.sample()}
         replies = fed.exchange("train", payloads, self.validate)
         if replies and self._shares(fed.server_round):

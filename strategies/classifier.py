@@ -2,32 +2,33 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from federated_data import ArrayDataset, load_server_test_data
+from pollen.dataspec import class_weights, data_spec, model_input
+from pollen.paths import cache_dir
 from pollen.settings import RunSettings, Scalar
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from federated_data import ArrayDataset
-
 
 def _model(settings: Mapping[str, Scalar]) -> nn.Module:
-    from models import build_model
-    from pollen.dataspec import model_input
+    from models import build_model  # lazy: torch
 
     shape, classes = model_input(settings)
     return build_model(RunSettings.of(settings).model, shape, classes)
 
 
 def initial_weights(settings: Mapping[str, Scalar], seed: int) -> dict[str, np.ndarray]:
-    import torch
+    import torch  # lazy: torch
 
-    from models.weights import get_weights
+    from models.weights import get_weights  # lazy: torch
 
     torch.manual_seed(seed)
     return get_weights(_model(settings))
@@ -55,12 +56,6 @@ class ServerEvaluator:
 
     @cached_property
     def data(self) -> ArrayDataset | None:
-        import logging
-
-        from federated_data import load_server_test_data
-        from pollen.dataspec import data_spec
-        from pollen.paths import cache_dir
-
         try:
             return load_server_test_data(data_spec(self.settings), cache_dir(self.settings))
         except Exception as exc:  # the server may hold no data at all
@@ -71,11 +66,10 @@ class ServerEvaluator:
         data = self.data
         if data is None or len(data) == 0:
             return {}
-        import torch
+        import torch  # lazy: torch
 
-        from models.evaluation import evaluate_classifier
-        from models.weights import set_weights
-        from pollen.dataspec import class_weights
+        from models.evaluation import evaluate_classifier  # lazy: torch
+        from models.weights import set_weights  # lazy: torch
 
         model = _model(self.settings)
         if self.load is None:

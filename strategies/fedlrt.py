@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from flwr.app import RecordDict
 
+from models import build_model
 from models.fedlrt import (
     Factors,
     augment_basis,
@@ -37,8 +38,10 @@ from models.fedlrt import (
     round_floats,
     truncate,
 )
+from models.lowrank import load_low_rank, select_layers
 from pollen import protocol
 from pollen.contracts.fedlrt import FeDLRTSettings
+from pollen.dataspec import model_input
 from pollen.settings import Scalar
 from strategies.aggregate import (
     aggregate_metrics,
@@ -88,15 +91,10 @@ class FeDLRT(Strategy):
 
     # ---- the model ---------------------------------------------------------------------
     def _dense_model(self) -> Any:
-        from models import build_model
-        from pollen.dataspec import model_input
-
         shape, classes = model_input(self.settings)
         return build_model(self.run.model, shape, classes)
 
     def layer_names(self) -> list[str]:
-        from models.lowrank import select_layers
-
         return select_layers(self._dense_model(), self.fedlrt.layers)
 
     @cached_property
@@ -375,6 +373,4 @@ class Traffic:
 
 
 def _load_low_rank(model: Any, weights: Mapping[str, np.ndarray]) -> Any:
-    from models.lowrank import load_low_rank
-
     return load_low_rank(model, weights)

@@ -29,12 +29,19 @@ from functools import cached_property
 from typing import Any, ClassVar
 
 import numpy as np
+import torch
 from flwr.app import RecordDict
 
+from federated_data import load_client_data, load_server_test_data
 from models.dp_correlation import closed_form_epsilon, release_epsilon, sensitivity
 from models.spectral import alpha_at, others
+from models.ssl_eval import embed, knn_accuracy, linear_probe
+from models.ssl_nets import build_contrastive_net
+from models.weights import get_weights, set_weights
 from pollen import protocol
 from pollen.contracts.fedsc import CORRELATION, OTHERS, FedSCSettings
+from pollen.dataspec import data_spec, model_input
+from pollen.paths import cache_dir
 from pollen.settings import RunSettings
 from strategies.aggregate import (
     aggregate_metrics,
@@ -84,10 +91,6 @@ class FedSC(GlobalModelStrategy):
         return self.fedsc.dim
 
     def initialize(self, seed: int) -> None:
-        import torch
-
-        from models.weights import get_weights
-
         torch.manual_seed(seed)
         net = self._evaluator.new_net()
         # through the message codec once: it stores 0-d tensors (BatchNorm's batch counters)
@@ -271,12 +274,6 @@ class RepresentationEvaluator:
     @cached_property
     def data(self) -> tuple[Any, Any] | None:
         try:
-            import torch
-
-            from federated_data import load_client_data, load_server_test_data
-            from pollen.dataspec import data_spec
-            from pollen.paths import cache_dir
-
             spec, cache = data_spec(self.settings), cache_dir(self.settings)
             test = load_server_test_data(spec, cache)
             trains = [load_client_data(spec, i, cache).train for i in range(spec.num_clients)]
@@ -292,17 +289,12 @@ class RepresentationEvaluator:
     def new_net(self) -> Any:
         """A freshly initialised ContrastiveNet of the run (`fedsc.encoder`, `dim`, `hidden`;
         BYOL's predictor when the run's network has one)."""
-        from models.ssl_nets import build_contrastive_net
-        from pollen.dataspec import model_input
-
         f = self.fedsc
         shape = model_input(self.settings)[0]
         return build_contrastive_net(f.encoder, shape, f.dim, f.hidden, predictor=self.predictor)
 
     def net(self, weights: Mapping[str, np.ndarray]) -> Any:
         """The ContrastiveNet holding `weights`, in eval mode."""
-        from models.weights import set_weights
-
         net = self.new_net()
         set_weights(net, weights)
         return net.eval()
@@ -310,8 +302,6 @@ class RepresentationEvaluator:
     def knn(self, weights: Mapping[str, np.ndarray]) -> dict[str, float]:
         if self.data is None:
             return {}
-        from models.ssl_eval import embed, knn_accuracy
-
         (x, y), (tx, ty) = self.data
         net = self.net(weights)
         acc = knn_accuracy(
@@ -328,11 +318,6 @@ class RepresentationEvaluator:
     def linear_probe(self, features: Any) -> tuple[float, float]:
         """(last-epoch, best-epoch) test accuracy of a linear probe on the outputs of the module
         `features` (the paper's protocol: the backbone); needs `data`."""
-        import torch
-
-        from models.ssl_eval import embed, linear_probe
-        from pollen.dataspec import model_input
-
         assert self.data is not None
         (x, y), (tx, ty) = self.data
         _, classes = model_input(self.settings)
