@@ -20,10 +20,10 @@ from models.scaffold import norm, server_update, zeros_like
 from pollen import protocol
 from pollen.contracts.scaffold import CONTROL, CONTROL_DELTA
 from pollen.settings import RunSettings, Scalar
-from strategies.aggregate import aggregate_metrics, expect_arrays, final_evaluation
+from strategies.aggregate import aggregate_metrics, expect_arrays
 from strategies.base import Federation
-from strategies.classifier import ServerEvaluator, initial_weights, parameter_keys
-from strategies.global_model import GlobalModelStrategy
+from strategies.classifier import parameter_keys
+from strategies.global_classifier import GlobalClassifierStrategy
 from strategies.schedule import learning_rate
 
 GLOBAL_LR = 1.0  # eta_g, the global step of the paper's experiments
@@ -36,14 +36,13 @@ def training_clients(run: RunSettings) -> int:
     return run.num_clients - math.floor(run.unseen_fraction * run.num_clients)
 
 
-class Scaffold(GlobalModelStrategy):
+class Scaffold(GlobalClassifierStrategy):
     def __init__(self, settings: Mapping[str, Scalar]) -> None:
         super().__init__(settings)
         self.control: dict[str, np.ndarray] = {}
-        self._evaluator = ServerEvaluator(settings)
 
     def initialize(self, seed: int) -> None:
-        self.weights = initial_weights(self.settings, seed)
+        super().initialize(seed)
         self.control = zeros_like(self.weights, parameter_keys(self.settings))
 
     def validate(self, cid: int, content: RecordDict) -> None:
@@ -74,18 +73,6 @@ class Scaffold(GlobalModelStrategy):
         metrics = aggregate_metrics(replies)
         metrics["server-control-norm"] = norm(self.control)
         return metrics
-
-    def finalize(self, fed: Federation) -> dict[str, float]:
-        config = {"lr": learning_rate(self.settings, self.run.num_rounds)}
-        return final_evaluation(
-            fed,
-            lambda c, new: protocol.instruction(
-                fed.server_round, "evaluate", {**config, "unseen": new}, arrays=self.weights
-            ),
-        )
-
-    def server_evaluate(self) -> dict[str, float]:
-        return self._evaluator(self.weights)
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         arrays = dict(self.weights)
