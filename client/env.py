@@ -81,7 +81,12 @@ class ClientEnv:
         from federated_data import load_client_data  # lazy: heavy data code
 
         started = time.perf_counter()
-        data = load_client_data(self.data_spec, self.cid, self.cache_dir)
+        key = (repr(self.data_spec), self.cid, str(self.cache_dir))
+        data = _resident.get(key) if _resident is not None else None
+        if data is None:
+            data = load_client_data(self.data_spec, self.cid, self.cache_dir)
+            if _resident is not None:
+                _resident.keep(key, data)
         self._extra["data-seconds"] = time.perf_counter() - started
         return data
 
@@ -102,6 +107,40 @@ class ClientEnv:
         """A seed fixed by (run seed, client, round, purpose): same numbers in any process."""
         text = f"{self.run.seed}/{self.cid}/{server_round}/{tag}"
         return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
+
+
+class ResidentData:
+    """The partitions a resident worker keeps in memory (client.worker): the newest few,
+    their arrays made read-only so that no handler can change what the next message reads."""
+
+    def __init__(self, limit: int = 2) -> None:
+        self.limit = limit
+        self._kept: dict[tuple[str, int, str], ClientData] = {}
+
+    def get(self, key: tuple[str, int, str]) -> ClientData | None:
+        data = self._kept.pop(key, None)
+        if data is not None:
+            self._kept[key] = data  # newest last
+        return data
+
+    def keep(self, key: tuple[str, int, str], data: ClientData) -> None:
+        for split in (data.train, data.val, data.test):
+            split.x.setflags(write=False)
+            split.y.setflags(write=False)
+        self._kept[key] = data
+        while len(self._kept) > self.limit:
+            self._kept.pop(next(iter(self._kept)))
+
+
+_resident: ResidentData | None = None
+
+
+def keep_data_resident(limit: int = 2) -> None:
+    """From now on this process keeps the partitions it loads (a resident worker serves one
+    node, so one partition, for many messages); ClientApp processes and simulation workers,
+    which serve other clients in turn, do not."""
+    global _resident
+    _resident = ResidentData(limit)
 
 
 def _state_root(node: Mapping[str, Any], cfg: Mapping[str, Scalar], run: RunSettings) -> Path:

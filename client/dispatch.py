@@ -1,0 +1,93 @@
+"""What a client runs for a message, wherever it runs: the run's handler for the message type
+(or the hello every node answers), with the client-timing figures. A ClientApp process
+(client.app) and a node's resident worker (client.worker) both call `answer`."""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+
+from flwr.app import MetricRecord, RecordDict
+
+from client.env import ClientEnv
+from pollen import protocol
+from pollen.registry import HELLO, get_algorithm
+
+
+def hello(content: RecordDict, env: ClientEnv) -> RecordDict:
+    """Tell the server who this node is and how much data it holds."""
+    data = env.data
+    return protocol.reply(
+        content,
+        env.cid,
+        {
+            protocol.NUM_EXAMPLES: len(data.train),
+            "val-examples": len(data.val),
+            "test-examples": len(data.test),
+        },
+    )
+
+
+def answer(message_type: str, content: RecordDict, env: ClientEnv) -> RecordDict:
+    """The reply content of the run's handler for `message_type` (with the client-timing
+    metrics when the run asks for them): what a ClientApp and a resident worker both run."""
+    entered = time.perf_counter()
+    timing = env.run.client_timing
+    spec = None if message_type == HELLO else get_algorithm(env.run.algorithm)
+    if timing and spec is not None and spec.uses_torch:
+        _time_torch_import(env)
+    codec = protocol.codec_seconds()
+    handler = hello if spec is None else spec.client_handler(message_type)
+    reply = handler(content, env)
+    if timing:
+        add_timing(reply, env, time.perf_counter() - entered, protocol.codec_seconds() - codec)
+    return reply
+
+
+_first_message = True
+
+
+def _time_torch_import(env: ClientEnv) -> None:
+    """With client-timing, torch is imported up front so that its share is known apart."""
+    if "torch" not in sys.modules:
+        started = time.perf_counter()
+        import torch  # lazy: torch  # noqa: F401
+
+        env._extra["torch-import-seconds"] = time.perf_counter() - started
+
+
+def seconds_since_process_start() -> float | None:
+    """Linux: time from this process's start to now (10 ms resolution); None elsewhere."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+def add_timing(
+    content: RecordDict, env: ClientEnv, handler_seconds: float, codec_seconds: float
+) -> None:
+    """Where a client's time went (setting `client-timing`); time-handler includes
+    time-data, time-import-torch and time-codec (arrays <-> record bytes). time-startup is
+    process start -> reply ready minus the handler, reported for the first message of a
+    process only (a ClientApp process without a resident worker serves one message; a
+    resident worker and a simulation's Ray worker live on). peak-rss-mb: the process that ran
+    the handler."""
+    global _first_message
+    metrics = content[protocol.METRICS]
+    assert isinstance(metrics, MetricRecord)
+    metrics["time-handler"] = handler_seconds
+    metrics["time-data"] = float(env._extra.get("data-seconds", 0.0))
+    metrics["time-import-torch"] = float(env._extra.get("torch-import-seconds", 0.0))
+    metrics["time-codec"] = codec_seconds
+    alive = seconds_since_process_start()
+    if _first_message and alive is not None:
+        metrics["time-startup"] = max(0.0, alive - handler_seconds)
+    _first_message = False
+    metrics["peak-rss-mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
