@@ -11,6 +11,10 @@ reconstruction error on the test split (DGM: of clean inputs, the authors' selec
 for autoencoders also the energy captured, and on pca-synthetic the population error relative to
 the client's true subspace. DGM's final evaluation also samples images and reports their KID
 (client.adept_dgm).
+
+Devices: ADEPT-AE and -DGM train on the client's device (`device`; their data, theta_i, mu and
+sigma go there, everything sent or stored comes back as NumPy); ADEPT-PCA is NumPy linear
+algebra on the CPU. None of them uses mixed precision (the registry refuses amp=true).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from flwr.app import RecordDict
 from client.adept_dgm import adam, adam_arrays, sample_report
 from client.common import generator, momentum_arrays, optimizer, sgd_for_round
 from client.env import ClientEnv, ClientHandler
-from client.training import batches
+from client.training import batches, to_device
 from federated_data.synthetic_pca import true_subspaces
 from models.adept_ae import AEHyper, local_round, theta_network
 from models.adept_pca import PCAHyper, client_round, data_step, error_ratio, reconstruction_error
@@ -161,14 +165,14 @@ def _ae_model(
         latent=ae.latent,
         channels=dgm.channels,
         kernel=dgm.kernel,
-    )
+    ).to(env.device)
     if weights is not None:
         set_weights(model, weights)
     return model
 
 
 def _ae_metrics(env: ClientEnv, model: Any) -> dict[str, int | float]:
-    return reconstruction_metrics(model, torch.from_numpy(_inputs(env, "test")))
+    return reconstruction_metrics(model, to_device(_inputs(env, "test"), env.device))
 
 
 def _theta_optimizer(
@@ -209,7 +213,7 @@ def _ae_train(content: RecordDict, env: ClientEnv, *, denoiser: bool) -> RecordD
     adept = AdeptSettings.of(env.settings)
     ae, dgm = AdeptAESettings.of(env.settings), AdeptDGMSettings.of(env.settings)
     rnd, share, role = _phase(content, env, adept)
-    x = torch.from_numpy(_inputs(env, "train"))
+    x = to_device(_inputs(env, "train"), env.device)
     n = len(x)
     mu = protocol.arrays_of(content, MU)
     stored, meta = env.state.load(before_round=rnd) or ({}, {})
@@ -227,15 +231,15 @@ def _ae_train(content: RecordDict, env: ClientEnv, *, denoiser: bool) -> RecordD
     mu_out: dict[str, np.ndarray] = mu
     sigma_out = protocol.arrays_of(content, SIGMA)
     if role == "adept":
-        tensors = [torch.tensor(mu[k]) for k in names]
-        sigmas = [torch.tensor(sigma_out[k]) for k in names]
+        tensors = [to_device(torch.tensor(mu[k]), env.device) for k in names]
+        sigmas = [to_device(torch.tensor(sigma_out[k]), env.device) for k in names]
         lazy = rnd <= ae.lazy_rounds
         new_mu, new_sigma, loss = local_round(
             model, chunks, opt, hp, tensors, sigmas, not lazy, errors
         )
         assert new_mu is not None and new_sigma is not None
-        mu_out = {k: t.numpy() for k, t in zip(names, new_mu, strict=True)}
-        sigma_out = {k: t.numpy() for k, t in zip(names, new_sigma, strict=True)}
+        mu_out = {k: t.cpu().numpy() for k, t in zip(names, new_mu, strict=True)}
+        sigma_out = {k: t.cpu().numpy() for k, t in zip(names, new_sigma, strict=True)}
     else:
         _, _, loss = local_round(model, chunks, opt, hp, errors=errors)
         if role == "global":

@@ -12,7 +12,7 @@ from flwr.app import RecordDict
 from torch import nn
 
 from client.env import ClientEnv
-from client.training import SGD, ProximalTerm, train_classifier
+from client.training import SGD, ProximalTerm, to_device, train_classifier
 from federated_data import ArrayDataset
 from models import build_model
 from models.evaluation import evaluate_classifier
@@ -36,9 +36,10 @@ class Tensors:
 def tensors(
     ds: ArrayDataset, device: torch.device, class_weights: torch.Tensor | None = None
 ) -> Tensors:
+    """A whole split on `device` (to_device: pinned memory and an asynchronous copy to CUDA)."""
     return Tensors(
-        torch.from_numpy(ds.features()).to(device),
-        torch.from_numpy(ds.targets()).long().to(device),
+        to_device(ds.features(), device),
+        to_device(ds.targets(), device, torch.long),
         class_weights,
     )
 
@@ -69,6 +70,8 @@ class SGDSettings:
     lr: float
     momentum: float
     weight_decay: float
+    amp: bool = False
+    """Mixed precision in the training loop (the run's `amp`; client.training.MixedPrecision)."""
 
 
 def sgd_settings(env: ClientEnv) -> SGDSettings:
@@ -79,6 +82,7 @@ def sgd_settings(env: ClientEnv) -> SGDSettings:
         lr=run.lr,
         momentum=run.momentum,
         weight_decay=run.weight_decay,
+        amp=run.amp,
     )
 
 
@@ -106,7 +110,7 @@ def optimizer(
         for i in range(len(params)):
             saved = stored.get(f"{prefix}.{i}")
             if saved is not None and saved.shape == tuple(params[i].shape):
-                opt.buffers[i] = torch.from_numpy(saved).to(env.device)
+                opt.buffers[i] = to_device(saved, env.device)
     return opt
 
 
@@ -143,6 +147,7 @@ def train(
         optimizer=opt,
         sample_weights=sample_weights,
         class_weights=data.class_weights,
+        amp=sgd.amp,
     )
 
 

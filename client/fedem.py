@@ -53,13 +53,21 @@ def _components(content: RecordDict, env: ClientEnv) -> list[nn.Module]:
 
 
 def _losses(models: list[nn.Module], data: Tensors) -> torch.Tensor:
-    """L[i, m]: loss of example i under component m (eval mode, no gradients)."""
+    """L[i, m]: loss of example i under component m (eval mode, no gradients), on the CPU
+    beside pi: the E- and M-steps are (n, M) float64 arithmetic, whatever the device."""
     if len(data) == 0:
         return torch.zeros(0, len(models))
-    return torch.stack(
-        [per_sample_losses(m, data.x, data.y, class_weights=data.class_weights) for m in models],
-        dim=1,
-    ).double()
+    return (
+        torch.stack(
+            [
+                per_sample_losses(m, data.x, data.y, class_weights=data.class_weights)
+                for m in models
+            ],
+            dim=1,
+        )
+        .double()
+        .cpu()
+    )
 
 
 def mixture_metrics(
@@ -117,7 +125,7 @@ def train(content: RecordDict, env: ClientEnv) -> RecordDict:
         opt = optimizer(model, sgd, env, stored, prefix=f"momentum{m}")
         # component 0 draws the same batches a single FedAvg model would (M = 1 is FedAvg)
         tag = "train" if m == 0 else f"train{m}"
-        weights = q[:, m].float()
+        weights = q[:, m].float().to(data.y.device)
         losses.append(
             train_locally(
                 model, data, sgd, generator(env, rnd, tag), opt=opt, sample_weights=weights

@@ -8,6 +8,7 @@ the basis-phase reply.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable, Mapping
 
@@ -19,7 +20,7 @@ from torch import nn
 from client.common import Tensors, generator, new_model, sgd_for_round, tensors, test_metrics
 from client.common import train as train_locally
 from client.env import ClientEnv
-from client.training import batches
+from client.training import batches, to_device
 from models.fedlrt import padded_coefficients
 from models.losses import per_sample_loss
 from models.lowrank import factorized_layers, load_low_rank
@@ -140,14 +141,17 @@ def train(content: RecordDict, env: ClientEnv) -> RecordDict:
                 full = np.zeros(tuple(p.shape), np.float32)
                 full[: value.shape[0], : value.shape[1]] = value
                 value = full
-            terms.append((p, torch.from_numpy(value).to(p.device)))
+            terms.append((p, to_device(value, p.device)))
 
     def linear_term(_model: nn.Module) -> torch.Tensor:
-        return sum(((p * v).sum() for p, v in terms), torch.zeros(()))
+        return sum(((p * v).sum() for p, v in terms), torch.zeros((), device=env.device))
 
     data = tensors(env.data.train, env.device)
+    # float32 always: the registry refuses amp=true for FeDLRT and FedLin (their coefficient
+    # steps and bases stay float32, docs/deployment.md#gpu); this keeps it so whatever the run
+    sgd = dataclasses.replace(sgd_for_round(content, env), amp=False)
     started = time.perf_counter()
-    loss = train_locally(model, data, sgd_for_round(content, env), generator(env, rnd, "train"),
+    loss = train_locally(model, data, sgd, generator(env, rnd, "train"),
                          proximal=linear_term if terms else None)  # fmt: skip
     metrics: dict[str, int | float] = {
         "train-loss": loss,

@@ -15,6 +15,12 @@ the spectral contrastive objective against the other clients' matrix, and report
 (`simclr.temperature`), nothing shared. `BYOL_HANDLERS` are FedAvg + BYOL's: the same loop on
 BYOL's loss, with a target network that starts each round as the received model and follows
 the online one by `byol.ema` after every step; backbone, projector and predictor are averaged.
+
+Mixed precision (`amp`): the SimCLR and BYOL baselines run their forward passes under autocast
+(client.training.train_two_views). FedSC and FedAvg + spectral contrastive never do: the
+registry refuses amp=true for them and `train` passes amp=False whatever the run says, so the
+correlation matrices (the released DP-CalR matrix, the objective's R_j and Rbar_{-j}) are those
+of float32 representations (docs/deployment.md#gpu).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from flwr.app import RecordDict
 
 from client.common import generator, sgd_for_round, tensors
 from client.env import ClientEnv, ClientHandler
-from client.training import SGD, TwoViewObjective, train_two_views
+from client.training import SGD, TwoViewObjective, to_device, train_two_views
 from models.augment import Augmenter
 from models.byol import BYOLPair
 from models.dp_correlation import dp_correlation, release_epsilon
@@ -140,9 +146,11 @@ def _train(
     metrics: dict[str, int | float],
     trained: torch.nn.Module | None = None,
     after_step: Callable[[], None] | None = None,
+    amp: bool = False,
 ) -> RecordDict:
     """Local epochs of `objective` on two augmented views of `trained` (default: `model`,
-    whose weights the reply carries), `after_step` after every step."""
+    whose weights the reply carries), `after_step` after every step; `amp`: the forward passes
+    under autocast."""
     sgd = sgd_for_round(content, env)
     trained = model if trained is None else trained
     params = [p for p in trained.parameters() if p.requires_grad]
@@ -159,6 +167,7 @@ def _train(
         loss_scale=loss_scale,
         grad_clip=fedsc.grad_clip,
         after_step=after_step,
+        amp=amp,
     )
     metrics[protocol.NUM_EXAMPLES] = len(data)
     return protocol.reply(content, env.cid, metrics, arrays=get_weights(model))
@@ -170,7 +179,7 @@ def train(content: RecordDict, env: ClientEnv) -> RecordDict:
     metrics = knn_metrics(model, env, fedsc)
     others = None
     if OTHERS in content:
-        others = torch.from_numpy(protocol.arrays_of(content, OTHERS)["r"]).to(env.device)
+        others = to_device(protocol.arrays_of(content, OTHERS)["r"], env.device)
     alpha = float(protocol.config_of(content).get("alpha", 1.0)) if others is not None else 1.0
     mu = fedsc.mu
 
@@ -178,7 +187,8 @@ def train(content: RecordDict, env: ClientEnv) -> RecordDict:
         return local_objective(norm_clip(z1, mu), norm_clip(z2, mu), alpha, others)
 
     metrics["alpha"] = alpha
-    return _train(content, env, fedsc, model, objective, fedsc.loss_scale, metrics)
+    # float32 always (see the module's docstring): amp never touches the correlation matrices
+    return _train(content, env, fedsc, model, objective, fedsc.loss_scale, metrics, amp=False)
 
 
 def train_simclr(content: RecordDict, env: ClientEnv) -> RecordDict:
@@ -190,7 +200,9 @@ def train_simclr(content: RecordDict, env: ClientEnv) -> RecordDict:
     def objective(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         return nt_xent(z1, z2, temperature)
 
-    return _train(content, env, fedsc, model, objective, 1.0, knn_metrics(model, env, fedsc))
+    metrics = knn_metrics(model, env, fedsc)
+    amp = sgd_for_round(content, env).amp
+    return _train(content, env, fedsc, model, objective, 1.0, metrics, amp=amp)
 
 
 def train_byol(content: RecordDict, env: ClientEnv) -> RecordDict:
@@ -200,8 +212,9 @@ def train_byol(content: RecordDict, env: ClientEnv) -> RecordDict:
     pair = BYOLPair(model, BYOLSettings.of(env.settings).ema)
     metrics = knn_metrics(model, env, fedsc)
     return _train(
-        content, env, fedsc, model, pair.symmetric_loss, 1.0, metrics, pair, pair.update_target
-    )
+        content, env, fedsc, model, pair.symmetric_loss, 1.0, metrics, pair, pair.update_target,
+        amp=sgd_for_round(content, env).amp,
+    )  # fmt: skip
 
 
 def evaluate(content: RecordDict, env: ClientEnv, *, predictor: bool = False) -> RecordDict:

@@ -2,18 +2,90 @@
 
 SGD is written out rather than taken from `torch.optim`: the first `torch.optim` optimizer built
 in a process costs seconds of lazy imports, and in deployment every message is a new process.
+
+Devices: `to_device` is the one way a client's data reaches its device (pinned memory and an
+asynchronous copy to CUDA). Mixed precision (`amp`, `MixedPrecision`): the loops run the
+model's forward passes under torch.autocast and everything after them (losses, proximal and
+correction terms, the SGD step) in float32; see docs/deployment.md#gpu.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
+from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from models.losses import class_probabilities, per_sample_loss
 
 ProximalTerm = Callable[[nn.Module], torch.Tensor]
+
+
+def to_device(
+    data: np.ndarray | torch.Tensor, device: torch.device, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """`data` (an array or a CPU tensor) as a tensor of `dtype` on `device`. To a CUDA device it
+    goes through pinned (page-locked) host memory with a non-blocking copy, which the GPU's DMA
+    engine overlaps with work already queued (kernels queued later on the same stream wait for
+    it); to the CPU nothing is pinned and an array's memory is shared as before."""
+    tensor = torch.from_numpy(data) if isinstance(data, np.ndarray) else data
+    if dtype is not None:
+        tensor = tensor.to(dtype)
+    if device.type != "cuda":
+        return tensor.to(device)
+    if tensor.device.type == "cpu":
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
+
+
+def amp_dtype(device: torch.device) -> torch.dtype:
+    """The autocast type of `amp=true` on `device`: bfloat16 (CPUs, CUDA GPUs that support it:
+    Ampere and later), else float16 (older CUDA GPUs), which needs loss scaling."""
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return torch.float16
+    return torch.bfloat16
+
+
+class MixedPrecision:
+    """Autocast for a loop's forward passes and, for float16, dynamic loss scaling
+    (torch.amp.GradScaler: a step whose gradients overflow is skipped and the scale halved).
+    Disabled (`enabled=False`): plain float32, every method a no-op or a plain call."""
+
+    def __init__(
+        self, enabled: bool, device: torch.device, dtype: torch.dtype | None = None
+    ) -> None:
+        self.enabled = enabled
+        self.device_type = device.type
+        self.dtype = (dtype or amp_dtype(device)) if enabled else None
+        self.scaler = (
+            torch.amp.GradScaler(device.type) if self.dtype == torch.float16 else None
+        )
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def backward(self, objective: torch.Tensor) -> None:
+        if self.scaler is None:
+            objective.backward()
+        else:
+            self.scaler.scale(objective).backward()
+
+    def unscale(self, opt: SGD) -> None:
+        """The true gradients back before they are clipped (float16 only)."""
+        if self.scaler is not None:
+            self.scaler.unscale_(opt)  # type: ignore[arg-type]  # duck-typed: param_groups
+
+    def step(self, opt: SGD) -> None:
+        if self.scaler is None:
+            opt.step()
+        else:
+            self.scaler.step(opt)  # type: ignore[arg-type]  # duck-typed: param_groups, step
+            self.scaler.update()
 
 
 def batches(n: int, batch_size: int, generator: torch.Generator | None) -> Iterator[torch.Tensor]:
@@ -35,6 +107,11 @@ class SGD:
         self.params = params
         self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
         self.buffers: list[torch.Tensor | None] = [None] * len(params)
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The parameters as torch.optim lays them out (GradScaler unscales through this)."""
+        return [{"params": self.params}]
 
     @torch.no_grad()
     def step(self) -> None:
@@ -74,28 +151,33 @@ def train_classifier(
     sample_weights: torch.Tensor | None = None,
     optimizer: SGD | None = None,
     class_weights: torch.Tensor | None = None,
+    amp: bool = False,
 ) -> float:
     """SGD on the negative log-likelihood for `epochs` passes; returns the last epoch's mean
     training loss. With `sample_weights` each batch minimises mean_i(w_i * loss_i), weights looked
     up by example index (FedEM's responsibility-weighted M-step). Pass `optimizer` to keep its
     momentum buffers across calls. Sequence targets (n, T) and `class_weights`: see
-    models.losses."""
+    models.losses. `amp`: the forward pass under autocast (MixedPrecision), the loss, the
+    `proximal` term and the step in float32."""
     model.train()
     opt = optimizer or SGD(
         [p for p in model.parameters() if p.requires_grad], lr, momentum, weight_decay
     )
+    precision = MixedPrecision(amp, x.device)
     last = float("nan")
     for _ in range(epochs):
         total, count = 0.0, 0
         for idx in batches(len(y), batch_size, generator):
             opt.zero_grad()
-            losses = per_sample_loss(model(x[idx]), y[idx], class_weights)
+            with precision.autocast():
+                logits = model(x[idx])
+            losses = per_sample_loss(logits.float(), y[idx], class_weights)
             if sample_weights is not None:
                 losses = losses * sample_weights[idx]
             loss = losses.mean()
             objective = loss + proximal(model) if proximal is not None else loss
-            objective.backward()
-            opt.step()
+            precision.backward(objective)
+            precision.step(opt)
             total += float(loss.detach()) * len(idx)
             count += len(idx)
         last = total / max(count, 1)
@@ -146,13 +228,17 @@ def train_two_views(
     loss_scale: float = 1.0,
     grad_clip: float = 0.0,
     after_step: Callable[[], None] | None = None,
+    amp: bool = False,
 ) -> float:
     """Local self-supervised training on two augmented views per image: per batch
     `loss_scale` x objective(model(view 1), model(view 2)), optional gradient-norm clipping,
     then `after_step` (BYOL's target update). A last batch of a single image is skipped
     (BatchNorm cannot train on it, and one image has no negatives). Returns the last epoch's
-    mean objective."""
+    mean objective. `amp`: the two forward passes under autocast (MixedPrecision); the
+    augmentations, the objective (on the outputs cast back to float32), the clipping and the
+    step in float32."""
     model.train()
+    precision = MixedPrecision(amp, x.device)
     last = float("nan")
     for _ in range(epochs):
         total, count = 0.0, 0
@@ -160,12 +246,16 @@ def train_two_views(
             if len(idx) < 2:
                 continue
             batch = x[idx]
-            loss = objective(model(augment(batch, generator)), model(augment(batch, generator)))
+            view1, view2 = augment(batch, generator), augment(batch, generator)
+            with precision.autocast():
+                z1, z2 = model(view1), model(view2)
+            loss = objective(z1.float(), z2.float())
             opt.zero_grad()
-            (loss_scale * loss).backward()
+            precision.backward(loss_scale * loss)
             if grad_clip > 0:
+                precision.unscale(opt)
                 torch.nn.utils.clip_grad_norm_(opt.params, grad_clip)
-            opt.step()
+            precision.step(opt)
             if after_step is not None:
                 after_step()
             total += float(loss.detach()) * len(idx)

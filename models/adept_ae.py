@@ -62,7 +62,7 @@ def prior_term(
     xi: float,
 ) -> torch.Tensor:
     """sum_j [(2 xi + (mu_j - theta_j)^2) / (2 sigma_j^2) + log sigma_j] over all weights."""
-    total = torch.zeros(())
+    total = torch.zeros((), device=theta[0].device if len(theta) else None)
     for t, m, s in zip(theta, mu, sigma, strict=True):
         total = total + ((2 * xi + (m - t) ** 2) / (2 * s**2) + torch.log(s)).sum()
     return total

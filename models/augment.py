@@ -9,6 +9,9 @@
 * RGB images: the paper's pipeline with torchvision transforms v2, image by image (crop scale
   0.2-1, colour jitter 0.4/0.4/0.4/0.1 with p 0.8, horizontal flip, grayscale with p 0.2),
   applied to un-normalised pixels.
+
+Random numbers come from the caller's (CPU) generator and are moved to the images' device, so
+the same seed gives the same augmentations on a CPU and a GPU.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ class Augmenter:
 
     def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-        mean, std = self.mean.to(x.dtype), self.std.to(x.dtype)
+        mean, std = self.mean.to(x.device, x.dtype), self.std.to(x.device, x.dtype)
         pixels = x * std + mean
         if self.rgb:
             with torch.random.fork_rng(devices=[]):
@@ -54,7 +57,8 @@ class Augmenter:
                 out = torch.stack([self.pipeline(img) for img in pixels.clamp(0.0, 1.0)])
         else:
             out = random_affine(pixels, generator)
-            out = out + self.noise * torch.randn(out.shape, generator=generator, dtype=out.dtype)
+            noise = torch.randn(out.shape, generator=generator, dtype=out.dtype)
+            out = out + self.noise * noise.to(out.device)
         return (out - mean) / std
 
 
@@ -70,7 +74,8 @@ def random_affine(
     n = len(x)
 
     def uniform(low: float, high: float) -> torch.Tensor:
-        return low + (high - low) * torch.rand(n, generator=generator, dtype=x.dtype)
+        drawn = torch.rand(n, generator=generator, dtype=x.dtype)
+        return low + (high - low) * drawn.to(x.device)
 
     scale = uniform(*area).sqrt()
     aspect = uniform(math.log(ratio[0]), math.log(ratio[1])).exp().sqrt()

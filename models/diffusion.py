@@ -10,6 +10,9 @@ Two variants:
   no more, so this is our re-implementation): x_t = sqrt(abar(t)) x + sqrt(1 - abar(t)) eps,
   t ~ U(0, 1), eps ~ N(0, I), abar(t) = cos^2(pi/2 (t + s)/(1 + s)) / cos^2(pi/2 s/(1 + s)),
   and the deterministic DDIM sampler from N(0, I) on a uniform time grid.
+
+Noise is drawn from the caller's (CPU) generator and moved to the data's (the model's) device,
+so a seed gives the same noise on a CPU and a GPU.
 """
 
 from __future__ import annotations
@@ -35,13 +38,13 @@ def cosine_alpha_bar(t: torch.Tensor, offset: float = COSINE_OFFSET) -> torch.Te
 def corrupt(x: torch.Tensor, kind: str, generator: torch.Generator | None = None) -> torch.Tensor:
     """A noisy version of every sample of x, each with its own noise amount."""
     shape = (len(x),) + (1,) * (x.dim() - 1)
-    t = torch.rand(shape, generator=generator, dtype=x.dtype)
+    t = torch.rand(shape, generator=generator, dtype=x.dtype).to(x.device)
     if kind == "soft":
-        z = torch.rand(x.shape, generator=generator, dtype=x.dtype)
+        z = torch.rand(x.shape, generator=generator, dtype=x.dtype).to(x.device)
         return (1 - t) * x + t * z
     if kind == "vp":
         a = cosine_alpha_bar(t)
-        eps = torch.randn(x.shape, generator=generator, dtype=x.dtype)
+        eps = torch.randn(x.shape, generator=generator, dtype=x.dtype).to(x.device)
         return a.sqrt() * x + (1 - a).sqrt() * eps
     raise ValueError(f"unknown diffusion {kind!r}; known: {', '.join(KINDS)}")
 
@@ -69,7 +72,7 @@ def sample_ddim(denoiser: Denoiser, start: torch.Tensor, steps: int) -> torch.Te
     """Deterministic DDIM with an x-predicting denoiser, from t = 1 (start ~ N(0, I)) to t = 0
     in `steps` uniform steps; no clamp (the caller clips to the data range)."""
     x = start
-    grid = torch.linspace(1.0, 0.0, steps + 1, dtype=start.dtype)
+    grid = torch.linspace(1.0, 0.0, steps + 1, dtype=start.dtype, device=start.device)
     for t, t_next in itertools.pairwise(grid):
         a, a_next = cosine_alpha_bar(t), cosine_alpha_bar(t_next)
         x0 = denoiser(x)
@@ -82,16 +85,20 @@ def sample(
     model: nn.Module, count: int, shape: tuple[int, ...], kind: str, steps: int, seed: int,
     batch: int = 100,
 ) -> torch.Tensor:  # fmt: skip
-    """`count` images in [0, 1] from the denoiser, seeded (the authors seed with the client)."""
+    """`count` images in [0, 1] from the denoiser, seeded (the authors seed with the client),
+    on the CPU whatever the model's device."""
     g = torch.Generator().manual_seed(seed)
+    device = next(model.parameters()).device
     model.eval()
     out = []
     for start in range(0, count, batch):
         size = (min(batch, count - start), *shape)
         if kind == "soft":
-            out.append(sample_soft(model, torch.rand(size, generator=g), steps))
+            noise = torch.rand(size, generator=g).to(device)
+            out.append(sample_soft(model, noise, steps).cpu())
         elif kind == "vp":
-            out.append(sample_ddim(model, torch.randn(size, generator=g), steps).clamp(0.0, 1.0))
+            noise = torch.randn(size, generator=g).to(device)
+            out.append(sample_ddim(model, noise, steps).clamp(0.0, 1.0).cpu())
         else:
             raise ValueError(f"unknown diffusion {kind!r}; known: {', '.join(KINDS)}")
     return torch.cat(out) if out else torch.zeros((0, *shape))

@@ -55,7 +55,8 @@ def dp_correlation(
         raise ValueError("DP-CalR needs at least one example")
     r = total / count
     if sigma > 0:
-        r = r + sigma * torch.randn(r.shape, generator=noise, dtype=r.dtype)
+        # drawn from the private (CPU) generator, then moved to R's device
+        r = r + sigma * torch.randn(r.shape, generator=noise, dtype=r.dtype).to(r.device)
     if symmetrize:
         r = (r + r.T) / 2
     return r, clipped / count

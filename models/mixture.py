@@ -59,5 +59,8 @@ def fit_mixture_weights(
 
 def mixture_probabilities(pi: torch.Tensor, probabilities: torch.Tensor) -> torch.Tensor:
     """sum_m pi_m p_m(y | x) for component probabilities of shape (M, n, C), or (M, n, C, T)
-    for sequences (each position's next-token distribution mixed with the same pi)."""
-    return torch.einsum("m,m...->...", pi.to(probabilities.dtype), probabilities)
+    for sequences (each position's next-token distribution mixed with the same pi). pi is
+    moved to the probabilities' device and type."""
+    return torch.einsum(
+        "m,m...->...", pi.to(probabilities.device, probabilities.dtype), probabilities
+    )

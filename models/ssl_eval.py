@@ -38,7 +38,7 @@ def knn_accuracy(
     queries = F.normalize(queries.double(), dim=1)
     sim = queries @ bank.T
     top, idx = sim.topk(min(k, len(bank)), dim=1)
-    votes = torch.zeros(len(queries), num_classes, dtype=torch.float64)
+    votes = torch.zeros(len(queries), num_classes, dtype=torch.float64, device=queries.device)
     votes.scatter_add_(1, bank_labels[idx], (top / temperature).exp())
     return float((votes.argmax(1) == labels).double().mean())
 

@@ -45,6 +45,11 @@ class AlgorithmSpec:
     uses_torch: bool = True
     """Its client handlers import torch (with `client-timing` the ClientApp imports it first, to
     time the import apart)."""
+    amp: bool = False
+    """Its local training runs under mixed precision with `amp=true` (the shared loops of
+    client.training); an algorithm without it refuses `amp=true` before anything starts: its
+    math must stay float32 (FeDLRT's bases and coefficients, FedSC's correlation matrices) or
+    its loops are its own (ADEPT)."""
 
     def setting_groups(self) -> set[str]:
         """The prefixes (`fedem` of `fedem.components`) of every setting this algorithm reads."""
@@ -75,6 +80,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.fedavg:FedAvg",
             client="client.fedavg",
             message_types=("train", "evaluate"),
+            amp=True,
         ),
         AlgorithmSpec(
             name="fedavg-plus",
@@ -84,6 +90,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             client="client.fedavg:ADAPTING_HANDLERS",
             message_types=("train", "evaluate"),
             settings=FedAvgPlusSettings.declarations(),
+            amp=True,
         ),
         AlgorithmSpec(
             name="fedprox",
@@ -92,6 +99,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             client="client.fedavg:PROXIMAL_HANDLERS",
             message_types=("train", "evaluate"),
             settings=FedProxSettings.declarations(),
+            amp=True,
         ),
         AlgorithmSpec(
             name="fedem",
@@ -101,6 +109,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             client="client.fedem",
             message_types=("train", "evaluate"),
             settings=FedEMSettings.declarations(),
+            amp=True,
         ),
         AlgorithmSpec(
             name="d-fedem",
@@ -111,6 +120,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             message_types=("train", "evaluate"),
             uses=("fedem",),
             settings=DFedEMSettings.declarations(),
+            amp=True,
         ),
         AlgorithmSpec(
             name="clustered",
@@ -120,6 +130,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             client="client.clustered",
             message_types=("train", "evaluate"),
             settings=ClusteredSettings.declarations(),
+            amp=True,
         ),
         AlgorithmSpec(
             name="fedlrt",
@@ -172,6 +183,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             message_types=("train", "evaluate"),
             uses=("fedsc",),
             settings=SimCLRSettings.declarations(),
+            amp=True,
         ),
         AlgorithmSpec(
             name="fedavg-byol",
@@ -183,6 +195,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             message_types=("train", "evaluate"),
             uses=("fedsc",),
             settings=BYOLSettings.declarations(),
+            amp=True,
         ),
         AlgorithmSpec(
             name="adept-pca",
@@ -221,6 +234,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.scaffold:Scaffold",
             client="client.scaffold",
             message_types=("train", "evaluate"),
+            amp=True,
         ),
         AlgorithmSpec(
             name="local",
@@ -228,6 +242,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.local:LocalOnly",
             client="client.local",
             message_types=("train", "evaluate"),
+            amp=True,
         ),
         AlgorithmSpec(
             name="noop",
@@ -306,6 +321,13 @@ def _check_consistency(cfg: Mapping[str, Scalar]) -> None:
             f"unknown algorithm {cfg['algorithm']!r}{_closest(str(cfg['algorithm']), ALGORITHMS)}"
             f"; known: {', '.join(sorted(ALGORITHMS))}"
         )
+    spec = ALGORITHMS[str(cfg["algorithm"])]
+    if cfg["amp"] and not spec.amp:
+        supported = ", ".join(sorted(n for n, a in ALGORITHMS.items() if a.amp))
+        raise SettingsError(
+            f"amp=true: {spec.name} trains in float32 only (docs/deployment.md#gpu); "
+            f"mixed precision is for {supported}"
+        )
     if float(cfg["val-fraction"]) + float(cfg["test-fraction"]) >= 0.95:
         raise SettingsError("val-fraction + test-fraction must leave data to train on (< 0.95)")
     if int(cfg["min-replies"]) > int(cfg["num-clients"]):
@@ -334,10 +356,11 @@ def foreign_settings(algorithm: str, keys: Iterable[str]) -> dict[str, list[str]
     if spec is None:
         return {}
     mine = spec.setting_groups()
+    common = {s.key for s in COMMON_SETTINGS}  # synthetic.* too, though it has a prefix
     out: dict[str, list[str]] = {}
     for key in keys:
         group = key.split(".")[0] if "." in key else None
-        if group is None or group in mine:
+        if group is None or group in mine or key in common:
             continue
         out[key] = sorted(n for n, a in ALGORITHMS.items() if group in a.setting_groups())
     return out

@@ -272,7 +272,17 @@ class RunSettings(SettingsGroup):
     run_name: str = setting("", "stable name of the run; client state is kept under it")
     resume: bool = setting(False, "continue the run in out-dir from its last checkpoint")
     client_state_dir: str = setting("", "client state directory when a node gives none")
-    device: str = setting("auto", "client device", choices=("auto", "cpu", "cuda"))
+    device: str = setting(
+        "auto",
+        "client device ('auto': CUDA when torch sees a GPU)",
+        choices=("auto", "cpu", "cuda"),
+    )
+    amp: bool = setting(
+        False,
+        "mixed precision in the shared local training loops (autocast: bfloat16, or float16 with "
+        "loss scaling on GPUs without bfloat16; bfloat16 on CPU); algorithms whose math must stay "
+        "float32 refuse it (docs/deployment.md#gpu)",
+    )
 
 
 @dataclass(frozen=True)

@@ -122,6 +122,14 @@ CASES: list[tuple[str, list[str], str]] = [
     ("download-unknown-dataset", ["data", "download", "imagenet", "--data-dir", "{w}/data"],
      "unknown dataset 'imagenet'"),
     ("device-cuda-without-gpu", [*SIM, "--set", "device=cuda"], "torch sees no CUDA GPU"),
+    ("gpus-per-client-without-gpu", [*SIM, "--gpus-per-client", "0.5"], "torch sees no CUDA GPU"),
+    ("deploy-gpus-without-gpu", ["deploy", "--dataset", "digits", "--clients", "2", "--gpus", "0"],
+     "torch sees no CUDA GPU"),
+    ("client-gpu-without-gpu", [*CLIENT, "--partition-id", "0", "--gpu", "0"],
+     "torch sees no CUDA GPU"),
+    ("ray-address-not-host-port", [*SIM, "--ray-address", "head-node"], "is not HOST:PORT"),
+    ("amp-refused", [*SIM, "--algorithm", "fedlrt", "--set", "amp=true"],
+     "amp=true: fedlrt trains in float32 only"),
     ("resume-corrupt-checkpoint", ["simulate", "--out", "{w}/corrupt", "--resume"],
      "checkpoint"),
     ("resume-changed-setting", ["simulate", "--out", "{w}/done", "--resume", "--set", "lr=0.2"],
@@ -175,6 +183,11 @@ def test_a_mistake_is_one_line_before_anything_starts(
 ) -> None:
     if "{w}/readonly" in " ".join(args) and not (world / ".readonly-mounted").read_text():
         pytest.skip("mounting a read-only tmpfs is not permitted here")
+    if "no CUDA GPU" in says:
+        import torch  # lazy: only these cases
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has a CUDA GPU")
     before = _digests(world / "done")
     argv = [a.replace("{w}", str(world)) for a in args]
     cwd = world / "cwd"  # a default results/ directory would land here

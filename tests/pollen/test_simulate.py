@@ -16,12 +16,19 @@ from pollen.settings import Scalar
 class FakeFederation:
     def __init__(self, workdir: Path) -> None:
         workdir.mkdir(parents=True)
+        self.env: dict[str, str] = {}
 
     def start_superlink(self, simulation: bool) -> tuple[int, int]:
         assert simulation
         return 0, 0
 
-    def configure_simulation(self, num_supernodes: int, cpus_per_client: int) -> None:
+    def configure_simulation(
+        self,
+        num_supernodes: int,
+        cpus_per_client: int,
+        gpus_per_client: float = 0.0,
+        num_gpus: int | None = None,
+    ) -> None:
         pass
 
     def stop(self) -> None:
