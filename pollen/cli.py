@@ -17,6 +17,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
+from client import relay
 from pollen import registry
 from pollen import settings as settings_mod
 from pollen.dataspec import check_model_fits, data_spec, model_input
@@ -223,9 +224,15 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     resolved = resolve_run_settings(args)
     run = RunSettings.of(resolved)
     out, n = Path(run.out_dir), run.num_clients
+    gpus = _deploy_gpus(args.gpus, run.device)
     keys = [node_key(args.tls_dir, i) for i in range(n)] if args.auth else []
     # a SuperNode that dies is restarted on its partition and state (docs/reliability.md)
-    fed = Federation(out / "processes", restart_nodes=True, events=out / "events.jsonl")
+    fed = Federation(
+        out / "processes",
+        restart_nodes=True,
+        events=out / "events.jsonl",
+        resident_workers=not args.no_worker,
+    )
     security = ("with TLS" if tls else "insecure") + (" and node authentication" if keys else "")
     print(
         f"Pollen deploy: {run.algorithm} on {run.dataset}, {n} clients, "
@@ -241,9 +248,13 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             fed.start_supernode(
                 i, n, f"127.0.0.1:{fleet_port}", tls=tls, auth_key=keys[i] if keys else None,
                 node_config={"state-dir": str(out / "client-state")},
+                env_extra=gpu_environment(gpus, i),
             )  # fmt: skip
         fed.wait_nodes(n)
         print(f"SuperLink and {n} SuperNodes up (logs in {fed.workdir})", flush=True)
+        if gpus:
+            spread = ", ".join(f"{i}: GPU {gpus[i % len(gpus)]}" for i in range(n))
+            print(f"SuperNodes on GPUs (CUDA_VISIBLE_DEVICES) {spread}", flush=True)
         return _run_and_report(fed, resolved, args.timeout)
     finally:
         fed.stop()
@@ -254,22 +265,152 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise SettingsError(
             f"--parallel (clients trained at once) must be 1 or more, not {args.parallel}"
         )
-    resolved = resolve_run_settings(args)
+    ray_address = _ray_address(args.ray_address)
+    # on an existing Ray cluster the clients train on its nodes: this machine's devices do not
+    # count (the cluster's nodes declare their GPUs to Ray)
+    resolved = resolve_run_settings(args, local=ray_address is None)
     run = RunSettings.of(resolved)
     out, n = Path(run.out_dir), run.num_clients
+    num_gpus = _simulation_gpus(args.gpus_per_client, run.device, ray_address is not None)
     fed = Federation(out / "processes")
+    # the SuperLink's environment reaches the simulation process, whose ray.init() reads it;
+    # "local": a Ray instance of its own, never a cluster `ray start` left on this machine
+    fed.env["RAY_ADDRESS"] = ray_address or "local"
+    where = f" on the Ray cluster at {ray_address}" if ray_address else ""
+    gpu = f", {args.gpus_per_client:g} GPU per client" if args.gpus_per_client > 0 else ""
     print(
         f"Pollen simulate: {run.algorithm} on {run.dataset}, {n} clients, "
-        f"{run.num_rounds} rounds; results in {out}",
+        f"{run.num_rounds} rounds{gpu}{where}; results in {out}",
         flush=True,
     )
     try:
         fed.start_superlink(simulation=True)
-        cpus = max(1, (os.cpu_count() or 1) // max(1, args.parallel))
-        fed.configure_simulation(n, cpus)
+        # on a cluster a client reserves one CPU and Ray packs as many as its nodes hold
+        cpus = 1 if ray_address else max(1, (os.cpu_count() or 1) // max(1, args.parallel))
+        fed.configure_simulation(n, cpus, args.gpus_per_client, num_gpus)
         return simulate_run(fed, resolved, args.timeout)
     finally:
         fed.stop()
+
+
+# ---- GPUs and Ray clusters (docs/deployment.md#gpu) --------------------------------------------
+def cuda_devices() -> int:
+    """How many CUDA GPUs torch sees on this machine (0 without CUDA)."""
+    import torch  # lazy: torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _simulation_gpus(per_client: float, device: str, on_cluster: bool) -> int | None:
+    """Checks `--gpus-per-client` against the run's device and this machine's GPUs before
+    anything starts; returns the GPUs the local Ray instance is to offer (None: on a cluster,
+    or none asked for)."""
+    if not per_client >= 0 or per_client == float("inf"):
+        raise SettingsError(f"--gpus-per-client must be 0 or more, not {per_client:g}")
+    if per_client == 0:
+        if device == "cuda":
+            raise SettingsError(
+                "device=cuda in simulation needs --gpus-per-client above 0: Ray hides the GPUs "
+                "from clients that reserve none"
+            )
+        return None
+    if device == "cpu":
+        raise SettingsError(
+            f"--gpus-per-client {per_client:g} with device=cpu: the clients would reserve GPUs "
+            "and not use them; use device=auto or cuda, or drop --gpus-per-client"
+        )
+    if per_client > 1 and not float(per_client).is_integer():
+        raise SettingsError(
+            f"--gpus-per-client {per_client:g}: Ray takes a fraction of one GPU or a whole "
+            "number of GPUs per client"
+        )
+    if on_cluster:
+        return None
+    count = cuda_devices()
+    if count == 0:
+        raise SettingsError(
+            f"--gpus-per-client {per_client:g}: torch sees no CUDA GPU on this machine "
+            "(drop the option to train on the CPU, or --ray-address a cluster with GPUs)"
+        )
+    if per_client > count:
+        raise SettingsError(
+            f"--gpus-per-client {per_client:g}: this machine has {count} CUDA GPU"
+            f"{'s' if count > 1 else ''}"
+        )
+    return count
+
+
+def _ray_address(given: str | None) -> str | None:
+    """The Ray cluster a simulation joins: --ray-address, else RAY_ADDRESS from the
+    environment (Ray's own variable), as the GCS address HOST:PORT of the cluster's head; it
+    must answer. RAY_ADDRESS=auto (Ray's: the cluster `ray start` runs on this machine) is
+    passed on as it is. None: a Ray instance of the simulation's own."""
+    address = given if given is not None else os.environ.get("RAY_ADDRESS", "")
+    option = "--ray-address" if given is not None else "RAY_ADDRESS"
+    if given is None and address in ("", "local"):
+        return None
+    if given is None and address == "auto":
+        return address
+    try:
+        if "://" in address:  # ray:// is Ray Client's port, not the cluster's GCS address
+            raise LaunchError(address)
+        host, port = _host_port(address, option)
+    except LaunchError:
+        raise SettingsError(
+            f"{option} {address!r} is not HOST:PORT, the address of the Ray cluster's head "
+            "node (`ray start --head --port PORT` prints it), e.g. 10.0.0.5:6379"
+        ) from None
+    import socket  # lazy: only on this path
+
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except OSError as exc:
+        raise LaunchError(
+            f"{option} {address}: no Ray cluster answers there ({exc.strerror or exc}); start "
+            "one with `ray start --head --port PORT` on its head node"
+        ) from None
+    return address
+
+
+def _deploy_gpus(text: str | None, device: str) -> list[int]:
+    """The CUDA devices of `pollen deploy --gpus 0,1`, checked against the run's device and
+    the GPUs torch sees here ([] without the option)."""
+    if text is None:
+        return []
+    try:
+        gpus = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise SettingsError(
+            f"--gpus {text!r}: expected GPU indices separated by commas, e.g. 0,1"
+        ) from None
+    if any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus):
+        raise SettingsError(f"--gpus {text}: indices must be distinct and 0 or more")
+    if device == "cpu":
+        raise SettingsError(
+            f"--gpus {text} with device=cpu: the SuperNodes would not use them; use device=auto "
+            "or cuda, or drop --gpus"
+        )
+    _check_gpus_present(f"--gpus {text}", max(gpus))
+    return gpus
+
+
+def _check_gpus_present(option: str, highest: int) -> None:
+    count = cuda_devices()
+    if count <= highest:
+        seen = (
+            "torch sees no CUDA GPU on this machine"
+            if count == 0
+            else f"torch sees {count} CUDA GPU{'s' if count > 1 else ''} here (0 to {count - 1})"
+        )
+        raise LaunchError(f"{option}: {seen}")
+
+
+def gpu_environment(gpus: Sequence[int], index: int) -> dict[str, str]:
+    """SuperNode `index`'s CUDA_VISIBLE_DEVICES: the listed GPUs round-robin ({} for none).
+    Its ClientApps then see that one GPU as cuda:0."""
+    if not gpus:
+        return {}
+    return {"CUDA_VISIBLE_DEVICES": str(gpus[index % len(gpus)])}
 
 
 RUNTIME_START_ATTEMPTS = 3
@@ -571,6 +712,12 @@ def cmd_client(args: argparse.Namespace) -> int:
         raise LaunchError(f"--max-wait-time must be positive, not {args.max_wait_time:g}")
     if args.root_certificates and args.insecure:
         raise LaunchError("--root-certificates and --insecure contradict each other: give one")
+    gpu: dict[str, str] = {}
+    if args.gpu is not None:
+        if args.gpu < 0:
+            raise LaunchError(f"--gpu must be a GPU index, 0 or more, not {args.gpu}")
+        _check_gpus_present(f"--gpu {args.gpu}", args.gpu)
+        gpu = gpu_environment([args.gpu], 0)
     if not args.root_certificates and not args.insecure:
         raise LaunchError(
             "no TLS material: give --root-certificates CA.crt (the SuperLink's CA), or "
@@ -600,7 +747,13 @@ def cmd_client(args: argparse.Namespace) -> int:
             return app_runner_argv(f"127.0.0.1:{port}", key, pid, secret_file)
 
     waited = None if args.wait_forever else args.max_wait_time
-    return serve_node(argv, runner, args.superlink, waited)
+    worker = None
+    if not args.no_worker:  # one node per (state directory, partition) on this machine
+        try:
+            worker = relay.socket_path(f"{Path(args.state_dir).resolve()}#{args.partition_id}")
+        except relay.WorkerUnavailable as exc:
+            raise LaunchError(f"cannot place the node's worker socket: {exc}") from None
+    return serve_node(argv, runner, args.superlink, waited, env_extra=gpu, worker_socket=worker)
 
 
 def _warn(text: str) -> None:
@@ -800,7 +953,8 @@ EXAMPLES = {
     ),
     "simulate": (
         "pollen simulate --algorithm fedavg --clients 20 --rounds 50 --set "
-        "fraction-train=0.25"
+        "fraction-train=0.25\n  pollen simulate --algorithm fedavg --clients 8 --gpus-per-client "
+        "0.25 --set amp=true"
     ),
     "run": (
         "pollen run --superlink 127.0.0.1:9093 --root-certificates certs/ca.crt "
@@ -851,6 +1005,15 @@ def _command(sub: Any, name: str, **kwargs: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def _add_worker_option(p: argparse.ArgumentParser, nodes: str) -> None:
+    p.add_argument(
+        "--no-worker",
+        action="store_true",
+        help=f"no resident worker beside {nodes}: each message's ClientApp process imports "
+        "torch and loads the data itself (slower; less memory between messages)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pollen", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -864,11 +1027,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="SuperNode authentication: node i signs with <tls-dir>/supernodes/node-i.key, "
         "the SuperLink accepts only the registered keys",
     )
+    p.add_argument(
+        "--gpus",
+        metavar="LIST",
+        help="CUDA GPUs for the SuperNodes, e.g. 0,1: node i gets GPU LIST[i mod len(LIST)] "
+        "(CUDA_VISIBLE_DEVICES); default: every node sees every GPU",
+    )
+    _add_worker_option(p, "every SuperNode")
     p.set_defaults(func=cmd_deploy)
 
     p = _command(sub, "simulate", help="the same run on Flower's simulation runtime")
     _add_run_options(p)
     p.add_argument("--parallel", type=int, default=2, help="clients trained at once")
+    p.add_argument(
+        "--gpus-per-client",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="share of a GPU each client reserves in Ray (0.5: two clients per GPU); 0: the "
+        "clients see no GPU and train on the CPU",
+    )
+    p.add_argument(
+        "--ray-address",
+        metavar="HOST:PORT",
+        help="run the clients on an existing Ray cluster (its head's `ray start --head` "
+        "address; RAY_ADDRESS in the environment does the same), one CPU per client, "
+        "--parallel aside; default: a Ray instance of the run's own on this machine",
+    )
     p.set_defaults(func=cmd_simulate)
 
     p = _command(sub, "run", help="submit a run to a running SuperLink and follow it")
@@ -980,6 +1165,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run any app the SuperLink hands this node, signed or not",
     )
+    p.add_argument(
+        "--gpu",
+        type=int,
+        metavar="N",
+        help="train on CUDA GPU N only (CUDA_VISIBLE_DEVICES=N); default: every GPU is visible "
+        "and device=auto takes the first",
+    )
+    _add_worker_option(p, "the SuperNode")
     p.set_defaults(func=cmd_client)
 
     p = _command(sub, "report", help="plots and a Markdown summary of results directories")

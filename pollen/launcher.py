@@ -28,14 +28,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from client import relay
 from pollen.contracts.launcher import LAUNCHER_PID
 from pollen.settings import Scalar, toml_value
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
+TASK_POLL_INTERVAL = "0.1"
+"""Seconds between a SuperExec's polls for a new task (Flower's default: 1 s). Every message
+waits for the next poll of its node's SuperExec, and every run for the SuperLink's; at 0.1 s
+the polls cost little CPU (docs/performance.md). An operator's own
+FLWR_SUPEREXEC_TASK_POLL_INTERVAL is kept."""
+
 FLWR_ENV = {
     "FLWR_TELEMETRY_ENABLED": "0",
     "FLWR_DISABLE_UPDATE_CHECK": "1",
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": os.environ.get(
+        "FLWR_SUPEREXEC_TASK_POLL_INTERVAL", TASK_POLL_INTERVAL
+    ),
 }
 
 
@@ -222,6 +232,12 @@ class Federation:
     restart_log: list[dict[str, Any]] = field(default_factory=list)
     superlink_started: bool = False
     """This federation started a SuperLink before (its database is then kept on a restart)."""
+    resident_workers: bool = True
+    """Start a resident worker beside every SuperNode (client.worker; its ClientApps relay)."""
+    workers: list[Proc] = field(default_factory=list)
+    """The workers started with the nodes: not part of a node, a worker that dies is started
+    again by the node's next message (client.relay)."""
+    _owner_locks: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -251,9 +267,10 @@ class Federation:
         env: Mapping[str, str] | None = None,
         *,
         console: bool = False,
+        track: bool = True,
     ) -> Proc:
         """Start `argv` logging to `<workdir>/<name>.log` (to this process's output if
-        `console`)."""
+        `console`); `track`: it must stay alive (`check_alive`)."""
         log_path = self.workdir / f"{name}.log"
         with open(log_path, "ab") as log:
             popen = subprocess.Popen(
@@ -267,7 +284,8 @@ class Federation:
                 preexec_fn=_die_with_parent,
             )
         proc = Proc(name, popen, log_path)
-        self.procs.append(proc)
+        if track:
+            self.procs.append(proc)
         return proc
 
     def start_superlink(
@@ -342,11 +360,27 @@ class Federation:
         tls: TLS | None = None,
         auth_key: Path | None = None,
         node_config: Mapping[str, Scalar] | None = None,
+        env_extra: Mapping[str, str] | None = None,
     ) -> Proc:
         config: dict[str, Scalar] = {"partition-id": partition_id, "num-partitions": num_partitions}
         config.update(node_config or {})
         home = self.workdir / f"node-{partition_id}"
-        env = dict(self.env, FLWR_HOME=str(home))
+        # env_extra: this node's own variables, e.g. CUDA_VISIBLE_DEVICES (`pollen deploy --gpus`)
+        env = dict(self.env, FLWR_HOME=str(home), **(env_extra or {}))
+        if self.resident_workers:
+            try:
+                sock = relay.socket_path(str(home.resolve()))
+            except relay.WorkerUnavailable as exc:
+                raise LaunchError(f"cannot place the node's worker socket: {exc}") from None
+            self._owner_locks.append(relay.hold_owner_lock(sock))
+            env[relay.SOCKET_ENV] = str(sock)
+            worker = self.spawn(
+                f"worker-{partition_id}",
+                relay.worker_argv(sock),
+                relay.worker_env(env, app_dir()),  # the code of the app it submits
+                track=False,
+            )
+            self.workers.append(worker)
 
         def launch() -> list[Proc]:
             port = free_port()
@@ -440,7 +474,13 @@ class Federation:
                 os.close(fd)
 
     def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM each process (SuperNodes deregister), then SIGKILL whatever is left."""
+        """SIGTERM each process (SuperNodes deregister), then SIGKILL whatever is left. Workers
+        the nodes' ClientApps started again exit once the owner locks are released."""
+        self.procs.extend(self.workers)
+        self.workers.clear()
+        for fd in self._owner_locks:
+            os.close(fd)
+        self._owner_locks.clear()
         for proc in reversed(self.procs):
             if proc.popen.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -534,17 +574,31 @@ class Federation:
             time.sleep(1.0)
         raise LaunchError(f"fewer than {count} SuperNodes online after {timeout:g} s")
 
-    def configure_simulation(self, num_supernodes: int, cpus_per_client: int) -> None:
-        """Simulated SuperNodes and their CPUs for runs on this (simulation) SuperLink."""
-        done = self.flwr(
-            "federation",
-            "simulation-config",
-            "@none/default",
-            self.connection,
+    def configure_simulation(
+        self,
+        num_supernodes: int,
+        cpus_per_client: int,
+        gpus_per_client: float = 0.0,
+        num_gpus: int | None = None,
+    ) -> None:
+        """Simulated SuperNodes and the resources each ClientApp reserves in Ray, for runs on
+        this (simulation) SuperLink: `cpus_per_client` CPUs and `gpus_per_client` of a GPU (a
+        fraction shares one GPU between clients; Ray hides every GPU from a client that
+        reserves none). `num_gpus`: the GPUs the Ray instance Flower starts offers (Ray's
+        `num_gpus` of `ray.init`); None lets Ray detect them, and must be None when Flower
+        joins an existing cluster (RAY_ADDRESS), whose nodes declare their own."""
+        args = [
             "--num-supernodes",
             str(num_supernodes),
             "--client-resources-num-cpus",
             str(cpus_per_client),
+        ]
+        if gpus_per_client > 0:
+            args += ["--client-resources-num-gpus", f"{gpus_per_client:g}"]
+        if num_gpus is not None:
+            args += ["--init-args-num-gpus", str(num_gpus)]
+        done = self.flwr(
+            "federation", "simulation-config", "@none/default", self.connection, *args
         )
         if done.returncode != 0:
             raise LaunchError(f"could not configure the simulation:\n{done.stdout}{done.stderr}")
@@ -761,14 +815,28 @@ def serve_node(
     runner: Callable[[int], list[str]] | None,
     superlink: str,
     waited: float | None,
+    env_extra: Mapping[str, str] | None = None,
+    worker_socket: Path | None = None,
 ) -> int:
     """Run a SuperNode (and its app runner) in the foreground until it exits or this process
     is asked to stop, which it passes on as exactly one SIGTERM to the SuperNode (a second
     signal to its process group could leave it registered). The SuperNode's log goes to this
-    process's output; if it exits on its own with an error, one line says why."""
-    env = dict(os.environ, **FLWR_ENV)
+    process's output; if it exits on its own with an error, one line says why. `env_extra`:
+    variables for the SuperNode and what it starts (`pollen client --gpu`:
+    CUDA_VISIBLE_DEVICES). `worker_socket`: start the node's resident worker there first
+    (client.worker), which its ClientApps relay to."""
+    env = dict(os.environ, **FLWR_ENV, **(env_extra or {}))
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     argv = [bin_path(argv[0]), *argv[1:]]
+    worker = None
+    if worker_socket is not None:
+        relay.hold_owner_lock(worker_socket)  # held until this process exits
+        env[relay.SOCKET_ENV] = str(worker_socket)
+        worker = subprocess.Popen(
+            relay.worker_argv(worker_socket), env=relay.worker_env(env, PROJECT_DIR),
+            stdin=subprocess.DEVNULL,
+            start_new_session=True, preexec_fn=_die_with_parent,
+        )  # fmt: skip
     print("starting:", " ".join(argv), flush=True)
     node = subprocess.Popen(
         argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -793,7 +861,7 @@ def serve_node(
     signal.signal(signal.SIGINT, stop)
     tail: list[str] = []
 
-    def relay() -> None:
+    def copy_output() -> None:
         assert node.stdout is not None
         for raw in node.stdout:
             line = raw.decode(errors="replace")
@@ -802,20 +870,22 @@ def serve_node(
             tail.append(line)
             del tail[:-60]
 
-    reader = threading.Thread(target=relay, daemon=True)
+    reader = threading.Thread(target=copy_output, daemon=True)
     reader.start()
     code = node.wait()
     # what the SuperNode started (its SuperExec, ClientApps) may outlive it and hold its output
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(node.pid, signal.SIGKILL)
     reader.join(timeout=10)
-    if helper is not None:
-        helper.terminate()
+    for child in (helper, worker):
+        if child is None:
+            continue
+        child.terminate()
         try:
-            helper.wait(timeout=10)
+            child.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            helper.kill()
-            helper.wait()
+            child.kill()
+            child.wait()
     if stopping:
         return 0
     if code != 0:

@@ -11,8 +11,10 @@ import subprocess
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from client import relay
 from pollen.launcher import free_port
 from server.results import read_jsonl
 from tests.pollen.test_cli_e2e import POLLEN, _processes_under
@@ -127,6 +129,14 @@ def test_two_clients_on_one_machine_each_take_a_free_port(
         ports = [t.split(" --port ")[1].split()[0] for t in texts]
         assert ports[0] != ports[1]
         assert all("address already in use" not in t.lower() for t in texts)
+        # each its own resident worker, on its own socket, serving
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all("serving" in t for t in texts):
+            time.sleep(0.5)
+            texts = [log.read_text(errors="replace") for log in logs]
+        sockets = [t.split("pollen worker ")[1].split("serving ")[1].split()[0] for t in texts]
+        assert sockets[0] != sockets[1]
+        assert all(relay._exchange(Path(s), {"op": "ping"}, ()) is not None for s in sockets)
     finally:
         for proc in procs:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -170,3 +180,77 @@ def test_pollen_run_shows_its_wait_and_leaves_nothing_when_it_gives_up(
     errors = [line for line in done.stderr.splitlines() if line.startswith("pollen: error:")]
     assert len(errors) == 1 and f"no SuperLink answers at 127.0.0.1:{nothing}" in errors[0]
     assert not out.exists()
+
+
+def _worker_pid(out: Path, partition: int) -> int:
+    """The resident worker `pollen deploy` started beside client `partition`'s SuperNode."""
+    home = f"FLWR_HOME={out / 'processes' / f'node-{partition}'}\0".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes()
+            env = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if b"client.worker" in argv and home in env:
+            return int(entry.name)
+    raise AssertionError(f"no worker of client {partition} under {out}")
+
+
+def _deploy_fedem(out: Path, cache: Path, home: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*POLLEN, "deploy", "--algorithm", "fedem", "--dataset", "digits", "--clients", "3",
+         "--rounds", "3", "--out", str(out), "--set", "fedem.components=2",
+         "--set", f"phase-timeout={TIMEOUT}", "--set", "poll-interval=0.5",
+         "--set", "lr=0.1", "--set", "client-timing=true", *extra],
+        env=_env(cache, home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def _results(out: Path) -> list[dict[str, object]]:
+    """Every client's reply metrics per round, timing figures left out."""
+    rows = read_jsonl(out / "clients.jsonl")
+    return [
+        {**r, "metrics": {k: v for k, v in r["metrics"].items()
+                          if not k.startswith(("time-", "peak-rss", "relay-peak-rss"))}}
+        for r in sorted(rows, key=lambda r: (r["round"], r["phase"], r["client-id"]))
+    ]  # fmt: skip
+
+
+def test_deploy_a_killed_worker_is_replaced_and_the_results_are_unchanged(
+    tmp_path: Path, shared_cache: Path
+) -> None:
+    """SIGKILL the resident worker of one FedEM client in round 2: its next message starts a
+    new worker (or its ClientApp answers itself), the run completes, and every reply and the
+    final model equal a run without resident workers."""
+    out = tmp_path / "run"
+    proc = _deploy_fedem(out, shared_cache, tmp_path / "home")
+    try:
+        _wait("round 2 training", _started(out, 2, "train"))
+        pid = _worker_pid(out, 2)
+        os.kill(pid, signal.SIGKILL)
+        output, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, output[-4000:]
+    log = (out / "processes" / "app-runner-2.log").read_text()
+    assert "starting a worker for this node" in log or "runs the handler itself" in log, log
+    relayed = [r for r in read_jsonl(out / "clients.jsonl") if "time-relay" in r["metrics"]]
+    assert len(relayed) >= 9  # every client's train messages went through a worker but one
+
+    plain = tmp_path / "no-worker"
+    again = _deploy_fedem(plain, shared_cache, tmp_path / "home2", "--no-worker")
+    output, _ = again.communicate(timeout=600)
+    assert again.returncode == 0, output[-4000:]
+    assert not any("time-relay" in r["metrics"] for r in read_jsonl(plain / "clients.jsonl"))
+    assert _results(out) == _results(plain)
+    with np.load(out / "final_model.npz") as a, np.load(plain / "final_model.npz") as b:
+        assert sorted(a.files) == sorted(b.files)
+        for name in a.files:
+            assert np.array_equal(a[name], b[name]), name
+    time.sleep(1.5)
+    assert _processes_under(out) == [] and _processes_under(plain) == []
