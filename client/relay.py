@@ -121,6 +121,14 @@ def hold_owner_lock(sock: Path) -> int:
     return fd
 
 
+def release_owner_lock(sock: Path, fd: int) -> None:
+    """The node's end: its worker exits (no owner file, no lock), and the files beside the
+    socket go."""
+    for path in (owner_lock(sock), sock.with_suffix(".start")):
+        path.unlink(missing_ok=True)
+    os.close(fd)
+
+
 def owner_alive(sock: Path) -> bool:
     """Someone holds the node's owner lock."""
     try:

@@ -237,7 +237,7 @@ class Federation:
     workers: list[Proc] = field(default_factory=list)
     """The workers started with the nodes: not part of a node, a worker that dies is started
     again by the node's next message (client.relay)."""
-    _owner_locks: list[int] = field(default_factory=list)
+    _owner_locks: list[tuple[Path, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -372,7 +372,7 @@ class Federation:
                 sock = relay.socket_path(str(home.resolve()))
             except relay.WorkerUnavailable as exc:
                 raise LaunchError(f"cannot place the node's worker socket: {exc}") from None
-            self._owner_locks.append(relay.hold_owner_lock(sock))
+            self._owner_locks.append((sock, relay.hold_owner_lock(sock)))
             env[relay.SOCKET_ENV] = str(sock)
             worker = self.spawn(
                 f"worker-{partition_id}",
@@ -478,8 +478,8 @@ class Federation:
         the nodes' ClientApps started again exit once the owner locks are released."""
         self.procs.extend(self.workers)
         self.workers.clear()
-        for fd in self._owner_locks:
-            os.close(fd)
+        for sock, fd in self._owner_locks:
+            relay.release_owner_lock(sock, fd)
         self._owner_locks.clear()
         for proc in reversed(self.procs):
             if proc.popen.poll() is None:
@@ -828,9 +828,9 @@ def serve_node(
     env = dict(os.environ, **FLWR_ENV, **(env_extra or {}))
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     argv = [bin_path(argv[0]), *argv[1:]]
-    worker = None
+    worker, owner = None, -1
     if worker_socket is not None:
-        relay.hold_owner_lock(worker_socket)  # held until this process exits
+        owner = relay.hold_owner_lock(worker_socket)  # released when the node ends
         env[relay.SOCKET_ENV] = str(worker_socket)
         worker = subprocess.Popen(
             relay.worker_argv(worker_socket), env=relay.worker_env(env, PROJECT_DIR),
@@ -886,6 +886,8 @@ def serve_node(
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
+    if worker_socket is not None:
+        relay.release_owner_lock(worker_socket, owner)
     if stopping:
         return 0
     if code != 0:

@@ -96,9 +96,10 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     answer = relay._exchange(sock, {"op": "ping"}, ()) if sock.exists() else None
     if answer is not None:
         pid = int(answer[0]["pid"])
-    os.close(lock)  # the owner is gone: the worker must exit by itself
+    relay.release_owner_lock(sock, lock)  # the node ends: its worker must exit by itself
     if pid is not None:
         assert _wait_gone(pid), "the worker outlived its node's owner"
+    assert not relay.owner_lock(sock).exists() and not sock.with_suffix(".start").exists()
 
 
 def test_relayed_replies_equal_in_process_replies(

@@ -286,7 +286,8 @@ def test_start_supernode_puts_the_gpu_into_the_nodes_environment(
     node0, node1 = spawned["supernode-0"], spawned["supernode-1"]
     assert node0["CUDA_VISIBLE_DEVICES"] == "1" and node0["FLWR_HOME"].endswith("node-0")
     assert node1.get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
-    # whatever else runs beside node 0 (its app runner, a worker) sees the same GPU
+    # whatever else runs beside node 0 (its resident worker, which trains) sees the same GPU
+    assert "worker-0" in spawned
     for name, env in spawned.items():
         if name.endswith("-0"):
             assert env["CUDA_VISIBLE_DEVICES"] == "1", name

@@ -241,6 +241,8 @@ def test_deploy_a_killed_worker_is_replaced_and_the_results_are_unchanged(
     assert "starting a worker for this node" in log or "runs the handler itself" in log, log
     relayed = [r for r in read_jsonl(out / "clients.jsonl") if "time-relay" in r["metrics"]]
     assert len(relayed) >= 9  # every client's train messages went through a worker but one
+    # the relaying ClientApp processes never imported torch (which alone takes ~500 MB here)
+    assert max(r["metrics"]["relay-peak-rss-mb"] for r in relayed) < 300
 
     plain = tmp_path / "no-worker"
     again = _deploy_fedem(plain, shared_cache, tmp_path / "home2", "--no-worker")
@@ -254,3 +256,6 @@ def test_deploy_a_killed_worker_is_replaced_and_the_results_are_unchanged(
             assert np.array_equal(a[name], b[name]), name
     time.sleep(1.5)
     assert _processes_under(out) == [] and _processes_under(plain) == []
+    for i in range(3):  # nothing of the nodes' workers is left beside their sockets
+        sock = relay.socket_path(str((out / "processes" / f"node-{i}").resolve()))
+        assert not sock.exists() and not relay.owner_lock(sock).exists()
