@@ -21,6 +21,8 @@ Parts (each writes benchmarks/results/<part>.json):
   fedlrt      FeDLRT against FedAvg in-process as the layer width n and rank r grow: bytes per
               client per round and seconds of one client's local step
   startup     ClientApp start-up pieces in fresh interpreters (benchmarks/messaging.py)
+  resident    deployment: the no-op round with the SuperExecs' task poll at 1 s and at Pollen's
+              interval; memory per node (resident worker, relay) over a long FedAvg run
 
 Run it niced on a quiet machine if you can; figures on a loaded one are noisy, ratios measured
 back to back less so.
@@ -69,15 +71,19 @@ def pollen_run(
     out: Path,
     cache: Path,
     extra: Sequence[str] = (),
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """`pollen deploy|simulate` once; its metrics.jsonl, clients.jsonl and summary.json
-    reduced to figures per round (round 1 left out of medians when there are more)."""
+    reduced to figures per round (round 1 left out of medians when there are more). `env`:
+    variables for this run's processes."""
     argv = [
         sys.executable, "-m", "pollen.cli", mode, "--algorithm", algorithm,
         "--clients", str(clients), "--rounds", str(rounds), "--out", str(out), *QUIET, *extra,
     ]  # fmt: skip
     started = time.monotonic()
-    done = subprocess.run(argv, cwd=ROOT, env=_env(cache), capture_output=True, text=True)
+    done = subprocess.run(
+        argv, cwd=ROOT, env={**_env(cache), **(env or {})}, capture_output=True, text=True
+    )
     wall = time.monotonic() - started
     if done.returncode != 0:
         error = done.stderr[-600:]
@@ -97,7 +103,7 @@ def pollen_run(
     timing: dict[str, list[float]] = {}
     for c in client_rows:
         for key, value in c["metrics"].items():
-            if not (key.startswith("time-") or key == "peak-rss-mb"):
+            if not (key.startswith("time-") or key in ("peak-rss-mb", "relay-peak-rss-mb")):
                 continue
             # round 1 of a long-lived (simulation) worker includes its imports: left out of
             # the per-message figures, like round 1 of the round times
@@ -107,6 +113,7 @@ def pollen_run(
     summary = json.loads((out / "summary.json").read_text())
     final = (summary.get("final") or {}).get("eval") or {}
     seconds = [r["seconds"] for r in steady]
+    peaks = [float(c["metrics"].get("peak-rss-mb", "nan")) for c in client_rows]
     outside = [r["seconds"] - sum(p["seconds"] for p in r["phases"]) for r in steady]
     return {
         "algorithm": algorithm,
@@ -131,6 +138,9 @@ def pollen_run(
             key: {"median": _median(v), "max": round(max(v), 4)} for key, v in timing.items()
         },
         "server-peak-rss-mb": summary.get("peak-rss-mb"),
+        # the handling process's peak (a node's resident worker, or the ClientApp without one)
+        # at the first and the last message: growth over the run
+        "client-peak-rss-mb-first-last": [peaks[0], peaks[-1]] if peaks else None,
         "final-test-accuracy": final.get("test-accuracy"),
     }
 
@@ -160,11 +170,9 @@ def flower_run(mode: str, clients: int, rounds: int, out: Path, cache: Path) -> 
     from pollen.registry import resolve
 
     os.environ.update(_env(cache))
-    resolved = resolve(
-        {"num-clients": clients, "num-rounds": rounds, "run-name": out.name}
-    )
+    resolved = resolve({"num-clients": clients, "num-rounds": rounds, "run-name": out.name})
     resolved["out-dir"] = str(out.resolve())
-    fed = Federation(out / "processes")
+    fed = Federation(out / "processes", resident_workers=False)  # Flower's ClientApp: no relay
     started = time.monotonic()
     try:
         if mode == "deploy":
@@ -211,9 +219,24 @@ def part_flower(args: argparse.Namespace, work: Path, cache: Path) -> dict[str, 
                 else None
             )
             floor = pollen_run(mode, "noop", 2, args.rounds, work / f"{mode}-noop-{repeat}", cache)
-            rows.append(
-                {"mode": mode, "pollen": ours, "flower": theirs, "noop": floor, "ratio": ratio}
-            )
+            row = {"mode": mode, "pollen": ours, "flower": theirs, "noop": floor, "ratio": ratio}
+            if mode == "deploy":  # the same run without resident workers, and the targets
+                row["pollen-no-worker"] = pollen_run(
+                    mode, "fedavg", 2, args.rounds, work / f"{mode}-noworker-{repeat}", cache,
+                    ["--set", "final-eval=true", "--no-worker"],
+                )  # fmt: skip
+                # the floor with the model's bytes each way (the no-op echoes what it gets)
+                kb = ours.get("phases", {}).get("train", {}).get("bytes-to-client", 0) // 1024
+                row["noop-payload"] = pollen_run(
+                    mode, "noop", 2, args.rounds, work / f"{mode}-noop-payload-{repeat}", cache,
+                    ["--set", f"noop.payload-kb={kb}"],
+                )  # fmt: skip
+                row["targets"] = _deploy_targets(ours, theirs, floor)
+                row["targets-payload-floor"] = _deploy_targets(ours, theirs, row["noop-payload"])
+                _say(f"flower    {mode:9s} targets {row['targets']}")
+                _say(f"flower    {mode:9s} targets, no-op with the model's bytes as floor "
+                     f"{row['targets-payload-floor']}")  # fmt: skip
+            rows.append(row)
             _say(
                 f"flower    {mode:9s} pollen {ours.get('round-seconds', 'err')} s/round "
                 f"(acc {ours.get('final-test-accuracy')}), flower "
@@ -222,6 +245,56 @@ def part_flower(args: argparse.Namespace, work: Path, cache: Path) -> dict[str, 
                 f"{floor.get('round-seconds', 'err')} s/round"
             )
     return {"rows": rows}
+
+
+def _deploy_targets(
+    ours: dict[str, Any], theirs: dict[str, Any], floor: dict[str, Any]
+) -> dict[str, Any]:
+    """Pollen's deployed FedAvg round against Flower's (ratio, target <= 0.45) and against the
+    no-op round plus 1.3 x the clients' pure training time (the handler: evaluation of the
+    received model, training, weights out)."""
+    if any("error" in r for r in (ours, theirs, floor)):
+        return {}
+    handler = ours["client"].get("time-handler", {}).get("median", float("nan"))
+    bound = floor["round-seconds"] + 1.3 * handler
+    ratio = ours["round-seconds"] / theirs["round-seconds"]
+    return {
+        "ratio-to-flower": round(ratio, 3),
+        "ratio-met": ratio <= 0.45,
+        "client-handler-seconds": handler,
+        "noop-plus-1.3-handler": round(bound, 3),
+        "floor-bound-met": ours["round-seconds"] <= bound,
+    }
+
+
+def part_resident(args: argparse.Namespace, work: Path, cache: Path) -> dict[str, Any]:
+    """The resident worker's other figures, in deployment with 2 SuperNodes: the no-op round
+    with the SuperExecs' task poll at Flower's 1 s and at Pollen's interval, alternating; and
+    a long FedAvg run's memory per node (worker and relay) from its first to its last round."""
+    from pollen.launcher import TASK_POLL_INTERVAL
+
+    rows: list[dict[str, Any]] = []
+    for repeat in range(args.repeats):
+        for interval in ("1.0", TASK_POLL_INTERVAL):
+            row = pollen_run(
+                "deploy", "noop", 2, args.rounds, work / f"poll-{interval}-{repeat}", cache,
+                env={"FLWR_SUPEREXEC_TASK_POLL_INTERVAL": interval},
+            )  # fmt: skip
+            row["task-poll-interval"] = float(interval)
+            rows.append(row)
+            _say(f"resident  no-op, task poll {interval} s: {row.get('round-seconds')} s/round")
+    if args.memory_rounds < 1:
+        return {"poll": rows}
+    long = pollen_run(
+        "deploy", "fedavg", 2, args.memory_rounds, work / "memory", cache,
+        ["--set", "final-eval=false"],
+    )  # fmt: skip
+    _say(
+        f"resident  fedavg {args.memory_rounds} rounds: {long.get('round-seconds')} s/round; "
+        f"worker peak RSS first/last {long.get('client-peak-rss-mb-first-last')} MB, relay "
+        f"{long.get('client', {}).get('relay-peak-rss-mb')} MB"
+    )
+    return {"poll": rows, "memory": long}
 
 
 # ---- the other parts --------------------------------------------------------------------------
@@ -321,6 +394,7 @@ PARTS: dict[str, Callable[[argparse.Namespace, Path, Path], dict[str, Any]]] = {
     "flower": part_flower,
     "fedlrt": part_fedlrt,
     "scaling": part_scaling,
+    "resident": part_resident,
 }
 
 
@@ -345,6 +419,9 @@ def main() -> int:
     parser.add_argument("--sim-clients", type=_ints, default=_ints("2,10,50,100"))
     parser.add_argument("--deploy-clients", type=_ints, default=_ints("2,4,8"))
     parser.add_argument("--scaling-rounds", type=int, default=2)
+    parser.add_argument(
+        "--memory-rounds", type=int, default=50, help="resident: the long run's rounds (0: none)"
+    )
     parser.add_argument(
         "--fedlrt-sizes", type=lambda s: [tuple(_ints(x)) for x in s.split(";")],
         default="256,16;1024,32;4096,64", help="n,r pairs separated by ;",

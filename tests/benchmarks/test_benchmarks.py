@@ -51,3 +51,18 @@ def test_flower_fedavg_client_trains_and_evaluates(run_config: dict[str, Any]) -
 def test_fedlrt_scaling_saves_more_as_the_layer_grows() -> None:
     rows = _load("fedlrt_scaling").measure([(64, 4), (256, 8)], repeats=1)
     assert rows[0]["bytes-ratio"] < 1 and rows[1]["bytes-ratio"] < rows[0]["bytes-ratio"]
+
+
+def test_deploy_targets_compare_with_flower_and_the_floor(monkeypatch: Any) -> None:
+    """The figures the resident worker's targets are read from: Pollen's round against Flower's
+    (ratio <= 0.45) and against the no-op round + 1.3 x the clients' handler time."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # run.py imports its sibling scripts
+    run = _load("run")
+    ours = {"round-seconds": 5.0, "client": {"time-handler": {"median": 0.5}}}
+    floor = {"round-seconds": 4.5}
+    met = run._deploy_targets(ours, {"round-seconds": 12.0}, floor)
+    assert met["ratio-to-flower"] == round(5.0 / 12.0, 3) and met["ratio-met"]
+    assert met["noop-plus-1.3-handler"] == 5.15 and met["floor-bound-met"]
+    missed = run._deploy_targets({**ours, "round-seconds": 6.0}, {"round-seconds": 12.0}, floor)
+    assert not missed["ratio-met"] and not missed["floor-bound-met"]
+    assert run._deploy_targets({"error": "x"}, {"round-seconds": 12.0}, floor) == {}
