@@ -187,7 +187,7 @@ def test_server_client_and_run_commands(tmp_path: Path, shared_cache: Path) -> N
         while True:  # the SuperLink takes a few seconds to listen
             done = _pollen(
                 "run --algorithm local --dataset digits --clients 2 --rounds 2 "
-                "--set poll-interval=0.5",
+                "--set poll-interval=0.5 --set client-timing=true",
                 "--superlink", f"127.0.0.1:{port}", "--out", str(out),
                 "--signing-key", str(certs / "signing.key"), cache=shared_cache,
             )  # fmt: skip
@@ -199,6 +199,11 @@ def test_server_client_and_run_commands(tmp_path: Path, shared_cache: Path) -> N
         assert done.returncode == 0, done.stdout + done.stderr
         rows = read_jsonl(out / "metrics.jsonl")
         assert [r["round"] for r in rows] == [1, 2] and rows[1]["train"]["clients"] == 2.0
+        # every message went through each client's resident worker (time-relay: the relay's
+        # part), none imported torch in the ClientApp process
+        replies = read_jsonl(out / "clients.jsonl")
+        assert replies and all("time-relay" in r["metrics"] for r in replies)
+        assert all(r["metrics"]["time-import-torch"] == 0.0 for r in replies)
         # each client kept its personal model in its own state directory
         for i in range(2):
             saved = list((tmp_path / f"state{i}").rglob("state-*.npz"))
