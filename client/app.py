@@ -18,7 +18,7 @@ from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
 
 from client import relay
-from client.dispatch import answer, seconds_since_process_start
+from client.dispatch import answer_node, seconds_since_process_start
 from client.env import ClientEnv
 from pollen import protocol
 from pollen.registry import all_message_types, from_run_config
@@ -47,7 +47,7 @@ def handle(msg: Message, context: Context) -> Message:
                 add_serialization_timing(msg, reply)
             return reply
     env = ClientEnv.from_context(context)
-    content = answer(msg.metadata.message_type, msg.content, env)
+    content = answer_node(msg.metadata.message_type, msg.content, env)
     reply = Message(content, reply_to=msg)
     if env.run.client_timing:
         add_serialization_timing(msg, reply)
@@ -72,7 +72,8 @@ def add_relay_timing(content: RecordDict, relay_seconds: float) -> None:
 def add_serialization_timing(incoming: Message, reply: Message) -> None:
     """Flower's own serialization, which runs outside the handler: time-serialize is the reply
     turned into the objects Flower pushes (each deflated, with its content hash as id),
-    time-deserialize the incoming message rebuilt from such objects. Measured by doing each
+    time-deserialize the incoming message rebuilt from such objects (for a packed message,
+    each client's share). Measured by doing each
     once more here (client-timing only); the reply's array ids stay cached for Flower's push."""
     started = time.perf_counter()
     for obj in get_all_nested_objects(reply).values():
@@ -83,10 +84,13 @@ def add_serialization_timing(incoming: Message, reply: Message) -> None:
     started = time.perf_counter()
     inflate_object_from_contents(incoming.object_id, contents)
     deserialize = time.perf_counter() - started
-    metrics = reply.content[protocol.METRICS]
-    assert isinstance(metrics, MetricRecord)
-    metrics["time-serialize"] = serialize
-    metrics["time-deserialize"] = deserialize
+    # a packed reply (a simulated node hosting several clients): each client its share
+    content = reply.content
+    parts = [content[n] for n in content if n.split("/")[-1] == protocol.METRICS]
+    for metrics in parts:
+        if isinstance(metrics, MetricRecord):
+            metrics["time-serialize"] = serialize / len(parts)
+            metrics["time-deserialize"] = deserialize / len(parts)
 
 
 def _register() -> None:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import resource
 import sys
@@ -11,9 +12,11 @@ import time
 
 from flwr.app import MetricRecord, RecordDict
 
-from client.env import ClientEnv
+from client.env import ClientConfigError, ClientEnv
 from pollen import protocol
 from pollen.registry import HELLO, get_algorithm
+
+log = logging.getLogger("flwr.pollen")
 
 
 def hello(content: RecordDict, env: ClientEnv) -> RecordDict:
@@ -44,6 +47,32 @@ def answer(message_type: str, content: RecordDict, env: ClientEnv) -> RecordDict
     if timing:
         add_timing(reply, env, time.perf_counter() - entered, protocol.codec_seconds() - codec)
     return reply
+
+
+def answer_node(message_type: str, content: RecordDict, env: ClientEnv) -> RecordDict:
+    """What the node answers: its client's reply; on a simulated node hosting several clients
+    (setting simulation-nodes), one packed reply carrying the reply of each client the packed
+    instruction names (the hello: of every client the node hosts). A client whose handler
+    raises gets an error part with the reason; the node's other clients are not affected."""
+    if not env.packed:
+        return answer(message_type, content, env)
+    if message_type == HELLO:
+        instructions = dict.fromkeys(env.hosted, content)
+    elif not protocol.is_packed(content):
+        raise ClientConfigError(
+            "this node hosts several clients (setting simulation-nodes) and got an instruction "
+            "that is not packed"
+        )
+    else:
+        instructions = protocol.unpack(content)
+    replies: dict[int, RecordDict] = {}
+    for cid, instruction in instructions.items():
+        try:
+            replies[cid] = answer(message_type, instruction, env.for_client(cid))
+        except Exception as exc:  # this client's failure, not its node's
+            log.exception("client %s failed on %s", cid, message_type)
+            replies[cid] = protocol.error_reply(f"{type(exc).__name__}: {exc}")
+    return protocol.pack(replies)
 
 
 _first_message = True

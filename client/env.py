@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,32 +40,43 @@ class ClientEnv:
     run_name: str
     cache_dir: Path
     data_dir: str | None
+    hosted: tuple[int, ...] = ()
+    """The clients the node serves: (cid,), or on a simulated node hosting several (setting
+    simulation-nodes) all of them, cid being the first."""
     _extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_context(cls, context: Context) -> ClientEnv:
+        """The node's environment: that of its client, or of the first of the clients it hosts
+        (`for_client` gives the others')."""
         cfg = from_run_config(context.run_config)
         run = RunSettings.of(cfg)
         node = context.node_config
-        if "partition-id" not in node:
-            raise ClientConfigError("node config has no partition-id")
-        cid = int(node["partition-id"])  # type: ignore[call-overload]
-        num = run.num_clients
-        if "num-partitions" in node and int(node["num-partitions"]) != num:  # type: ignore[call-overload]
-            raise ClientConfigError(
-                f"node has num-partitions={node['num-partitions']} but the run has "
-                f"num-clients={num}"
-            )
-        if not 0 <= cid < num:
-            raise ClientConfigError(f"partition-id {cid} outside [0, {num}) for this run")
+        hosted = hosted_clients(node, run)
         return cls(
-            cid=cid,
+            cid=hosted[0],
+            hosted=tuple(hosted),
             settings=cfg,
             state_root=_state_root(node, cfg, run),
             run_name=run.run_name or f"run-{context.run_id}",
             cache_dir=_cache_dir(node, cfg),
             data_dir=str(node.get("data-dir") or run.data_dir) or None,
         )
+
+    @property
+    def packed(self) -> bool:
+        """Whether the node answers packed messages (setting simulation-nodes)."""
+        return self.run.simulation_nodes > 0
+
+    def for_client(self, cid: int) -> ClientEnv:
+        """The environment of another client this node hosts (its own data, state, seeds)."""
+        if cid not in self.hosted:
+            raise ClientConfigError(f"client {cid} is not one this node hosts")
+        env = replace(self, cid=cid, _extra={})
+        for shared in ("run", "data_spec"):  # the same for every client of the run
+            if shared in self.__dict__:
+                env.__dict__[shared] = self.__dict__[shared]
+        return env
 
     @cached_property
     def run(self) -> RunSettings:
@@ -141,6 +152,31 @@ def keep_data_resident(limit: int = 2) -> None:
     which serve other clients in turn, do not."""
     global _resident
     _resident = ResidentData(limit)
+
+
+def hosted_clients(node: Mapping[str, Any], run: RunSettings) -> list[int]:
+    """The clients a node serves: the one its partition-id names, or on a simulated node
+    hosting several (setting simulation-nodes K: Flower's partition-id k of num-partitions K)
+    the clients k, k + K, k + 2K, ... below num-clients."""
+    if "partition-id" not in node:
+        raise ClientConfigError("node config has no partition-id")
+    part = int(node["partition-id"])
+    num, nodes = run.num_clients, run.simulation_nodes
+    if nodes > num:
+        raise ClientConfigError(f"simulation-nodes={nodes} is more than num-clients={num}")
+    parts = nodes or num
+    if "num-partitions" in node and int(node["num-partitions"]) != parts:
+        if nodes:
+            raise ClientConfigError(
+                f"node has num-partitions={node['num-partitions']} but the run packs its "
+                f"clients onto simulation-nodes={nodes}"
+            )
+        raise ClientConfigError(
+            f"node has num-partitions={node['num-partitions']} but the run has num-clients={num}"
+        )
+    if not 0 <= part < parts:
+        raise ClientConfigError(f"partition-id {part} outside [0, {parts}) for this run")
+    return list(range(part, num, nodes)) if nodes else [part]
 
 
 def _state_root(node: Mapping[str, Any], cfg: Mapping[str, Scalar], run: RunSettings) -> Path:

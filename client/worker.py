@@ -6,9 +6,9 @@
 starts one when it finds none (client.relay). The worker imports torch once (and initialises
 CUDA once, when there is a GPU), keeps the node's partition in memory, and answers the
 messages its node's ClientApp processes relay to it, one at a time, over a Unix socket that
-only this user can open. It runs the same handlers a ClientApp runs (client.app.answer), with
-the same personal state on disk, which stays the source of truth: a worker killed at any point
-loses nothing, and a replacement gives the same replies.
+only this user can open. It runs the same handlers a ClientApp runs
+(client.dispatch.answer_node), with the same personal state on disk, which stays the source
+of truth: a worker killed at any point loses nothing, and a replacement gives the same replies.
 
 It exits when the node's owner is gone (nobody holds the owner lock beside the socket), when
 another worker has taken its socket, on SIGTERM, or when a relay from other code asks it to.
@@ -34,7 +34,7 @@ from flwr.proto.message_pb2 import Context as ProtoContext  # type: ignore[attr-
 
 from client import env as client_env
 from client import relay
-from client.dispatch import answer
+from client.dispatch import answer_node
 from client.env import ClientEnv
 
 ACCEPT_TIMEOUT = 1.0
@@ -136,7 +136,7 @@ class Worker:
                 raise ValueError(f"context of run {context.run_id} for run {ids['run-id']}")
             env = ClientEnv.from_context(context)
             content = relay.decode_content(blobs[1])
-            reply = answer(str(header["message-type"]), content, env)
+            reply = answer_node(str(header["message-type"]), content, env)
             encoded = relay.encode_content(reply)
         except Exception as exc:
             _say(f"handler raised, for run {ids['run-id']}:\n{traceback.format_exc()}")

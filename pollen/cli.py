@@ -223,6 +223,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         raise LaunchError("--auth (SuperNode authentication) needs TLS: give --tls-dir too")
     resolved = resolve_run_settings(args)
     run = RunSettings.of(resolved)
+    _one_client_per_node(run)
     out, n = Path(run.out_dir), run.num_clients
     gpus = _deploy_gpus(args.gpus, run.device)
     keys = [node_key(args.tls_dir, i) for i in range(n)] if args.auth else []
@@ -269,6 +270,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     # on an existing Ray cluster the clients train on its nodes: this machine's devices do not
     # count (the cluster's nodes declare their GPUs to Ray)
     resolved = resolve_run_settings(args, local=ray_address is None)
+    nodes = _simulation_nodes(args, resolved, ray_address is not None)
+    resolved["simulation-nodes"] = nodes
     run = RunSettings.of(resolved)
     out, n = Path(run.out_dir), run.num_clients
     num_gpus = _simulation_gpus(args.gpus_per_client, run.device, ray_address is not None)
@@ -279,18 +282,59 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     where = f" on the Ray cluster at {ray_address}" if ray_address else ""
     gpu = f", {args.gpus_per_client:g} GPU per client" if args.gpus_per_client > 0 else ""
     print(
-        f"Pollen simulate: {run.algorithm} on {run.dataset}, {n} clients, "
-        f"{run.num_rounds} rounds{gpu}{where}; results in {out}",
+        f"Pollen simulate: {run.algorithm} on {run.dataset}, {n} clients on {nodes} simulated "
+        f"SuperNodes, {run.num_rounds} rounds{gpu}{where}; results in {out}",
         flush=True,
     )
     try:
         fed.start_superlink(simulation=True)
         # on a cluster a client reserves one CPU and Ray packs as many as its nodes hold
         cpus = 1 if ray_address else max(1, (os.cpu_count() or 1) // max(1, args.parallel))
-        fed.configure_simulation(n, cpus, args.gpus_per_client, num_gpus)
+        fed.configure_simulation(nodes, cpus, args.gpus_per_client, num_gpus)
         return simulate_run(fed, resolved, args.timeout)
     finally:
         fed.stop()
+
+
+NODES_PER_PARALLEL_CLIENT = 4
+"""`pollen simulate`'s default packing: simulated SuperNodes per client trained at once, so that
+a phase's clients spread evenly over Ray's workers."""
+NODES_ON_A_CLUSTER = 256
+"""The default packing's most simulated SuperNodes on a Ray cluster, whose size is its own."""
+
+
+def _simulation_nodes(args: argparse.Namespace, resolved: dict[str, Scalar], cluster: bool) -> int:
+    """The simulated SuperNodes the run's clients are packed onto (docs/simulation.md): --nodes,
+    else a simulation-nodes setting given, else NODES_PER_PARALLEL_CLIENT per --parallel (on a
+    cluster, up to NODES_ON_A_CLUSTER), at most one per client; checked before start-up."""
+    run = RunSettings.of(resolved)
+    n = run.num_clients
+    given = "simulation-nodes" in settings_mod.parse_assignments(args.set)
+    if args.nodes is not None:
+        if given and run.simulation_nodes != args.nodes:
+            raise SettingsError(
+                f"--nodes {args.nodes} and --set simulation-nodes={run.simulation_nodes} "
+                "disagree: give one"
+            )
+        nodes = args.nodes
+    elif given or (args.resume and run.simulation_nodes):
+        nodes = run.simulation_nodes
+    else:
+        nodes = min(n, NODES_ON_A_CLUSTER if cluster else NODES_PER_PARALLEL_CLIENT * args.parallel)
+    if not 1 <= nodes <= n:
+        raise SettingsError(
+            f"--nodes {nodes}: the simulated SuperNodes must number from 1 to the run's {n} "
+            "clients (each hosts at least one)"
+        )
+    return nodes
+
+
+def _one_client_per_node(run: RunSettings) -> None:
+    if run.simulation_nodes:
+        raise SettingsError(
+            f"simulation-nodes={run.simulation_nodes} packs clients onto simulated SuperNodes "
+            "(pollen simulate); a deployed SuperNode serves one client: set it to 0"
+        )
 
 
 # ---- GPUs and Ray clusters (docs/deployment.md#gpu) --------------------------------------------
@@ -451,6 +495,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _host_port(args.superlink, "--superlink")
     signing_key = _signing_key(args.signing_key)
     resolved = resolve_run_settings(args, local=False)
+    _one_client_per_node(RunSettings.of(resolved))
     out = Path(RunSettings.of(resolved).out_dir)
     fresh = not out.exists()
     fed = Federation(out / "processes", signing_key=signing_key)
@@ -1039,6 +1084,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "simulate", help="the same run on Flower's simulation runtime")
     _add_run_options(p)
     p.add_argument("--parallel", type=int, default=2, help="clients trained at once")
+    p.add_argument(
+        "--nodes",
+        type=int,
+        metavar="K",
+        help="simulated SuperNodes the clients are packed onto (node k hosts the clients whose "
+        f"id is k modulo K; one message per node and phase); default "
+        f"{NODES_PER_PARALLEL_CLIENT} x --parallel, at most one per client",
+    )
     p.add_argument(
         "--gpus-per-client",
         type=float,

@@ -30,6 +30,7 @@ from typing import Any, TextIO
 
 from client import relay
 from pollen.contracts.launcher import LAUNCHER_PID
+from pollen.registry import HELLO
 from pollen.settings import Scalar, toml_value
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -947,14 +948,21 @@ class Progress:
             kind = ev.get("event")
             if kind == "phase-start":
                 self._flush_rounds(before=int(ev["round"]))
-                self._say(f"{self._label(ev)} {ev['phase']}: sent to {ev['clients']} clients")
+                whom = "nodes" if ev["phase"] == HELLO else "clients"
+                self._say(f"{self._label(ev)} {ev['phase']}: sent to {ev['clients']} {whom}")
             elif kind == "phase-end":
                 failed = ev.get("failed") or {}
                 extra = f", {len(failed)} skipped" if failed else ""
-                self._say(
-                    f"{self._label(ev)} {ev['phase']}: {ev['valid']}/{ev['sent']} "
-                    f"valid replies in {ev['seconds']:.1f} s{extra}"
-                )
+                if ev["phase"] == HELLO:  # a simulated node may host several clients
+                    self._say(
+                        f"{self._label(ev)} {ev['phase']}: {ev['valid']} clients answered from "
+                        f"{ev['sent']} nodes in {ev['seconds']:.1f} s{extra}"
+                    )
+                else:
+                    self._say(
+                        f"{self._label(ev)} {ev['phase']}: {ev['valid']}/{ev['sent']} "
+                        f"valid replies in {ev['seconds']:.1f} s{extra}"
+                    )
                 for cid, reason in failed.items():
                     self._say(f"    client {cid}: {reason}")
             elif kind == "clients":

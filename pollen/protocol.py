@@ -62,6 +62,67 @@ def reply(
     return content
 
 
+# ---- packed messages (simulation) -----------------------------------------------------------
+PACK = "pollen-pack"
+"""In simulation a SuperNode may host many clients (setting simulation-nodes): the engine sends
+it one message per phase carrying its clients' instructions, and it answers with one message
+carrying their replies. This ConfigRecord lists the clients; client c's records are named
+"c/<record>". Records shared by several clients (the same global model) travel once: Flower
+stores a message's objects by content hash."""
+ERROR = "error"
+"""A packed reply's record for a client whose handler raised: its "reason"."""
+
+
+class PackError(ValueError):
+    """A packed message that does not hold what its client list says."""
+
+
+def pack(contents: Mapping[int, RecordDict]) -> RecordDict:
+    """One message's content carrying the contents of several clients, by client id."""
+    packed = RecordDict({PACK: ConfigRecord({"clients": sorted(contents)})})
+    for cid in sorted(contents):
+        for name, record in contents[cid].items():
+            packed[f"{cid}/{name}"] = record
+    return packed
+
+
+def is_packed(content: RecordDict) -> bool:
+    return PACK in content
+
+
+def unpack(content: RecordDict) -> dict[int, RecordDict]:
+    """The per-client contents of a packed message, by client id (PackError when the message
+    names records of clients it does not list, or lists something else than client ids)."""
+    listed = content[PACK]
+    clients = listed.get("clients") if isinstance(listed, ConfigRecord) else None
+    if not isinstance(clients, list) or not all(
+        isinstance(c, int) and not isinstance(c, bool) for c in clients
+    ):
+        raise PackError(f"the pack's client list is not a list of ids: {clients!r}")
+    parts: dict[int, RecordDict] = {int(c): RecordDict() for c in clients}  # type: ignore[arg-type]
+    for name, record in content.items():
+        if name == PACK:
+            continue
+        head, sep, rest = name.partition("/")
+        if not sep or not head.isdigit() or int(head) not in parts or not rest:
+            raise PackError(f"record {name!r} belongs to no client the pack lists")
+        parts[int(head)][rest] = record
+    return parts
+
+
+def error_reply(reason: str) -> RecordDict:
+    """A packed reply's part for a client whose handler raised."""
+    return RecordDict({ERROR: ConfigRecord({"reason": reason})})
+
+
+def error_of(content: RecordDict) -> str | None:
+    """The reason of an error part (None: an ordinary reply)."""
+    record = content.get(ERROR)
+    if ENVELOPE in content or not isinstance(record, ConfigRecord):
+        return None
+    return str(record.get("reason", ""))
+
+
 def as_int(value: object) -> int:
     """A record value that must be an integer (records are loosely typed)."""
     if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):

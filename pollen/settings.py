@@ -243,6 +243,13 @@ class RunSettings(SettingsGroup):
         minimum=0.01,
         maximum=30.0,
     )
+    simulation_nodes: int = setting(
+        0,
+        "simulation: the simulated SuperNodes the clients are packed onto, node k hosting the "
+        "clients whose id is k modulo this, one message per node and phase (`pollen simulate "
+        "--nodes` sets it); 0: one SuperNode per client",
+        minimum=0,
+    )
     client_timing: bool = setting(
         False,
         "clients add time-* metrics (process start-up, data load, handler) and peak-rss-mb to "

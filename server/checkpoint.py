@@ -122,6 +122,7 @@ RESUMABLE_CHANGES = frozenset(
         "client-state-dir",
         "device",
         "final-eval",
+        "simulation-nodes",
     }
 )
 

@@ -1,10 +1,16 @@
 """The round engine: runs a strategy's rounds over a Flower Grid.
 
 It owns everything a strategy should not: finding clients (a `query.hello` to every new node
-maps Flower's node ids to stable client ids), sampling, sending one message per client, waiting
-with a timeout, checking every reply before the strategy sees it, metrics files, checkpoints
-and resume. A bad or missing reply is logged and skipped; too few good replies stop the run
-with a clear reason.
+maps Flower's node ids to stable client ids), sampling, sending each client its instruction,
+waiting with a timeout, checking every reply before the strategy sees it, metrics files,
+checkpoints and resume. A bad or missing reply is logged and skipped; too few good replies stop
+the run with a clear reason.
+
+A node normally hosts one client. A simulated node may host many (setting simulation-nodes): it
+answers the hello with a packed reply (pollen.protocol.pack), and from then on gets one packed
+message per phase carrying the instructions of its clients in that phase. The engine splits the
+packed reply back into per-client replies and checks each on its own, so strategies, metrics,
+failures and checkpoints see the same per-client replies as with one node per client.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import resource
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -33,6 +39,12 @@ log = logging.getLogger("flwr.pollen")
 
 class PhaseFailed(RuntimeError):
     """A phase got fewer valid replies than the run requires."""
+
+
+class Reply(NamedTuple):
+    node_id: int
+    key: int  # the client id; for a hello to a node of one client, the node id
+    content: RecordDict
 
 
 class Engine:
@@ -56,7 +68,8 @@ class Engine:
         self.server_round = 0
         self.rng = np.random.default_rng(self.run_settings.seed)
         self._clients: dict[int, ClientInfo] = {}  # by client id
-        self._node_to_cid: dict[int, int] = {}
+        self._node_cids: dict[int, list[int]] = {}  # node id -> the clients it hosts
+        self._packed: set[int] = set()  # nodes hosting several clients (packed messages)
         self._silent: set[int] = set()  # nodes whose last instruction went unanswered
         self._replaced: set[int] = set()  # silent nodes whose client has restarted elsewhere
         self._refused: dict[int, int] = {}  # node -> the client it claimed from a live holder
@@ -94,7 +107,8 @@ class Engine:
         min_replies: int | None = None,
     ) -> dict[int, RecordDict]:
         needed = self.run_settings.min_replies if min_replies is None else min_replies
-        replies, failures = self._exchange(message_type, payloads, validate)
+        answered, failures = self._exchange(message_type, payloads, validate)
+        replies = {r.key: r.content for r in answered}
         if len(replies) < min(needed, len(payloads)):
             reasons = "; ".join(f"client {c}: {r}" for c, r in sorted(failures.items()))
             raise PhaseFailed(
@@ -110,16 +124,24 @@ class Engine:
         message_type: str,
         payloads: Mapping[int, RecordDict],
         validate: Validator | None,
-        expect_cid: bool = True,
-    ) -> tuple[dict[int, RecordDict], dict[int, str]]:
+        hello: bool = False,
+    ) -> tuple[list[Reply], dict[int, str]]:
+        """Send `payloads` (by client id; for the hello, by node id) and collect the valid
+        replies in client order, and the reasons of the clients skipped."""
         started = self.clock()
-        targets: dict[int, int] = {}  # node id -> client id (or node id for hello)
-        messages = []
+        # one message per node: a node hosting several clients gets theirs packed into one
+        batches: dict[int, dict[int, RecordDict]] = {}
         bytes_sent = 0
         for key, content in payloads.items():
-            node_id = self._clients[key].node_id if expect_cid else key
-            targets[node_id] = key
+            node_id = key if hello else self._clients[key].node_id
+            batches.setdefault(node_id, {})[key] = content
             bytes_sent += protocol.payload_bytes(content)
+        messages = []
+        for node_id, batch in batches.items():
+            if node_id in self._packed and not hello:
+                content = protocol.pack(batch)
+            else:
+                (content,) = batch.values()  # a node of one client
             messages.append(
                 Message(
                     content,
@@ -129,7 +151,11 @@ class Engine:
                 )
             )
         self.results.event(
-            "phase-start", round=self.server_round, phase=message_type, clients=len(messages)
+            "phase-start",
+            round=self.server_round,
+            phase=message_type,
+            clients=len(payloads),  # for the hello: the nodes greeted
+            messages=len(messages),
         )
         pushed = self.clock()
         message_ids = list(self.grid.push_messages(messages))
@@ -138,7 +164,7 @@ class Engine:
         for mid, msg in zip(message_ids, messages, strict=True):
             by_message[mid] = msg.metadata.dst_node_id
         pending = set(by_message)
-        replies: dict[int, RecordDict] = {}
+        replies: list[Reply] = []
         failures: dict[int, str] = {}
         bytes_received = 0
         deadline = started + self.run_settings.phase_timeout
@@ -152,22 +178,26 @@ class Engine:
                 pending.discard(mid)
                 node_id = by_message[mid]
                 self._silent.discard(node_id)
-                key = targets[node_id]
+                keys = list(batches[node_id])
                 if msg.has_error():
-                    log.warning("client %s's error reply, in full: %s", key, msg.error.reason)
-                    failures[key] = f"error reply (code {msg.error.code}): " + brief(
+                    log.warning("node %s's error reply, in full: %s", node_id, msg.error.reason)
+                    error = f"error reply (code {msg.error.code}): " + brief(
                         msg.error.reason or ""
                     )
-                    if expect_cid:
+                    failures.update(dict.fromkeys(keys, error))
+                    if not hello:
                         self._forget_node(node_id)
                     continue
-                content = msg.content
-                reason = self.screen(content, message_type, key, validate, expect_cid)
-                if reason is not None:
-                    failures[key] = reason
-                    continue
-                bytes_received += protocol.payload_bytes(content)
-                replies[key] = content
+                for key, named, part in self._parts(msg.content, node_id, keys, hello):
+                    if isinstance(part, str):
+                        failures[key] = part
+                        continue
+                    reason = self.screen(part, message_type, key, validate, named)
+                    if reason is not None:
+                        failures[key] = reason
+                        continue
+                    bytes_received += protocol.payload_bytes(part)
+                    replies.append(Reply(node_id, key, part))
             answered = len(replies) + len(failures)
             if answered != reported:
                 reported = answered
@@ -176,7 +206,7 @@ class Engine:
                     round=self.server_round,
                     phase=message_type,
                     answered=answered,
-                    total=len(messages),
+                    total=len(payloads),
                     valid=len(replies),
                 )
             if not pending:
@@ -190,7 +220,8 @@ class Engine:
             self.sleep(min(wait, max(0.0, deadline - self.clock())))
         timeout = self.run_settings.phase_timeout
         for mid in pending:
-            failures[targets[by_message[mid]]] = f"no reply within {timeout:g} s"
+            for key in batches[by_message[mid]]:
+                failures[key] = f"no reply within {timeout:g} s"
             self._silent.add(by_message[mid])
         for key, reason in sorted(failures.items()):
             log.warning(
@@ -199,7 +230,7 @@ class Engine:
         seconds = self.clock() - started
         report = {
             "phase": message_type,
-            "sent": len(messages),
+            "sent": len(payloads),  # clients instructed (messages: fewer when nodes are packed)
             "valid": len(replies),
             "failed": {str(k): v for k, v in sorted(failures.items())},
             "seconds": round(seconds, 4),
@@ -209,20 +240,47 @@ class Engine:
             "bytes-received": bytes_received,
         }
         self._phases.append(report)
-        self.results.event("phase-end", round=self.server_round, **report)
-        if expect_cid:
-            for cid, content in replies.items():
+        self.results.event("phase-end", round=self.server_round, messages=len(messages), **report)
+        if not hello:
+            for r in sorted(replies, key=lambda r: r.key):
                 self.results.client(
                     {
                         "round": self.server_round,
-                        "client-id": cid,
+                        "client-id": r.key,
                         "phase": message_type,
-                        "metrics": dict(content[protocol.METRICS]),
+                        "metrics": dict(r.content[protocol.METRICS]),
                     }
                 )
         # in client order, not arrival order: strategies sum replies in the order given, and
         # float sums in a different order differ in the last bits, which training amplifies
-        return dict(sorted(replies.items())), failures
+        return sorted(replies, key=lambda r: (r.key, r.node_id)), failures
+
+    def _parts(
+        self, content: RecordDict, node_id: int, keys: Sequence[int], hello: bool
+    ) -> list[tuple[int, bool, RecordDict | str]]:
+        """A node's reply split into the replies of the clients it answers for, each as (key,
+        whether the reply must carry the key as its client id, the reply or the reason it is
+        missing). The key is the client id, except for the hello of a node of one client: its
+        node id, its client being not known yet. A node hosting several clients answers the
+        hello packed, naming them."""
+        if not protocol.is_packed(content):
+            if node_id in self._packed and not hello:
+                return [(k, True, "invalid reply: a packed node answered unpacked") for k in keys]
+            return [(keys[0], not hello, content)]
+        try:
+            parts = protocol.unpack(content)
+        except Exception as exc:  # a malformed reply must never stop the server
+            return [(k, True, f"invalid packed reply: {exc}") for k in keys]
+        if hello:
+            if not parts:
+                return [(k, False, "invalid reply: a packed hello naming no client") for k in keys]
+            self._packed.add(node_id)
+            return [(cid, True, _part(part)) for cid, part in parts.items()]
+        unasked = sorted(set(parts) - set(keys))
+        if unasked:
+            log.warning("node %s answered for clients it was not asked: %s", node_id, unasked)
+        missing = "no reply in its node's packed reply"
+        return [(k, True, _part(parts[k]) if k in parts else missing) for k in keys]
 
     def screen(
         self,
@@ -285,15 +343,16 @@ class Engine:
 
     # ---- clients -------------------------------------------------------------------------
     def _forget_node(self, node_id: int) -> None:
-        cid = self._node_to_cid.pop(node_id, None)
-        info = self._clients.get(cid) if cid is not None else None
-        if info is not None and info.node_id == node_id:
-            del self._clients[info.cid]
+        self._packed.discard(node_id)
+        for cid in self._node_cids.pop(node_id, []):
+            info = self._clients.get(cid)
+            if info is not None and info.node_id == node_id:
+                del self._clients[cid]
 
     def discover(self) -> None:
         """Greet nodes not seen before; drop nodes that left."""
         online = set(self.grid.get_node_ids())
-        for node_id in list(self._node_to_cid):
+        for node_id in list(self._node_cids):
             if node_id not in online:
                 self._forget_node(node_id)
         self._replaced &= online
@@ -301,12 +360,12 @@ class Engine:
         self._refused = {
             n: c for n, c in self._refused.items() if n in online and self._held_live(c, online)
         }
-        new = sorted(online - set(self._node_to_cid) - self._replaced - set(self._refused))
+        new = sorted(online - set(self._node_cids) - self._replaced - set(self._refused))
         if not new:
             return
         hello = {n: protocol.instruction(self.server_round, HELLO) for n in new}
-        replies, _ = self._exchange(HELLO, hello, self._check_hello, expect_cid=False)
-        for node_id, content in sorted(replies.items()):  # of simultaneous claims, the lowest id
+        replies, _ = self._exchange(HELLO, hello, self._check_hello, hello=True)
+        for node_id, _key, content in replies:  # of simultaneous claims, the lowest node id
             cid = protocol.as_int(content[protocol.ENVELOPE]["client-id"])  # type: ignore[index]
             m = protocol.metrics_of(content)
             old = self._clients.get(cid)
@@ -332,7 +391,8 @@ class Engine:
                 continue
             if old is not None and old.node_id != node_id:
                 log.info("client %s moved from node %s to node %s", cid, old.node_id, node_id)
-                self._node_to_cid.pop(old.node_id, None)
+                self._node_cids.pop(old.node_id, None)
+                self._packed.discard(old.node_id)
                 self._replaced.add(old.node_id)
             self._clients[cid] = ClientInfo(
                 cid=cid,
@@ -341,7 +401,7 @@ class Engine:
                 num_val=protocol.as_int(m["val-examples"]),
                 num_test=protocol.as_int(m["test-examples"]),
             )
-            self._node_to_cid[node_id] = cid
+            self._node_cids.setdefault(node_id, []).append(cid)
         self.results.event("clients", round=self.server_round, clients=sorted(self._clients))
 
     def _held_live(self, cid: int, online: set[int]) -> bool:
@@ -475,6 +535,12 @@ class Engine:
                 settings=dict(settings),
             ),
         )
+
+
+def _part(content: RecordDict) -> RecordDict | str:
+    """A client's part of a packed reply, or why it has none (its handler raised)."""
+    reason = protocol.error_of(content)
+    return content if reason is None else "error: " + brief(reason)
 
 
 def _brief(row: Mapping[str, Any]) -> str:

@@ -1,0 +1,222 @@
+"""Simulated nodes hosting several clients (setting simulation-nodes), in-process: a run packed
+onto few nodes ends bitwise where the same run with one node per client ends, for every
+algorithm; a client that raises, answers badly or not at all inside a packed message is the
+only one skipped, with its reason; sampling sends only the sampled clients' instructions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+
+from client.app import app as client_app
+from pollen import protocol
+from pollen.registry import get_algorithm
+from server.engine import Engine
+from server.results import ResultsWriter, read_jsonl
+from tests.fakes import FakeClock, FakeGrid, settings_of
+from tests.server.test_bad_replies import ROUNDS
+
+CLIENTS = 5
+NODES = 2  # node 0 hosts clients 0, 2, 4; node 1 hosts 1, 3
+
+# every algorithm the packing must leave unchanged; the slowest are marked slow
+SLOW = {"fedsc", "fedavg-simclr", "fedavg-byol", "adept-dgm"}
+ALGORITHMS = [
+    pytest.param(a, marks=pytest.mark.slow) if a in SLOW else a for a in sorted(ROUNDS)
+]
+
+
+def _settings(run_config: dict[str, Any], algorithm: str, tag: str, **extra: Any) -> Any:
+    cfg, _ = ROUNDS[algorithm]
+    return settings_of({
+        **run_config, "algorithm": algorithm, "num-clients": CLIENTS, "num-rounds": 2,
+        "out-dir": f"{run_config['out-dir']}-{tag}", "run-name": tag,
+        "min-available-clients": CLIENTS, **cfg, **extra,
+    })  # fmt: skip
+
+
+def _run(
+    cfg: dict[str, Any], nodes: int, fault: Callable[[int, Message, Any], Any] | None = None
+) -> tuple[Engine, FakeGrid, dict[str, Any]]:
+    grid = FakeGrid(client_app, nodes, cfg)
+    if fault is not None:
+        grid.faults.append(fault)
+    clock = FakeClock()
+    strategy = get_algorithm(str(cfg["algorithm"])).strategy_class()(cfg)
+    engine = Engine(grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock, clock.sleep)
+    return engine, grid, engine.run()
+
+
+def _results(cfg: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+    """metrics.jsonl and clients.jsonl without what depends on time or message counts."""
+    out = Path(cfg["out-dir"])
+
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {
+                k: strip(v)
+                for k, v in value.items()
+                if not (k.startswith("time-") or "seconds" in k or k in ("peak-rss-mb", "phases"))
+            }
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    return strip(read_jsonl(out / "metrics.jsonl")), strip(read_jsonl(out / "clients.jsonl"))
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_a_packed_run_ends_bitwise_where_one_node_per_client_ends(
+    run_config: dict[str, Any], algorithm: str
+) -> None:
+    one = _settings(run_config, algorithm, "one")
+    packed = _settings(run_config, algorithm, "packed", **{"simulation-nodes": NODES})
+    ref, ref_grid, ref_summary = _run(one, CLIENTS)
+    engine, grid, summary = _run(packed, NODES)
+    assert summary["status"] == ref_summary["status"] == "completed"
+    assert summary["clients"] == ref_summary["clients"] == list(range(CLIENTS))
+    # one message per node and phase instead of one per client
+    assert len(grid.sent) < len(ref_grid.sent)
+    assert {node for node, _ in grid.sent} == {100, 101}
+    arrays, meta = engine.strategy.state()
+    ref_arrays, ref_meta = ref.strategy.state()
+    assert meta == ref_meta and set(arrays) == set(ref_arrays)
+    for key, value in ref_arrays.items():
+        np.testing.assert_array_equal(arrays[key], value, err_msg=key)
+    assert _results(packed) == _results(one)
+    assert summary["final"]["eval"] == ref_summary["final"]["eval"]
+
+
+def _packed_train(msg: Message) -> bool:
+    return protocol.is_packed(msg.content) and msg.metadata.message_type == "train"
+
+
+def test_a_client_that_raises_inside_a_packed_message_is_the_only_one_skipped(
+    run_config: dict[str, Any],
+) -> None:
+    cfg = _settings(run_config, "fedem", "raises", **{"simulation-nodes": NODES})
+
+    def fault(node: int, msg: Message, _: Any) -> None:
+        if _packed_train(msg) and msg.metadata.group_id == "2" and "2/arrays" in msg.content:
+            del msg.content["2/arrays"]  # client 2's handler finds no model and raises
+        return None
+
+    _, _, summary = _run(cfg, NODES, fault)
+    assert summary["status"] == "completed"
+    rounds = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")
+    (train,) = rounds[1]["phases"]
+    assert train["sent"] == CLIENTS and train["valid"] == CLIENTS - 1
+    assert list(train["failed"]) == ["2"]
+    assert train["failed"]["2"].startswith("error: KeyError")
+    # its node's other clients (0 and 4) answered in that round, and client 2 in the next
+    answered = read_jsonl(Path(cfg["out-dir"]) / "clients.jsonl")
+    assert {r["client-id"] for r in answered if r["round"] == 2} == {0, 1, 3, 4}
+    assert {r["client-id"] for r in answered if r["round"] == 3} == set(range(CLIENTS))
+
+
+def _corrupt_part(cid: int, how: str) -> Callable[[RecordDict], RecordDict]:
+    def change(content: RecordDict) -> RecordDict:
+        if how == "bad-count":
+            metrics = content[f"{cid}/{protocol.METRICS}"]
+            assert isinstance(metrics, MetricRecord)
+            metrics[protocol.NUM_EXAMPLES] = -1
+        elif how in ("missing", "empty"):
+            for name in [n for n in content if n.startswith(f"{cid}/")]:
+                del content[name]
+            if how == "missing":  # not even listed
+                listed = content[protocol.PACK]
+                assert isinstance(listed, ConfigRecord)
+                listed["clients"] = [c for c in listed["clients"] if c != cid]  # type: ignore[union-attr]
+        elif how == "other-client":
+            envelope = content[f"{cid}/{protocol.ENVELOPE}"]
+            assert isinstance(envelope, ConfigRecord)
+            envelope["client-id"] = (cid + 1) % CLIENTS
+        elif how == "stray-record":
+            content["9/metrics"] = MetricRecord({"x": 1.0})
+        return content
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("how", "failed"),
+    [
+        ("bad-count", {"3": "num-examples -1"}),
+        ("missing", {"3": "no reply in its node's packed reply"}),
+        ("empty", {"3": "no 'pollen' envelope"}),
+        ("other-client", {"3": "reply from client 4, expected 3"}),
+        # a record of a client the pack does not list: the whole reply is malformed
+        ("stray-record", {"1": "invalid packed reply", "3": "invalid packed reply"}),
+    ],
+)
+def test_a_bad_part_of_a_packed_reply_skips_only_its_client(
+    run_config: dict[str, Any], how: str, failed: dict[str, str]
+) -> None:
+    cfg = _settings(run_config, "fedavg", how, **{"simulation-nodes": NODES})
+
+    def fault(node: int, msg: Message, _: Any) -> Any:
+        if _packed_train(msg) and msg.metadata.group_id == "1" and node == 101:
+            return _corrupt_part(3, how)
+        return None
+
+    _, _, summary = _run(cfg, NODES, fault)
+    assert summary["status"] == "completed"
+    (train,) = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")[0]["phases"]
+    assert sorted(train["failed"]) == sorted(failed)
+    for cid, reason in failed.items():
+        assert reason in train["failed"][cid]
+    assert train["valid"] == CLIENTS - len(failed)
+
+
+def test_an_error_reply_of_a_packed_node_skips_its_clients_until_it_is_greeted_again(
+    run_config: dict[str, Any],
+) -> None:
+    cfg = _settings(run_config, "fedavg", "error", **{"simulation-nodes": NODES})
+
+    def fault(node: int, msg: Message, _: Any) -> Any:
+        first_train = _packed_train(msg) and msg.metadata.group_id == "1"
+        return "error" if first_train and node == 100 else None
+
+    _, _, summary = _run(cfg, NODES, fault)
+    assert summary["status"] == "completed"
+    rounds = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")
+    (train,) = rounds[0]["phases"]
+    assert sorted(train["failed"]) == ["0", "2", "4"]
+    assert all("error reply" in r for r in train["failed"].values())
+    # round 2 greets node 100 again and its three clients train
+    hello, train2 = rounds[1]["phases"]
+    assert hello["phase"] == "query.hello" and hello["valid"] == 3
+    assert train2["valid"] == CLIENTS
+
+
+def test_sampling_sends_only_the_sampled_clients_and_leaves_the_others_state_alone(
+    run_config: dict[str, Any], tmp_path: Path
+) -> None:
+    n = 40
+    cfg = settings_of({
+        **_settings(run_config, "fedem", "sampled", **{"simulation-nodes": 4}),
+        "num-clients": n, "min-available-clients": n, "fraction-train": 0.1, "num-rounds": 1,
+        "final-eval": False, "partitioner": "iid", "client-state-dir": str(tmp_path / "state"),
+    })  # fmt: skip
+    sizes: list[int] = []
+
+    def fault(node: int, msg: Message, _: Any) -> None:
+        if msg.metadata.message_type == "train":
+            sizes.append(len(protocol.unpack(msg.content)))
+
+    _, grid, summary = _run(cfg, 4, fault)
+    assert summary["status"] == "completed"
+    trained = {
+        r["client-id"]
+        for r in read_jsonl(Path(cfg["out-dir"]) / "clients.jsonl")
+        if r["phase"] == "train"
+    }
+    assert len(trained) == 4 and sum(sizes) == 4  # a tenth of the clients, in the messages
+    assert len(sizes) <= 4  # at most one message per node
+    kept = {int(p.name.split("-")[1]) for p in (tmp_path / "state" / "sampled").iterdir()}
+    assert kept == trained  # FedEM's personal state: only the clients that trained have one
