@@ -15,8 +15,9 @@ class FedAvg(GlobalClassifierStrategy):
     def run_round(self, fed: Federation) -> dict[str, float]:
         clients = fed.sample()
         config = {"lr": learning_rate(self.settings, fed.server_round)}
+        model = protocol.to_record(self.weights)  # encoded once, the same for every client
         payloads = {
-            c.cid: protocol.instruction(fed.server_round, "train", config, arrays=self.weights)
+            c.cid: protocol.instruction(fed.server_round, "train", config, arrays=model)
             for c in clients
         }
         replies = fed.exchange("train", payloads, self.validate)

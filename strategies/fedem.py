@@ -48,8 +48,9 @@ class FedEM(GlobalModelStrategy):
         pool = fed.available()
         clients = fed.sample(pool)
         config = {"lr": learning_rate(self.settings, fed.server_round)}
+        model = protocol.to_record(self.weights)  # encoded once, the same for every client
         payloads = {
-            c.cid: protocol.instruction(fed.server_round, "train", config, arrays=self.weights)
+            c.cid: protocol.instruction(fed.server_round, "train", config, arrays=model)
             for c in clients
         }
         replies = fed.exchange("train", payloads, self.validate)
@@ -63,10 +64,11 @@ class FedEM(GlobalModelStrategy):
         return aggregate_metrics(replies)
 
     def finalize(self, fed: Federation) -> dict[str, float]:
+        model = protocol.to_record(self.weights)
         return final_evaluation(
             fed,
             lambda c, new: protocol.instruction(
-                fed.server_round, "evaluate", {"unseen": new}, arrays=self.weights
+                fed.server_round, "evaluate", {"unseen": new}, arrays=model
             ),
         )
 

@@ -160,7 +160,7 @@ class FeDLRT(Strategy):
         traffic = Traffic()
 
         # basis phase: gradients at the current point
-        down = self.global_arrays()
+        down = protocol.to_record(self.global_arrays())
         payloads = {
             c.cid: protocol.instruction(rnd, self.basis_phase, config, arrays=down)
             for c in fed.sample()
@@ -318,7 +318,7 @@ class FeDLRT(Strategy):
 
     # ---- evaluation ----------------------------------------------------------------------
     def finalize(self, fed: Federation) -> dict[str, float]:
-        arrays = self.global_arrays()
+        arrays = protocol.to_record(self.global_arrays())
         return final_evaluation(
             fed,
             lambda c, new: protocol.instruction(

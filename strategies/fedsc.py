@@ -132,6 +132,7 @@ class FedSC(GlobalModelStrategy):
         rounds = self.run.num_rounds
         lr = learning_rate(self.settings, t)
         payloads: dict[int, RecordDict] = {}
+        model = protocol.to_record(self.weights)  # encoded once, the same for every client
         for c in clients:
             alpha = 1.0
             if self.share_correlations:
@@ -145,7 +146,7 @@ class FedSC(GlobalModelStrategy):
             rbar = others(self.latest, q, c.cid) if alpha < 1 else None
             extra = {OTHERS: {"r": rbar.astype(np.float32)}} if rbar is not None else {}
             config = {"lr": lr, "alpha": alpha}
-            payloads[c.cid] = protocol.instruction(t, "train", config, arrays=self.weights, **extra)
+            payloads[c.cid] = protocol.instruction(t, "train", config, arrays=model, **extra)
         replies = fed.exchange("train", payloads, self.validate)
         models = [protocol.arrays_of(r) for r in replies.values()]
         uniform = self.fedsc.weighting == "uniform"
@@ -159,8 +160,9 @@ class FedSC(GlobalModelStrategy):
         asked = [c for c in asked if self._within_budget(c.cid)]
         if not asked:
             return {"shared": 0.0}
+        model = protocol.to_record(self.weights)
         payloads = {
-            c.cid: protocol.instruction(fed.server_round, "query.correlation", arrays=self.weights)
+            c.cid: protocol.instruction(fed.server_round, "query.correlation", arrays=model)
             for c in asked
         }
         for c in asked:  # counted when requested: a lost reply may still have been released
@@ -216,10 +218,11 @@ class FedSC(GlobalModelStrategy):
         return self._evaluator.knn(self.weights)
 
     def finalize(self, fed: Federation) -> dict[str, float]:
+        model = protocol.to_record(self.weights)
         out = final_evaluation(
             fed,
             lambda c, new: protocol.instruction(
-                fed.server_round, "evaluate", {"unseen": new}, arrays=self.weights
+                fed.server_round, "evaluate", {"unseen": new}, arrays=model
             ),
         )
         out.update(self._evaluator.probe(self.weights))

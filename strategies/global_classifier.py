@@ -26,10 +26,11 @@ class GlobalClassifierStrategy(GlobalModelStrategy):
 
     def finalize(self, fed: Federation) -> dict[str, float]:
         config = {"lr": learning_rate(self.settings, self.run.num_rounds)}
+        model = protocol.to_record(self.weights)
         return final_evaluation(
             fed,
             lambda c, new: protocol.instruction(
-                fed.server_round, "evaluate", {**config, "unseen": new}, arrays=self.weights
+                fed.server_round, "evaluate", {**config, "unseen": new}, arrays=model
             ),
         )
 

@@ -28,8 +28,9 @@ class NoOp(Strategy):
         self.payload = {"blob": rng.standard_normal(kb * 256).astype(np.float32)} if kb else {}
 
     def run_round(self, fed: Federation) -> dict[str, float]:
+        blob = protocol.to_record(self.payload)
         payloads = {
-            c.cid: protocol.instruction(fed.server_round, "query.noop", arrays=self.payload)
+            c.cid: protocol.instruction(fed.server_round, "query.noop", arrays=blob)
             if self.payload
             else protocol.instruction(fed.server_round, "query.noop")
             for c in fed.sample()

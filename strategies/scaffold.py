@@ -53,9 +53,10 @@ class Scaffold(GlobalClassifierStrategy):
     def run_round(self, fed: Federation) -> dict[str, float]:
         clients = fed.sample()
         config = {"lr": learning_rate(self.settings, fed.server_round)}
+        model, control = protocol.to_record(self.weights), protocol.to_record(self.control)
         payloads = {
             c.cid: protocol.instruction(
-                fed.server_round, "train", config, arrays=self.weights, **{CONTROL: self.control}
+                fed.server_round, "train", config, arrays=model, **{CONTROL: control}
             )
             for c in clients
         }

@@ -131,7 +131,9 @@ def _corrupt_part(cid: int, how: str) -> Callable[[RecordDict], RecordDict]:
             if how == "missing":  # not even listed
                 listed = content[protocol.PACK]
                 assert isinstance(listed, ConfigRecord)
-                listed["clients"] = [c for c in listed["clients"] if c != cid]  # type: ignore[union-attr]
+                clients = listed["clients"]
+                assert isinstance(clients, list)
+                listed["clients"] = [int(c) for c in clients if c != cid]
         elif how == "other-client":
             envelope = content[f"{cid}/{protocol.ENVELOPE}"]
             assert isinstance(envelope, ConfigRecord)
@@ -209,7 +211,7 @@ def test_sampling_sends_only_the_sampled_clients_and_leaves_the_others_state_alo
         if msg.metadata.message_type == "train":
             sizes.append(len(protocol.unpack(msg.content)))
 
-    _, grid, summary = _run(cfg, 4, fault)
+    _, _, summary = _run(cfg, 4, fault)
     assert summary["status"] == "completed"
     trained = {
         r["client-id"]
