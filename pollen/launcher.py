@@ -966,7 +966,7 @@ class Progress:
                 for cid, reason in failed.items():
                     self._say(f"    client {cid}: {reason}")
             elif kind == "clients":
-                self._say(f"clients connected: {ev['clients']}")
+                self._say(f"clients connected: {_id_ranges(ev['clients'])}")
             elif kind == "node-restarted":
                 self._say(
                     f"SuperNode of client {ev['client']} restarted (it exited with code "
@@ -1045,3 +1045,15 @@ def follow(
             fed.stop_run(run_id)
             raise LaunchError(f"run {run_id} did not finish within {timeout:g} s; stopped it")
         time.sleep(0.5)
+
+
+def _id_ranges(ids: Sequence[int]) -> str:
+    """Client ids as runs: [0, 1, 2, 5] -> "4: 0-2, 5" (a simulation may have thousands)."""
+    runs: list[list[int]] = []
+    for i in sorted(ids):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    text = ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs[:20])
+    return f"{len(ids)}: {text}" + (", ..." if len(runs) > 20 else "")

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from client.state import StateStore
@@ -155,6 +156,37 @@ def test_simulate_runs_on_the_simulation_runtime(tmp_path: Path, shared_cache: P
     assert rows[1]["train"]["test-accuracy"] > rows[0]["train"]["test-accuracy"] + 0.2
     time.sleep(1.0)
     assert _processes_under(out) == []
+
+
+def test_simulate_results_do_not_depend_on_the_packing_or_parallelism(
+    tmp_path: Path, shared_cache: Path
+) -> None:
+    """FedEM (personal state on the clients) packed two nodes for five clients, two at once,
+    against one node per client, one at a time: the same final models and metrics."""
+    runs = {}
+    for tag, flags in (("packed", "--nodes 2 --parallel 2"), ("one", "--nodes 5 --parallel 1")):
+        out = tmp_path / tag
+        done = _pollen(
+            f"simulate --algorithm fedem --dataset digits --clients 5 --rounds 2 {flags} "
+            "--set fedem.components=2 --set poll-interval=0.2",
+            "--out", str(out), cache=shared_cache,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        runs[tag] = out
+        if tag == "packed":
+            assert "5 clients on 2 simulated SuperNodes" in done.stdout
+    packed, one = (np.load(runs[t] / "final_model.npz") for t in ("packed", "one"))
+    assert sorted(packed.files) == sorted(one.files)
+    for key in one.files:
+        np.testing.assert_array_equal(packed[key], one[key], err_msg=key)
+
+    def results(out: Path) -> list[dict[str, object]]:
+        rows = read_jsonl(out / "metrics.jsonl")
+        return [{k: r[k] for k in ("round", "train", "server-eval") if k in r} for r in rows]
+
+    assert results(runs["packed"]) == results(runs["one"])
+    summaries = [json.loads((runs[t] / "summary.json").read_text()) for t in ("packed", "one")]
+    assert summaries[0]["final"]["eval"] == summaries[1]["final"]["eval"]
 
 
 def test_server_client_and_run_commands(tmp_path: Path, shared_cache: Path) -> None:

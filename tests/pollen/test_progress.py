@@ -151,3 +151,19 @@ def test_a_server_log_query_that_times_out_leaves_a_note(tmp_path: Path, monkeyp
     monkeypatch.setattr(subprocess, "run", slow)  # the CLI process does not answer in time
     assert "unavailable" in fed.server_log("7")
     fed.stop_run("7")  # best effort, no exception
+
+
+def test_the_hello_and_thousands_of_clients_print_in_a_line_each(tmp_path: Path) -> None:
+    out = io.StringIO()
+    progress = Progress(tmp_path, out, num_rounds=1)
+    hello = {"phase": "query.hello", "round": 1}
+    _write(tmp_path / "events.jsonl", [
+        {"event": "phase-start", **hello, "clients": 8, "messages": 8},
+        {"event": "phase-end", **hello, "valid": 10000, "sent": 8, "seconds": 15.2, "failed": {}},
+        {"event": "clients", "round": 1, "clients": [*range(10000), 10002, 10004, 10005]},
+    ])  # fmt: skip
+    progress.poll()
+    lines = out.getvalue().splitlines()
+    assert lines[0].endswith("query.hello: sent to 8 nodes")
+    assert lines[1].endswith("query.hello: 10000 clients answered from 8 nodes in 15.2 s")
+    assert lines[2].endswith("] clients connected: 10003: 0-9999, 10002, 10004-10005")

@@ -79,11 +79,15 @@ def test_simulate_runs_its_clients_on_an_existing_ray_cluster(
     env = dict(os.environ, POLLEN_CACHE_DIR=str(shared_cache), FLWR_TELEMETRY_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
     argv = [sys.executable, "-m", "pollen.cli", "simulate", "--algorithm", "fedavg",
-            "--dataset", "digits", "--clients", "2", "--rounds", "1", "--out", str(out),
-            "--ray-address", address]  # fmt: skip
+            "--dataset", "digits", "--clients", "3", "--nodes", "2", "--rounds", "1",
+            "--out", str(out), "--ray-address", address]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"on the Ray cluster at {address}" in done.stdout
+    assert "3 clients on 2 simulated SuperNodes" in done.stdout
     assert json.loads((out / "summary.json").read_text())["status"] == "completed"
+    # the packing holds there: node 0 hosts clients 0 and 2, and all three trained
+    rows = [json.loads(x) for x in (out / "clients.jsonl").read_text().splitlines()]
+    assert sorted(r["client-id"] for r in rows if r["phase"] == "train") == [0, 1, 2]
     # the ClientApps ran as actors of this cluster (a run on a Ray of its own leaves none here)
     assert len(_client_actors(temp)) >= 1
