@@ -16,8 +16,9 @@ Parts (each writes benchmarks/results/<part>.json):
               round; benchmarks/flower_fedavg_app.py) on the same model, data, training code and
               runtime, back to back: seconds per round, their ratio, final test accuracy of both;
               then the no-op algorithm (the runtime's messaging floor)
-  scaling     FedAvg seconds per round and server peak memory as clients grow (simulation and
-              deployment)
+  scaling     simulation as clients grow (100, 1,000, 10,000): the no-op and FedAvg, Flower's
+              built-in FedAvg beside them, seconds per round, peak memory of the run's whole
+              process tree, growth factors; deployment: FedAvg at 2, 4, 8 SuperNodes
   fedlrt      FeDLRT against FedAvg in-process as the layer width n and rank r grow: bytes per
               client per round and seconds of one client's local step
   startup     ClientApp start-up pieces in fresh interpreters (benchmarks/messaging.py)
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
 import os
 import platform
@@ -40,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -74,16 +77,23 @@ def pollen_run(
     env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """`pollen deploy|simulate` once; its metrics.jsonl, clients.jsonl and summary.json
-    reduced to figures per round (round 1 left out of medians when there are more). `env`:
-    variables for this run's processes."""
+    reduced to figures per round (round 1 left out of medians when there are more), and the
+    peak of its process tree's memory. `env`: variables for this run's processes."""
     argv = [
         sys.executable, "-m", "pollen.cli", mode, "--algorithm", algorithm,
         "--clients", str(clients), "--rounds", str(rounds), "--out", str(out), *QUIET, *extra,
     ]  # fmt: skip
     started = time.monotonic()
-    done = subprocess.run(
-        argv, cwd=ROOT, env={**_env(cache), **(env or {})}, capture_output=True, text=True
-    )
+    with subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env={**_env(cache), **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc, TreeMemory(proc.pid) as memory:
+        stdout, stderr = proc.communicate()
+    done = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
     wall = time.monotonic() - started
     if done.returncode != 0:
         error = done.stderr[-600:]
@@ -138,11 +148,60 @@ def pollen_run(
             key: {"median": _median(v), "max": round(max(v), 4)} for key, v in timing.items()
         },
         "server-peak-rss-mb": summary.get("peak-rss-mb"),
+        # every process of the run at once (launcher, SuperLink, simulation or SuperNodes, Ray)
+        "tree-peak-rss-mb": memory.peak_mb,
         # the handling process's peak (a node's resident worker, or the ClientApp without one)
         # at the first and the last message: growth over the run
         "client-peak-rss-mb-first-last": [peaks[0], peaks[-1]] if peaks else None,
         "final-test-accuracy": final.get("test-accuracy"),
     }
+
+
+class TreeMemory:
+    """The peak, over a run, of the summed resident memory of a process and all its
+    descendants (Ray's workers included), sampled every `every` seconds from /proc (Linux;
+    None elsewhere). Shared pages count once per process, as `ps` shows them."""
+
+    def __init__(self, root: int, every: float = 0.2) -> None:
+        self.root, self.every = root, every
+        self.peak_mb: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> TreeMemory:
+        if Path("/proc/self/statm").exists():
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _sample(self) -> None:
+        page = os.sysconf("SC_PAGE_SIZE")
+        while not self._stop.is_set():
+            children: dict[int, list[int]] = {}
+            for entry in Path("/proc").iterdir():
+                if not entry.name.isdigit():
+                    continue
+                try:
+                    ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                except (OSError, ValueError, IndexError):
+                    continue
+                children.setdefault(ppid, []).append(int(entry.name))
+            total, todo = 0, [self.root]
+            while todo:
+                pid = todo.pop()
+                todo.extend(children.get(pid, []))
+                try:
+                    total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+                except (OSError, ValueError, IndexError):
+                    continue
+            mb = round(total / 2**20, 1)
+            if self.peak_mb is None or mb > self.peak_mb:
+                self.peak_mb = mb
+            self._stop.wait(self.every)
 
 
 # ---- Flower's FedAvg through the same launcher ------------------------------------------------
@@ -174,6 +233,7 @@ def flower_run(mode: str, clients: int, rounds: int, out: Path, cache: Path) -> 
     resolved["out-dir"] = str(out.resolve())
     fed = Federation(out / "processes", resident_workers=False)  # Flower's ClientApp: no relay
     started = time.monotonic()
+    memory = TreeMemory(os.getpid()).__enter__()  # this process and the run it starts
     try:
         if mode == "deploy":
             _, fleet = fed.start_superlink()
@@ -184,9 +244,10 @@ def flower_run(mode: str, clients: int, rounds: int, out: Path, cache: Path) -> 
             fed.start_superlink(simulation=True)
             fed.configure_simulation(clients, max(1, (os.cpu_count() or 1)))
         run_id = fed.submit(resolved, app=flower_app_dir(out.parent))
-        status = follow(fed, run_id, out, 1800, stream=io.StringIO())
+        status = follow(fed, run_id, out, 3600, stream=io.StringIO())
     finally:
         fed.stop()
+        memory.__exit__()
     wall = time.monotonic() - started
     if status.get("status") != "finished:completed":
         return {"algorithm": "flower-fedavg", "mode": mode, "error": str(status)}
@@ -201,6 +262,7 @@ def flower_run(mode: str, clients: int, rounds: int, out: Path, cache: Path) -> 
         "round-seconds-first": secs[0],
         "round-seconds": _median(secs[1:] if len(secs) > 1 else secs),
         "final-test-accuracy": report["client-eval"][-1].get("test-accuracy"),
+        "tree-peak-rss-mb": memory.peak_mb,
     }
 
 
@@ -347,22 +409,92 @@ def part_algorithms(args: argparse.Namespace, work: Path, cache: Path) -> dict[s
     return {"rows": rows}
 
 
+# a dataset that holds 10,000 clients: FedEM's synthetic data, a few examples each
+SYNTHETIC = ["--dataset", "fedem-synthetic", "--set", "partitioner=natural",
+             "--set", "synthetic.train-size=10", "--set", "synthetic.test-size=10"]  # fmt: skip
+
+
 def part_scaling(args: argparse.Namespace, work: Path, cache: Path) -> dict[str, Any]:
-    rows = []
-    for mode, counts in (("simulate", args.sim_clients), ("deploy", args.deploy_clients)):
-        if mode not in args.modes:
-            continue
-        for n in counts:
+    """Simulation as clients grow (docs/performance.md#simulation-at-scale): the no-op and
+    FedAvg on mnist-5k at --scale-clients up to 5,000 with Flower's built-in FedAvg beside them
+    at the same counts, and on FedEM's synthetic data (which holds 10,000 clients) at the
+    larger counts; seconds per exchange or round, wall time, peak memory of the whole process
+    tree, and the growth factors. Deployment: FedAvg seconds per round at --deploy-clients."""
+    rows: list[dict[str, Any]] = []
+    counts = args.scale_clients
+    if "simulate" in args.modes:
+        series: list[tuple[str, list[int], list[str]]] = [
+            ("mnist-5k", [n for n in counts if n <= 5000], [])
+        ]
+        series.append(("fedem-synthetic", [n for n in counts if n >= 1000], SYNTHETIC))
+        for dataset, ns, data in series:
+            for algorithm in ("noop", "fedavg"):
+                for n in ns:
+                    row = pollen_run(
+                        "simulate", algorithm, n, args.scaling_rounds,
+                        work / f"scale-{dataset}-{algorithm}-{n}", cache,
+                        ["--set", "final-eval=false", "--set", "server-eval=false", *data],
+                    )  # fmt: skip
+                    row["dataset"] = dataset
+                    rows.append(row)
+                    _say_scale(row)
+            if dataset == "mnist-5k" and args.scale_flower:
+                for n in [n for n in ns if n <= 1000]:
+                    row = flower_run("simulate", n, args.scaling_rounds, work / f"fl-{n}", cache)
+                    row["dataset"] = dataset
+                    rows.append(row)
+                    _say_scale(row)
+    if "deploy" in args.modes:
+        for n in args.deploy_clients:
             row = pollen_run(
-                mode, "fedavg", n, args.scaling_rounds, work / f"scale-{mode}-{n}", cache,
+                "deploy", "fedavg", n, args.scaling_rounds, work / f"scale-deploy-{n}", cache,
                 ["--set", "final-eval=false"],
             )  # fmt: skip
             rows.append(row)
-            _say(
-                f"scaling   {mode:9s} {n:3d} clients: {row.get('round-seconds', 'err')} s/round, "
-                f"server peak RSS {row.get('server-peak-rss-mb')} MB"
-            )
-    return {"rows": rows}
+            _say_scale(row)
+    growth = _growth(rows)
+    for line in growth:
+        _say(f"scaling   {line['what']}: {line['figure']}")
+    return {"rows": rows, "growth": growth}
+
+
+def _say_scale(row: dict[str, Any]) -> None:
+    _say(
+        f"scaling   {row['mode']:8s} {row.get('dataset', ''):15s} {row['algorithm']:13s} "
+        f"{row.get('clients', '?'):>6} clients: {row.get('round-seconds', 'err')} s/round, "
+        f"wall {row.get('wall-seconds')} s, tree peak {row.get('tree-peak-rss-mb')} MB"
+        + (f" ({row['error'][-200:]})" if "error" in row else "")
+    )
+
+
+def _growth(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Growth factors between consecutive client counts of each series, Pollen's FedAvg
+    against Flower's at the same count, and the issue's figures beside them."""
+    out: list[dict[str, Any]] = []
+    ok = [r for r in rows if "error" not in r and r["mode"] == "simulate"]
+    series: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in ok:
+        series.setdefault((r["dataset"], r["algorithm"]), []).append(r)
+    for (dataset, algorithm), rs in series.items():
+        rs.sort(key=lambda r: r["clients"])
+        for a, b in itertools.pairwise(rs):
+            what = f"{algorithm} on {dataset}, {a['clients']} -> {b['clients']} clients"
+            figure = {
+                "clients": round(b["clients"] / a["clients"], 2),
+                "round-seconds": round(b["round-seconds"] / a["round-seconds"], 2),
+            }
+            if a.get("tree-peak-rss-mb") and b.get("tree-peak-rss-mb"):
+                figure["tree-peak-rss"] = round(b["tree-peak-rss-mb"] / a["tree-peak-rss-mb"], 2)
+            out.append({"what": what, "figure": figure})
+    pollen = {r["clients"]: r for r in series.get(("mnist-5k", "fedavg"), [])}
+    for r in series.get(("mnist-5k", "flower-fedavg"), []):
+        if r["clients"] in pollen:
+            ratio = round(pollen[r["clients"]]["round-seconds"] / r["round-seconds"], 3)
+            out.append({
+                "what": f"Pollen FedAvg / Flower's FedAvg at {r['clients']} clients (s/round)",
+                "figure": ratio,
+            })  # fmt: skip
+    return out
 
 
 def part_fedlrt(args: argparse.Namespace, work: Path, cache: Path) -> dict[str, Any]:
@@ -416,9 +548,17 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=1, help="flower comparison repeats")
     parser.add_argument("--repeats-startup", type=int, default=3)
     parser.add_argument("--algorithms", type=lambda s: s.split(","), default=None)
-    parser.add_argument("--sim-clients", type=_ints, default=_ints("2,10,50,100"))
     parser.add_argument("--deploy-clients", type=_ints, default=_ints("2,4,8"))
-    parser.add_argument("--scaling-rounds", type=int, default=2)
+    parser.add_argument("--scaling-rounds", type=int, default=3)
+    parser.add_argument(
+        "--scale-clients", type=_ints, default=_ints("100,1000,10000"),
+        help="scaling: simulated client counts (mnist-5k up to 5,000; FedEM's synthetic data "
+        "from 1,000)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--scale-flower", type=int, default=1,
+        help="scaling: 1 runs Flower's built-in FedAvg beside Pollen's at up to 1,000 clients",
+    )  # fmt: skip
     parser.add_argument(
         "--memory-rounds", type=int, default=50, help="resident: the long run's rounds (0: none)"
     )

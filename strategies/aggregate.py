@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
@@ -12,29 +12,41 @@ from strategies.base import ClientInfo, Federation, InvalidReply
 
 
 def weighted_average(
-    models: Sequence[Mapping[str, np.ndarray]], weights: Sequence[float]
+    models: Iterable[Mapping[str, np.ndarray]], weights: Sequence[float]
 ) -> dict[str, np.ndarray]:
-    """Per-tensor weighted mean; accumulates in float64 and returns each tensor's own dtype."""
-    if not models:
-        raise ValueError("nothing to average")
+    """Per-tensor weighted mean; accumulates in float64 and returns each tensor's own dtype.
+    `models` is consumed one at a time, so a generator that decodes each reply when its turn
+    comes keeps one client's model in memory, not all of them (the sums are the same, in the
+    same order, as over a list)."""
     w = np.asarray(weights, dtype=np.float64)
-    if w.shape != (len(models),) or not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
+    if w.ndim != 1 or not len(w):
+        raise ValueError("nothing to average")
+    if not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
         raise ValueError(f"invalid aggregation weights {weights!r}")
     w = w / w.sum()
-    out: dict[str, np.ndarray] = {}
-    for key, first in models[0].items():
-        # accumulated in place: memory of one tensor, not of a (clients x tensor) float64 stack
-        mean = np.zeros(np.shape(first), dtype=np.float64)
-        term = np.empty_like(mean)
-        for wi, m in zip(w, models, strict=True):
-            np.multiply(m[key], wi, out=term, dtype=np.float64)
-            mean += term
-        out[key] = (
-            mean.astype(first.dtype)
-            if first.dtype.kind == "f"
-            else np.rint(mean).astype(first.dtype)
-        )
-    return out
+    # accumulated in place: memory of one model in float64, not of a (clients x model) stack
+    means: dict[str, np.ndarray] = {}
+    dtypes: dict[str, np.dtype] = {}
+    term: dict[str, np.ndarray] = {}
+    count = 0
+    for i, m in enumerate(models):
+        if i >= len(w):
+            raise ValueError(f"invalid aggregation weights {weights!r}: more models than weights")
+        if i == 0:
+            for key, first in m.items():
+                means[key] = np.zeros(np.shape(first), dtype=np.float64)
+                term[key] = np.empty_like(means[key])
+                dtypes[key] = np.asarray(first).dtype
+        for key, mean in means.items():
+            np.multiply(m[key], w[i], out=term[key], dtype=np.float64)
+            mean += term[key]
+        count += 1
+    if count != len(w):
+        raise ValueError(f"invalid aggregation weights {weights!r}: {count} models")
+    return {
+        key: (mean if dtypes[key].kind == "f" else np.rint(mean)).astype(dtypes[key])
+        for key, mean in means.items()
+    }
 
 
 def expect_arrays(

@@ -21,6 +21,6 @@ class FedAvg(GlobalClassifierStrategy):
             for c in clients
         }
         replies = fed.exchange("train", payloads, self.validate)
-        models = [protocol.arrays_of(r) for r in replies.values()]
+        models = (protocol.arrays_of(r) for r in replies.values())  # decoded one at a time
         self.weights = weighted_average(models, [num_examples(r) for r in replies.values()])
         return aggregate_metrics(replies)

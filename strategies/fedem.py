@@ -12,7 +12,7 @@ components, fit their own mixture weights by EM and are reported apart.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -54,7 +54,7 @@ class FedEM(GlobalModelStrategy):
             for c in clients
         }
         replies = fed.exchange("train", payloads, self.validate)
-        models = [protocol.arrays_of(r) for r in replies.values()]
+        models = (protocol.arrays_of(r) for r in replies.values())  # decoded one at a time
         counts = [num_examples(r) for r in replies.values()]
         if self.fedem.aggregation == "renormalize":
             self.weights = weighted_average(models, counts)
@@ -75,13 +75,13 @@ class FedEM(GlobalModelStrategy):
 
 def stale_average(
     previous: Mapping[str, np.ndarray],
-    models: list[dict[str, np.ndarray]],
+    models: Iterable[Mapping[str, np.ndarray]],
     counts: list[int],
     total: int,
 ) -> dict[str, np.ndarray]:
     """theta + sum_t (n_t/n)(theta_t - theta) over the replies, n counting every training
     client; with all clients replying this is the plain n_t-weighted average."""
-    if not models:
+    if not counts:
         return dict(previous)
     if total <= 0 or sum(counts) > total:
         raise ValueError(f"client counts {counts} do not fit the total {total}")

@@ -148,7 +148,7 @@ class FedSC(GlobalModelStrategy):
             config = {"lr": lr, "alpha": alpha}
             payloads[c.cid] = protocol.instruction(t, "train", config, arrays=model, **extra)
         replies = fed.exchange("train", payloads, self.validate)
-        models = [protocol.arrays_of(r) for r in replies.values()]
+        models = (protocol.arrays_of(r) for r in replies.values())  # decoded one at a time
         uniform = self.fedsc.weighting == "uniform"
         counts = [1 if uniform else num_examples(r) for r in replies.values()]
         self.weights = weighted_average(models, counts)

@@ -99,3 +99,21 @@ def test_metric_weights_follow_the_longest_matching_prefix() -> None:
     out = aggregate_metrics(replies)
     assert out["test-accuracy"] == pytest.approx(0.75)
     assert out["global-test-accuracy"] == pytest.approx(0.9)
+
+
+def test_weighted_average_of_a_generator_is_bitwise_that_of_the_list() -> None:
+    rng = np.random.default_rng(1)
+    models = [{"a": rng.standard_normal((5, 7)).astype(np.float32)} for _ in range(6)]
+    weights = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0]
+    consumed: list[int] = []
+
+    def one_at_a_time():
+        for i, m in enumerate(models):
+            consumed.append(i)
+            yield m
+
+    lazy = weighted_average(one_at_a_time(), weights)
+    np.testing.assert_array_equal(lazy["a"], weighted_average(models, weights)["a"])
+    assert consumed == list(range(6))
+    with pytest.raises(ValueError, match="5 models"):
+        weighted_average(iter(models[:5]), weights)
