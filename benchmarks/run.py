@@ -75,13 +75,17 @@ def pollen_run(
     cache: Path,
     extra: Sequence[str] = (),
     env: dict[str, str] | None = None,
+    client_timing: bool = True,
 ) -> dict[str, Any]:
     """`pollen deploy|simulate` once; its metrics.jsonl, clients.jsonl and summary.json
     reduced to figures per round (round 1 left out of medians when there are more), and the
-    peak of its process tree's memory. `env`: variables for this run's processes."""
+    peak of its process tree's memory. `env`: variables for this run's processes.
+    `client_timing`: the setting client-timing (its serialization probe holds extra copies of
+    every message: off where memory is measured)."""
+    quiet = QUIET if client_timing else ["--set", "server-eval=false"]
     argv = [
         sys.executable, "-m", "pollen.cli", mode, "--algorithm", algorithm,
-        "--clients", str(clients), "--rounds", str(rounds), "--out", str(out), *QUIET, *extra,
+        "--clients", str(clients), "--rounds", str(rounds), "--out", str(out), *quiet, *extra,
     ]  # fmt: skip
     started = time.monotonic()
     with subprocess.Popen(
@@ -433,11 +437,21 @@ def part_scaling(args: argparse.Namespace, work: Path, cache: Path) -> dict[str,
                     row = pollen_run(
                         "simulate", algorithm, n, args.scaling_rounds,
                         work / f"scale-{dataset}-{algorithm}-{n}", cache,
-                        ["--set", "final-eval=false", "--set", "server-eval=false", *data],
+                        ["--set", "final-eval=false", *data], client_timing=False,
                     )  # fmt: skip
                     row["dataset"] = dataset
                     rows.append(row)
                     _say_scale(row)
+            if dataset == "fedem-synthetic" and ns:  # a tenth sampled at the largest count
+                row = pollen_run(
+                    "simulate", "fedavg", ns[-1], args.scaling_rounds,
+                    work / f"scale-{dataset}-sampled-{ns[-1]}", cache,
+                    ["--set", "final-eval=false", "--set", "fraction-train=0.1", *data],
+                    client_timing=False,
+                )  # fmt: skip
+                row.update(dataset=dataset, algorithm="fedavg-sampled-0.1")
+                rows.append(row)
+                _say_scale(row)
             if dataset == "mnist-5k" and args.scale_flower:
                 for n in [n for n in ns if n <= 1000]:
                     row = flower_run("simulate", n, args.scaling_rounds, work / f"fl-{n}", cache)
@@ -486,6 +500,14 @@ def _growth(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if a.get("tree-peak-rss-mb") and b.get("tree-peak-rss-mb"):
                 figure["tree-peak-rss"] = round(b["tree-peak-rss-mb"] / a["tree-peak-rss-mb"], 2)
             out.append({"what": what, "figure": figure})
+    full = {r["clients"]: r for r in series.get(("fedem-synthetic", "fedavg"), [])}
+    for r in series.get(("fedem-synthetic", "fedavg-sampled-0.1"), []):
+        if r["clients"] in full:
+            ratio = round(r["round-seconds"] / full[r["clients"]]["round-seconds"], 3)
+            out.append({
+                "what": f"FedAvg with fraction-train 0.1 / all clients at {r['clients']} (s/round)",
+                "figure": ratio,
+            })  # fmt: skip
     pollen = {r["clients"]: r for r in series.get(("mnist-5k", "fedavg"), [])}
     for r in series.get(("mnist-5k", "flower-fedavg"), []):
         if r["clients"] in pollen:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import shutil
 import signal
@@ -298,15 +299,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 NODES_PER_PARALLEL_CLIENT = 4
 """`pollen simulate`'s default packing: simulated SuperNodes per client trained at once, so that
-a phase's clients spread evenly over Ray's workers."""
+a phase's clients spread evenly over Ray's workers..."""
+CLIENTS_PER_NODE = 64
+"""... and at most this many clients per node, so that a node's message (its clients'
+instructions and replies, which its ClientApp holds at once) stays small as clients grow."""
 NODES_ON_A_CLUSTER = 256
-"""The default packing's most simulated SuperNodes on a Ray cluster, whose size is its own."""
+"""The default packing's least simulated SuperNodes on a Ray cluster, whose size is its own."""
 
 
 def _simulation_nodes(args: argparse.Namespace, resolved: dict[str, Scalar], cluster: bool) -> int:
-    """The simulated SuperNodes the run's clients are packed onto (docs/simulation.md): --nodes,
-    else a simulation-nodes setting given, else NODES_PER_PARALLEL_CLIENT per --parallel (on a
-    cluster, up to NODES_ON_A_CLUSTER), at most one per client; checked before start-up."""
+    """The simulated SuperNodes the run's clients are packed onto (README, Simulation at scale):
+    --nodes, else a simulation-nodes setting given, else NODES_PER_PARALLEL_CLIENT per
+    --parallel (on a cluster NODES_ON_A_CLUSTER) or one per CLIENTS_PER_NODE clients, whichever
+    is more, at most one per client; checked before start-up."""
     run = RunSettings.of(resolved)
     n = run.num_clients
     given = "simulation-nodes" in settings_mod.parse_assignments(args.set)
@@ -320,7 +325,8 @@ def _simulation_nodes(args: argparse.Namespace, resolved: dict[str, Scalar], clu
     elif given or (args.resume and run.simulation_nodes):
         nodes = run.simulation_nodes
     else:
-        nodes = min(n, NODES_ON_A_CLUSTER if cluster else NODES_PER_PARALLEL_CLIENT * args.parallel)
+        least = NODES_ON_A_CLUSTER if cluster else NODES_PER_PARALLEL_CLIENT * args.parallel
+        nodes = min(n, max(least, math.ceil(n / CLIENTS_PER_NODE)))
     if not 1 <= nodes <= n:
         raise SettingsError(
             f"--nodes {nodes}: the simulated SuperNodes must number from 1 to the run's {n} "
@@ -1090,7 +1096,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K",
         help="simulated SuperNodes the clients are packed onto (node k hosts the clients whose "
         f"id is k modulo K; one message per node and phase); default "
-        f"{NODES_PER_PARALLEL_CLIENT} x --parallel, at most one per client",
+        f"{NODES_PER_PARALLEL_CLIENT} x --parallel or one per {CLIENTS_PER_NODE} clients, "
+        "whichever is more, at most one per client",
     )
     p.add_argument(
         "--gpus-per-client",
