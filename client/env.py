@@ -157,7 +157,9 @@ def keep_data_resident(limit: int = 2) -> None:
 def hosted_clients(node: Mapping[str, Any], run: RunSettings) -> list[int]:
     """The clients a node serves: the one its partition-id names, or on a simulated node
     hosting several (setting simulation-nodes K: Flower's partition-id k of num-partitions K)
-    the clients k, k + K, k + 2K, ... below num-clients."""
+    the k-th of K contiguous blocks of client ids, of sizes differing by one at most (blocks in
+    node order are clients in id order: the server can fold replies in client order as nodes
+    answer)."""
     if "partition-id" not in node:
         raise ClientConfigError("node config has no partition-id")
     part = int(node["partition-id"])
@@ -176,7 +178,7 @@ def hosted_clients(node: Mapping[str, Any], run: RunSettings) -> list[int]:
         )
     if not 0 <= part < parts:
         raise ClientConfigError(f"partition-id {part} outside [0, {parts}) for this run")
-    return list(range(part, num, nodes)) if nodes else [part]
+    return list(range(part * num // nodes, (part + 1) * num // nodes)) if nodes else [part]
 
 
 def _state_root(node: Mapping[str, Any], cfg: Mapping[str, Scalar], run: RunSettings) -> Path:

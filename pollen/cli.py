@@ -1094,8 +1094,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--nodes",
         type=int,
         metavar="K",
-        help="simulated SuperNodes the clients are packed onto (node k hosts the clients whose "
-        f"id is k modulo K; one message per node and phase); default "
+        help="simulated SuperNodes the clients are packed onto (each hosts a contiguous block "
+        f"of client ids; one message per node and phase); default "
         f"{NODES_PER_PARALLEL_CLIENT} x --parallel or one per {CLIENTS_PER_NODE} clients, "
         "whichever is more, at most one per client",
     )

@@ -123,6 +123,11 @@ def error_of(content: RecordDict) -> str | None:
     return str(record.get("reason", ""))
 
 
+def without_arrays(content: RecordDict) -> RecordDict:
+    """The content's records other than arrays (envelope, metrics, config)."""
+    return RecordDict({k: v for k, v in content.items() if not isinstance(v, ArrayRecord)})
+
+
 def as_int(value: object) -> int:
     """A record value that must be an integer (records are loosely typed)."""
     if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):

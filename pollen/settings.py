@@ -245,8 +245,8 @@ class RunSettings(SettingsGroup):
     )
     simulation_nodes: int = setting(
         0,
-        "simulation: the simulated SuperNodes the clients are packed onto, node k hosting the "
-        "clients whose id is k modulo this, one message per node and phase (`pollen simulate "
+        "simulation: the simulated SuperNodes the clients are packed onto, each hosting a "
+        "contiguous block of client ids, one message per node and phase (`pollen simulate "
         "--nodes` sets it); 0: one SuperNode per client",
         minimum=0,
     )

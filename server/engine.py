@@ -32,7 +32,7 @@ from pollen.registry import HELLO
 from pollen.settings import RunSettings, Scalar
 from server import checkpoint
 from server.results import ResultsWriter, brief
-from strategies.base import ClientInfo, InvalidReply, Strategy, Validator
+from strategies.base import ClientInfo, Fold, InvalidReply, Strategy, Validator
 
 log = logging.getLogger("flwr.pollen")
 
@@ -105,9 +105,10 @@ class Engine:
         payloads: Mapping[int, RecordDict],
         validate: Validator | None = None,
         min_replies: int | None = None,
+        fold: Fold | None = None,
     ) -> dict[int, RecordDict]:
         needed = self.run_settings.min_replies if min_replies is None else min_replies
-        answered, failures = self._exchange(message_type, payloads, validate)
+        answered, failures = self._exchange(message_type, payloads, validate, fold=fold)
         replies = {r.key: r.content for r in answered}
         if len(replies) < min(needed, len(payloads)):
             reasons = "; ".join(f"client {c}: {r}" for c, r in sorted(failures.items()))
@@ -125,9 +126,12 @@ class Engine:
         payloads: Mapping[int, RecordDict],
         validate: Validator | None,
         hello: bool = False,
+        fold: Fold | None = None,
     ) -> tuple[list[Reply], dict[int, str]]:
         """Send `payloads` (by client id; for the hello, by node id) and collect the valid
-        replies in client order, and the reasons of the clients skipped."""
+        replies in client order, and the reasons of the clients skipped. With `fold`, each
+        valid reply goes to it in client order once every client before it is settled, and only
+        its non-array records are kept (Federation.exchange)."""
         started = self.clock()
         # one message per node: a node hosting several clients gets theirs packed into one
         batches: dict[int, dict[int, RecordDict]] = {}
@@ -166,6 +170,23 @@ class Engine:
         pending = set(by_message)
         replies: list[Reply] = []
         failures: dict[int, str] = {}
+        order = sorted(payloads) if fold is not None else []
+        settled = 0  # order[:settled] are folded or failed
+        ready: dict[int, Reply] = {}  # valid, waiting for the clients before them
+
+        def release() -> None:
+            nonlocal settled
+            assert fold is not None
+            while settled < len(order):
+                key = order[settled]
+                if key in ready:
+                    reply = ready.pop(key)
+                    fold(key, reply.content)
+                    replies.append(reply._replace(content=protocol.without_arrays(reply.content)))
+                elif key not in failures:
+                    break
+                settled += 1
+
         bytes_received = 0
         deadline = started + self.run_settings.phase_timeout
         poll = self.run_settings.poll_interval
@@ -197,8 +218,13 @@ class Engine:
                         failures[key] = reason
                         continue
                     bytes_received += protocol.payload_bytes(part)
-                    replies.append(Reply(node_id, key, part))
-            answered = len(replies) + len(failures)
+                    if fold is None:
+                        replies.append(Reply(node_id, key, part))
+                    else:
+                        ready[key] = Reply(node_id, key, part)
+            if fold is not None:
+                release()
+            answered = len(replies) + len(ready) + len(failures)
             if answered != reported:
                 reported = answered
                 self.results.event(
@@ -207,7 +233,7 @@ class Engine:
                     phase=message_type,
                     answered=answered,
                     total=len(payloads),
-                    valid=len(replies),
+                    valid=len(replies) + len(ready),
                 )
             if not pending:
                 break
@@ -223,6 +249,8 @@ class Engine:
             for key in batches[by_message[mid]]:
                 failures[key] = f"no reply within {timeout:g} s"
             self._silent.add(by_message[mid])
+        if fold is not None:
+            release()  # every client is settled now
         for key, reason in sorted(failures.items()):
             log.warning(
                 "round %s %s: client %s skipped: %s", self.server_round, message_type, key, reason

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -11,42 +12,63 @@ from pollen import protocol
 from strategies.base import ClientInfo, Federation, InvalidReply
 
 
+class RunningMean:
+    """A weighted mean of models added one at a time: sum of weight x model in float64 (in
+    place, memory of one model), divided by the sum of the weights at the end; each tensor comes
+    back in its own dtype (integers rounded). Adding in the same order gives the same bits."""
+
+    def __init__(self) -> None:
+        self._sums: dict[str, np.ndarray] = {}
+        self._terms: dict[str, np.ndarray] = {}
+        self._dtypes: dict[str, np.dtype] = {}
+        self._weights: list[float] = []
+
+    def add(self, model: Mapping[str, np.ndarray], weight: float) -> None:
+        w = float(weight)
+        if not math.isfinite(w) or w < 0:
+            raise ValueError(f"invalid aggregation weights: {weight!r} is not finite and >= 0")
+        if not self._weights:
+            for key, first in model.items():
+                self._sums[key] = np.zeros(np.shape(first), dtype=np.float64)
+                self._terms[key] = np.empty_like(self._sums[key])
+                self._dtypes[key] = np.asarray(first).dtype
+        for key, total in self._sums.items():
+            np.multiply(model[key], w, out=self._terms[key], dtype=np.float64)
+            total += self._terms[key]
+        self._weights.append(w)
+
+    def __len__(self) -> int:
+        return len(self._weights)
+
+    def result(self) -> dict[str, np.ndarray]:
+        total = math.fsum(self._weights)
+        if not self._weights:
+            raise ValueError("nothing to average")
+        if total <= 0:
+            raise ValueError(f"invalid aggregation weights {self._weights!r}")
+        out: dict[str, np.ndarray] = {}
+        for key, value in self._sums.items():
+            mean = value / total
+            dtype = self._dtypes[key]
+            out[key] = (mean if dtype.kind == "f" else np.rint(mean)).astype(dtype)
+        return out
+
+
 def weighted_average(
     models: Iterable[Mapping[str, np.ndarray]], weights: Sequence[float]
 ) -> dict[str, np.ndarray]:
-    """Per-tensor weighted mean; accumulates in float64 and returns each tensor's own dtype.
-    `models` is consumed one at a time, so a generator that decodes each reply when its turn
-    comes keeps one client's model in memory, not all of them (the sums are the same, in the
-    same order, as over a list)."""
-    w = np.asarray(weights, dtype=np.float64)
-    if w.ndim != 1 or not len(w):
-        raise ValueError("nothing to average")
-    if not np.isfinite(w).all() or (w < 0).any() or w.sum() <= 0:
-        raise ValueError(f"invalid aggregation weights {weights!r}")
-    w = w / w.sum()
-    # accumulated in place: memory of one model in float64, not of a (clients x model) stack
-    means: dict[str, np.ndarray] = {}
-    dtypes: dict[str, np.dtype] = {}
-    term: dict[str, np.ndarray] = {}
-    count = 0
-    for i, m in enumerate(models):
+    """Per-tensor weighted mean (RunningMean). `models` is consumed one at a time, so a
+    generator that decodes each reply when its turn comes keeps one client's model in memory,
+    not all of them."""
+    w = list(weights)
+    mean = RunningMean()
+    for i, model in enumerate(models):
         if i >= len(w):
             raise ValueError(f"invalid aggregation weights {weights!r}: more models than weights")
-        if i == 0:
-            for key, first in m.items():
-                means[key] = np.zeros(np.shape(first), dtype=np.float64)
-                term[key] = np.empty_like(means[key])
-                dtypes[key] = np.asarray(first).dtype
-        for key, mean in means.items():
-            np.multiply(m[key], w[i], out=term[key], dtype=np.float64)
-            mean += term[key]
-        count += 1
-    if count != len(w):
-        raise ValueError(f"invalid aggregation weights {weights!r}: {count} models")
-    return {
-        key: (mean if dtypes[key].kind == "f" else np.rint(mean)).astype(dtypes[key])
-        for key, mean in means.items()
-    }
+        mean.add(model, w[i])
+    if len(mean) != len(w):
+        raise ValueError(f"invalid aggregation weights {weights!r}: {len(mean)} models")
+    return mean.result()
 
 
 def expect_arrays(

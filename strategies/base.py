@@ -34,6 +34,9 @@ class ClientInfo:
 
 
 Validator = Callable[[int, RecordDict], None]
+Fold = Callable[[int, RecordDict], None]
+"""Takes one valid reply (client id, content) of an exchange, in client order: a strategy that
+folds replies into a running aggregate as they come need not hold them all."""
 
 
 class Federation(Protocol):
@@ -57,7 +60,13 @@ class Federation(Protocol):
         message_type: str,
         payloads: Mapping[int, RecordDict],
         validate: Validator | None = None,
-    ) -> dict[int, RecordDict]: ...
+        min_replies: int | None = None,
+        fold: Fold | None = None,
+    ) -> dict[int, RecordDict]:
+        """The valid replies by client id, in client order. With `fold`, each valid reply is
+        first handed to it, in client order as soon as every client before it has answered or
+        failed, and the returned replies keep only their non-array records (metrics)."""
+        ...
 
 
 class Strategy(ABC):

@@ -4,8 +4,10 @@ side; only their clients differ."""
 
 from __future__ import annotations
 
+from flwr.app import RecordDict
+
 from pollen import protocol
-from strategies.aggregate import aggregate_metrics, num_examples, weighted_average
+from strategies.aggregate import RunningMean, aggregate_metrics, num_examples
 from strategies.base import Federation
 from strategies.global_classifier import GlobalClassifierStrategy
 from strategies.schedule import learning_rate
@@ -20,7 +22,11 @@ class FedAvg(GlobalClassifierStrategy):
             c.cid: protocol.instruction(fed.server_round, "train", config, arrays=model)
             for c in clients
         }
-        replies = fed.exchange("train", payloads, self.validate)
-        models = (protocol.arrays_of(r) for r in replies.values())  # decoded one at a time
-        self.weights = weighted_average(models, [num_examples(r) for r in replies.values()])
+        mean = RunningMean()  # each reply folded in as it comes, in client order
+
+        def fold(_cid: int, reply: RecordDict) -> None:
+            mean.add(protocol.arrays_of(reply), num_examples(reply))
+
+        replies = fed.exchange("train", payloads, self.validate, fold=fold)
+        self.weights = mean.result()
         return aggregate_metrics(replies)

@@ -25,7 +25,7 @@ from pollen import protocol
 from pollen.registry import ALGORITHMS, get_algorithm
 from server.engine import Engine
 from server.results import ResultsWriter, read_jsonl
-from strategies.base import Validator
+from strategies.base import Fold, Validator
 from tests.fakes import FakeClock, FakeGrid, settings_of
 
 FEDSC = {"fedsc.dim": 8, "fedsc.passes": 1, "fedsc.views-per-pass": 1, "fedsc.knn-k": 5,
@@ -168,9 +168,10 @@ class ScreeningEngine(Engine):
         payloads: Mapping[int, RecordDict],
         validate: Validator | None = None,
         min_replies: int | None = None,
+        fold: Fold | None = None,
     ) -> dict[int, RecordDict]:
         self.validators[message_type] = validate
-        return super().exchange(message_type, payloads, validate, min_replies)
+        return super().exchange(message_type, payloads, validate, min_replies, fold)
 
 
 def _settings(run_config: dict[str, Any], algorithm: str, tag: str) -> dict[str, Any]:

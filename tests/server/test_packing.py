@@ -22,7 +22,7 @@ from tests.fakes import FakeClock, FakeGrid, settings_of
 from tests.server.test_bad_replies import ROUNDS
 
 CLIENTS = 5
-NODES = 2  # node 0 hosts clients 0, 2, 4; node 1 hosts 1, 3
+NODES = 2  # node 0 hosts clients 0 and 1; node 1 hosts 2, 3 and 4
 
 # every algorithm the packing must leave unchanged; the slowest are marked slow
 SLOW = {"fedsc", "fedavg-simclr", "fedavg-byol", "adept-dgm"}
@@ -113,7 +113,7 @@ def test_a_client_that_raises_inside_a_packed_message_is_the_only_one_skipped(
     assert train["sent"] == CLIENTS and train["valid"] == CLIENTS - 1
     assert list(train["failed"]) == ["2"]
     assert train["failed"]["2"].startswith("error: KeyError")
-    # its node's other clients (0 and 4) answered in that round, and client 2 in the next
+    # its node's other clients (3 and 4) answered in that round, and client 2 in the next
     answered = read_jsonl(Path(cfg["out-dir"]) / "clients.jsonl")
     assert {r["client-id"] for r in answered if r["round"] == 2} == {0, 1, 3, 4}
     assert {r["client-id"] for r in answered if r["round"] == 3} == set(range(CLIENTS))
@@ -153,7 +153,7 @@ def _corrupt_part(cid: int, how: str) -> Callable[[RecordDict], RecordDict]:
         ("empty", {"3": "no 'pollen' envelope"}),
         ("other-client", {"3": "reply from client 4, expected 3"}),
         # a record of a client the pack does not list: the whole reply is malformed
-        ("stray-record", {"1": "invalid packed reply", "3": "invalid packed reply"}),
+        ("stray-record", {k: "invalid packed reply" for k in ("2", "3", "4")}),
     ],
 )
 def test_a_bad_part_of_a_packed_reply_skips_only_its_client(
@@ -188,11 +188,11 @@ def test_an_error_reply_of_a_packed_node_skips_its_clients_until_it_is_greeted_a
     assert summary["status"] == "completed"
     rounds = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")
     (train,) = rounds[0]["phases"]
-    assert sorted(train["failed"]) == ["0", "2", "4"]
+    assert sorted(train["failed"]) == ["0", "1"]
     assert all("error reply" in r for r in train["failed"].values())
-    # round 2 greets node 100 again and its three clients train
+    # round 2 greets node 100 again and its two clients train
     hello, train2 = rounds[1]["phases"]
-    assert hello["phase"] == "query.hello" and hello["valid"] == 3
+    assert hello["phase"] == "query.hello" and hello["valid"] == 2
     assert train2["valid"] == CLIENTS
 
 
@@ -222,3 +222,54 @@ def test_sampling_sends_only_the_sampled_clients_and_leaves_the_others_state_alo
     assert len(sizes) <= 4  # at most one message per node
     kept = {int(p.name.split("-")[1]) for p in (tmp_path / "state" / "sampled").iterdir()}
     assert kept == trained  # FedEM's personal state: only the clients that trained have one
+
+
+def test_fold_takes_replies_in_client_order_whatever_order_nodes_answer_in(
+    run_config: dict[str, Any],
+) -> None:
+    """Node 101 (clients 2-4) answers before node 100 (clients 0-1), one message per poll, and
+    client 3's part is bad: the fold still sees 0, 1, 2, 4 in that order, each with its arrays;
+    the replies returned keep only their metrics and envelope."""
+    cfg = _settings(run_config, "fedavg", "fold", **{"simulation-nodes": NODES})
+    grid = FakeGrid(client_app, NODES, cfg)
+    grid.faults.append(
+        lambda node, msg, _: _corrupt_part(3, "bad-count")
+        if _packed_train(msg) and node == 101
+        else None
+    )
+    pull = grid.pull_messages
+    held: list[Message] = []
+
+    def one_at_a_time(ids: Any) -> list[Message]:
+        nonlocal held
+        got = sorted([*held, *pull(ids)], key=lambda m: -m.metadata.src_node_id)
+        held = got[1:]
+        return got[:1]
+
+    grid.pull_messages = one_at_a_time  # type: ignore[method-assign,assignment]
+    clock = FakeClock()
+    strategy = get_algorithm("fedavg").strategy_class()(cfg)
+    engine = Engine(grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock, clock.sleep)
+    engine.server_round = 1
+    engine.wait_for_clients()
+    strategy.initialize(1)
+    model = protocol.to_record(strategy.weights)  # type: ignore[attr-defined]
+    payloads = {c: protocol.instruction(1, "train", {"lr": 0.1}, arrays=model) for c in range(5)}
+    seen: list[tuple[int, bool]] = []
+    arrived: list[int] = []
+    grid_pull = grid.pull_messages
+
+    def tracking(ids: Any) -> list[Message]:
+        got = list(grid_pull(ids))
+        arrived.extend(m.metadata.src_node_id for m in got)
+        return got
+
+    grid.pull_messages = tracking  # type: ignore[method-assign,assignment]
+    replies = engine.exchange(
+        "train", payloads, strategy.validate,  # type: ignore[attr-defined]
+        fold=lambda cid, r: seen.append((cid, protocol.ARRAYS in r)),
+    )  # fmt: skip
+    assert arrived == [101, 100]  # the later clients' node first
+    assert seen == [(0, True), (1, True), (2, True), (4, True)]
+    assert sorted(replies) == [0, 1, 2, 4]
+    assert all(protocol.ARRAYS not in r and protocol.METRICS in r for r in replies.values())
