@@ -300,9 +300,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 NODES_PER_PARALLEL_CLIENT = 4
 """`pollen simulate`'s default packing: simulated SuperNodes per client trained at once, so that
 a phase's clients spread evenly over Ray's workers..."""
-CLIENTS_PER_NODE = 64
+CLIENTS_PER_NODE = 16
 """... and at most this many clients per node, so that a node's message (its clients'
-instructions and replies, which its ClientApp holds at once) stays small as clients grow."""
+instructions and replies, which its ClientApp holds at once) stays small as clients grow..."""
+MOST_NODES = 256
+"""... up to this many nodes: Flower's simulation engine looks for each node's messages by
+scanning all of them (every 0.1 s), a cost that grows with the square of the nodes."""
 NODES_ON_A_CLUSTER = 256
 """The default packing's least simulated SuperNodes on a Ray cluster, whose size is its own."""
 
@@ -310,8 +313,8 @@ NODES_ON_A_CLUSTER = 256
 def _simulation_nodes(args: argparse.Namespace, resolved: dict[str, Scalar], cluster: bool) -> int:
     """The simulated SuperNodes the run's clients are packed onto (README, Simulation at scale):
     --nodes, else a simulation-nodes setting given, else NODES_PER_PARALLEL_CLIENT per
-    --parallel (on a cluster NODES_ON_A_CLUSTER) or one per CLIENTS_PER_NODE clients, whichever
-    is more, at most one per client; checked before start-up."""
+    --parallel (on a cluster NODES_ON_A_CLUSTER) or one per CLIENTS_PER_NODE clients up to
+    MOST_NODES, whichever is more, at most one per client; checked before start-up."""
     run = RunSettings.of(resolved)
     n = run.num_clients
     given = "simulation-nodes" in settings_mod.parse_assignments(args.set)
@@ -326,7 +329,7 @@ def _simulation_nodes(args: argparse.Namespace, resolved: dict[str, Scalar], clu
         nodes = run.simulation_nodes
     else:
         least = NODES_ON_A_CLUSTER if cluster else NODES_PER_PARALLEL_CLIENT * args.parallel
-        nodes = min(n, max(least, math.ceil(n / CLIENTS_PER_NODE)))
+        nodes = min(n, max(least, min(math.ceil(n / CLIENTS_PER_NODE), MOST_NODES)))
     if not 1 <= nodes <= n:
         raise SettingsError(
             f"--nodes {nodes}: the simulated SuperNodes must number from 1 to the run's {n} "
@@ -1096,8 +1099,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K",
         help="simulated SuperNodes the clients are packed onto (each hosts a contiguous block "
         f"of client ids; one message per node and phase); default "
-        f"{NODES_PER_PARALLEL_CLIENT} x --parallel or one per {CLIENTS_PER_NODE} clients, "
-        "whichever is more, at most one per client",
+        f"{NODES_PER_PARALLEL_CLIENT} x --parallel or one per {CLIENTS_PER_NODE} clients up "
+        f"to {MOST_NODES}, whichever is more, at most one per client",
     )
     p.add_argument(
         "--gpus-per-client",

@@ -16,10 +16,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
+from flwr.app import RecordDict
 
 from pollen import protocol
 from pollen.contracts.fedem import FedEMSettings, pack, unpack
 from strategies.aggregate import (
+    RunningMean,
     aggregate_metrics,
     final_evaluation,
     num_examples,
@@ -53,14 +55,18 @@ class FedEM(GlobalModelStrategy):
             c.cid: protocol.instruction(fed.server_round, "train", config, arrays=model)
             for c in clients
         }
-        replies = fed.exchange("train", payloads, self.validate)
-        models = (protocol.arrays_of(r) for r in replies.values())  # decoded one at a time
+        mean = RunningMean()  # each reply folded in as it comes, in client order
+
+        def fold(_cid: int, reply: RecordDict) -> None:
+            mean.add(protocol.arrays_of(reply), num_examples(reply))
+
+        replies = fed.exchange("train", payloads, self.validate, fold=fold)
         counts = [num_examples(r) for r in replies.values()]
         if self.fedem.aggregation == "renormalize":
-            self.weights = weighted_average(models, counts)
-        else:
-            self.weights = stale_average(self.weights, models, counts,
-                                         total=sum(c.num_train for c in pool))  # fmt: skip
+            self.weights = mean.result()
+        elif counts:
+            self.weights = stale_mix(self.weights, mean.result(), counts,
+                                     total=sum(c.num_train for c in pool))  # fmt: skip
         return aggregate_metrics(replies)
 
     def finalize(self, fed: Federation) -> dict[str, float]:
@@ -83,10 +89,19 @@ def stale_average(
     client; with all clients replying this is the plain n_t-weighted average."""
     if not counts:
         return dict(previous)
+    return stale_mix(previous, weighted_average(models, counts), counts, total)
+
+
+def stale_mix(
+    previous: Mapping[str, np.ndarray],
+    mean: Mapping[str, np.ndarray],
+    counts: list[int],
+    total: int,
+) -> dict[str, np.ndarray]:
+    """`stale_average` given the replies' n_t-weighted mean."""
     if total <= 0 or sum(counts) > total:
         raise ValueError(f"client counts {counts} do not fit the total {total}")
     share = sum(counts) / total
-    mean = weighted_average(models, counts)
     out = {}
     for key, old in previous.items():
         value = (1 - share) * old.astype(np.float64) + share * mean[key].astype(np.float64)

@@ -44,11 +44,11 @@ from pollen.dataspec import data_spec, model_input
 from pollen.paths import cache_dir
 from pollen.settings import RunSettings
 from strategies.aggregate import (
+    RunningMean,
     aggregate_metrics,
     expect_arrays,
     final_evaluation,
     num_examples,
-    weighted_average,
 )
 from strategies.base import ClientInfo, Federation, InvalidReply
 from strategies.global_model import GlobalModelStrategy
@@ -147,11 +147,14 @@ class FedSC(GlobalModelStrategy):
             extra = {OTHERS: {"r": rbar.astype(np.float32)}} if rbar is not None else {}
             config = {"lr": lr, "alpha": alpha}
             payloads[c.cid] = protocol.instruction(t, "train", config, arrays=model, **extra)
-        replies = fed.exchange("train", payloads, self.validate)
-        models = (protocol.arrays_of(r) for r in replies.values())  # decoded one at a time
         uniform = self.fedsc.weighting == "uniform"
-        counts = [1 if uniform else num_examples(r) for r in replies.values()]
-        self.weights = weighted_average(models, counts)
+        mean = RunningMean()  # each reply folded in as it comes, in client order
+
+        def fold(_cid: int, reply: RecordDict) -> None:
+            mean.add(protocol.arrays_of(reply), 1 if uniform else num_examples(reply))
+
+        replies = fed.exchange("train", payloads, self.validate, fold=fold)
+        self.weights = mean.result()
         out.update(aggregate_metrics(replies))
         out.update(self._ledger())
         return out
