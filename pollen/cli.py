@@ -303,9 +303,10 @@ a phase's clients spread evenly over Ray's workers..."""
 CLIENTS_PER_NODE = 16
 """... and at most this many clients per node, so that a node's message (its clients'
 instructions and replies, which its ClientApp holds at once) stays small as clients grow..."""
-MOST_NODES = 256
+MOST_NODES = 64
 """... up to this many nodes: Flower's simulation engine looks for each node's messages by
-scanning all of them (every 0.1 s), a cost that grows with the square of the nodes."""
+scanning all of them (every 0.1 s), a cost that grows with the square of the nodes (about 20 ms
+per node and phase at 256 nodes on 2 cores)."""
 NODES_ON_A_CLUSTER = 256
 """The default packing's least simulated SuperNodes on a Ray cluster, whose size is its own."""
 

@@ -273,3 +273,22 @@ def test_fold_takes_replies_in_client_order_whatever_order_nodes_answer_in(
     assert seen == [(0, True), (1, True), (2, True), (4, True)]
     assert sorted(replies) == [0, 1, 2, 4]
     assert all(protocol.ARRAYS not in r and protocol.METRICS in r for r in replies.values())
+
+
+def test_a_run_resumed_with_another_packing_ends_where_an_uninterrupted_one_does(
+    run_config: dict[str, Any],
+) -> None:
+    """FedEM, round 1 on two nodes, resumed for round 2 on five (one client each): bitwise the
+    run that went through on one node per client (simulation-nodes may change on resume)."""
+    whole = _settings(run_config, "fedem", "whole", **{"final-eval": False})
+    ref, _, _ = _run(whole, CLIENTS)
+    part = _settings(run_config, "fedem", "part", **{"final-eval": False, "num-rounds": 1,
+                                                     "simulation-nodes": NODES})  # fmt: skip
+    _run(part, NODES)
+    resumed_cfg = settings_of({**part, "num-rounds": 2, "resume": True, "simulation-nodes": 5})
+    resumed, _, summary = _run(resumed_cfg, CLIENTS)
+    assert summary["status"] == "completed"
+    arrays, _ = resumed.strategy.state()
+    ref_arrays, _ = ref.strategy.state()
+    for key, value in ref_arrays.items():
+        np.testing.assert_array_equal(arrays[key], value, err_msg=key)
