@@ -73,8 +73,8 @@ def add_serialization_timing(incoming: Message, reply: Message) -> None:
     """Flower's own serialization, which runs outside the handler: time-serialize is the reply
     turned into the objects Flower pushes (each deflated, with its content hash as id),
     time-deserialize the incoming message rebuilt from such objects (for a packed message,
-    each client's share). Measured by doing each
-    once more here (client-timing only); the reply's array ids stay cached for Flower's push."""
+    each client's share). Measured by doing each once more here (client-timing only); the
+    reply's array ids stay cached for Flower's push."""
     started = time.perf_counter()
     for obj in get_all_nested_objects(reply).values():
         obj.deflate()
