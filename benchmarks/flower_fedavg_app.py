@@ -16,16 +16,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from client.env import ClientEnv
-from pollen import protocol
 from pollen.registry import from_run_config
 
 server = ServerApp()
 client = ClientApp()
+
+
+def _record(weights: dict[str, np.ndarray]) -> ArrayRecord:
+    """Weights as Flower's own ArrayRecord: one Array (one object on the wire) per tensor, as
+    Flower's examples send a model; Pollen's apps bundle a record into one (pollen.protocol)."""
+    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in weights.items()})
 
 
 @server.main()
@@ -48,7 +54,7 @@ def main(grid: Grid, context: Context) -> None:
     started = time.monotonic()
     result = strategy.start(
         grid,
-        protocol.to_record(initial_weights(cfg, int(cfg["seed"]))),
+        _record(initial_weights(cfg, int(cfg["seed"]))),
         num_rounds=rounds,
         train_config=ConfigRecord({"lr": float(cfg["lr"])}),
         evaluate_fn=mark,
@@ -82,13 +88,13 @@ def train(msg: Message, context: Context) -> Message:
     model = new_model(env)
     record = msg.content["arrays"]
     assert isinstance(record, ArrayRecord)
-    set_weights(model, protocol.from_record(record))
+    set_weights(model, {k: record[k].numpy() for k in record})
     data = split_tensors(env, "train")
     sgd = sgd_for_round(RecordDict({"config": config}), env)
     loss = train_locally(model, data, sgd, generator(env, rnd, "train"))
     reply = RecordDict(
         {
-            "arrays": protocol.to_record(get_weights(model)),
+            "arrays": _record(get_weights(model)),
             "metrics": MetricRecord({"train-loss": loss, "num-examples": len(data)}),
         }
     )
@@ -107,7 +113,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     model = new_model(env)
     record = msg.content["arrays"]
     assert isinstance(record, ArrayRecord)
-    set_weights(model, protocol.from_record(record))
+    set_weights(model, {k: record[k].numpy() for k in record})
     data = split_tensors(env, "test")
     metrics: dict[str, Any] = {**test_metrics(model, data), "num-examples": len(data)}
     return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)

@@ -7,8 +7,11 @@ phase or round. Algorithm content sits beside it in named records.
 
 from __future__ import annotations
 
+import json
+import math
 import time
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
@@ -162,10 +165,40 @@ def codec_seconds() -> float:
     return _codec_seconds
 
 
+BUNDLE = "pollen-arrays"
+"""The one key of every ArrayRecord Pollen sends, and the stype of its one Array: all the
+record's arrays in a single Flower object. Flower 1.39 moves each object of a message with a
+request of its own at every hop (ServerApp, SuperLink, SuperNode, ClientApp and back), so a
+model sent as one array per tensor costs a request per tensor per hop; bundled it costs one.
+
+Layout of the bundle's bytes: a 4-byte little-endian length L, L bytes of JSON (a list of
+[name, dtype, shape], dtype as numpy's `dtype.str`), then each array's C-ordered bytes in that
+order. Only numeric and boolean dtypes travel; nothing in a bundle is ever unpickled."""
+
+_HEADER_BYTES = 4
+_DTYPE_KINDS = "biufc"
+
+
+class BundleError(ValueError):
+    """Bytes that are not a well-formed array bundle (a bad or hostile reply)."""
+
+
 def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
+    """The arrays as an ArrayRecord holding one bundle (see BUNDLE)."""
     global _codec_seconds
     started = time.perf_counter()
-    record = ArrayRecord({k: Array(_contiguous(v)) for k, v in arrays.items()})
+    values = {k: np.asarray(v) for k, v in arrays.items()}
+    for name, value in values.items():
+        if value.dtype.kind not in _DTYPE_KINDS:
+            raise TypeError(f"array {name!r} has dtype {value.dtype}: only numbers travel")
+    header = json.dumps(
+        [[name, value.dtype.str, list(value.shape)] for name, value in values.items()],
+        separators=(",", ":"),
+    ).encode()
+    parts = [len(header).to_bytes(_HEADER_BYTES, "little"), header]
+    parts += [_contiguous(value).tobytes() for value in values.values()]
+    data = b"".join(parts)
+    record = ArrayRecord({BUNDLE: Array("uint8", (len(data),), BUNDLE, data)})
     _codec_seconds += time.perf_counter() - started
     return record
 
@@ -178,15 +211,63 @@ def _contiguous(value: np.ndarray) -> np.ndarray:
 
 
 def from_record(record: ArrayRecord) -> dict[str, np.ndarray]:
-    return {k: decode(record[k]) for k in record}
-
-
-def decode(array: Array) -> np.ndarray:
+    """The arrays of a record made by `to_record`, each a fresh writable array; BundleError
+    when the record is anything else or its bytes do not match their header."""
     global _codec_seconds
     started = time.perf_counter()
-    value = array.numpy()
+    if list(record.keys()) != [BUNDLE] or record[BUNDLE].stype != BUNDLE:
+        raise BundleError(f"not a Pollen array bundle (keys {sorted(record.keys())})")
+    arrays = _unbundle(record[BUNDLE].data)
     _codec_seconds += time.perf_counter() - started
-    return value
+    return arrays
+
+
+def _unbundle(data: bytes) -> dict[str, np.ndarray]:
+    if len(data) < _HEADER_BYTES:
+        raise BundleError("array bundle shorter than its header length")
+    size = int.from_bytes(data[:_HEADER_BYTES], "little")
+    offset = _HEADER_BYTES + size
+    if offset > len(data):
+        raise BundleError("array bundle shorter than its header")
+    try:
+        header = json.loads(data[_HEADER_BYTES:offset])
+    except ValueError:
+        raise BundleError("array bundle header is not JSON") from None
+    if not isinstance(header, list):
+        raise BundleError("array bundle header is not a list")
+    out: dict[str, np.ndarray] = {}
+    view = memoryview(data)
+    for entry in header:
+        name, dtype, shape = _entry(entry)
+        if name in out:
+            raise BundleError(f"array bundle names {name!r} twice")
+        count = math.prod(shape)
+        end = offset + count * dtype.itemsize
+        if end > len(data):
+            raise BundleError(f"array bundle too short for {name!r}")
+        flat = np.frombuffer(view[offset:end], dtype=dtype, count=count)
+        out[name] = flat.reshape(shape).copy()
+        offset = end
+    if offset != len(data):
+        raise BundleError(f"array bundle has {len(data) - offset} bytes its header does not name")
+    return out
+
+
+def _entry(entry: object) -> tuple[str, np.dtype[Any], tuple[int, ...]]:
+    if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)):
+        raise BundleError(f"array bundle entry {entry!r} is not [name, dtype, shape]")
+    name, dtype_str, shape = entry
+    try:
+        dtype = np.dtype(dtype_str)
+    except (TypeError, ValueError):
+        raise BundleError(f"array {name!r}: unknown dtype {dtype_str!r}") from None
+    if dtype.kind not in _DTYPE_KINDS or dtype.hasobject:
+        raise BundleError(f"array {name!r}: dtype {dtype_str!r} is not numeric")
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise BundleError(f"array {name!r}: shape {shape!r} is not a list of sizes")
+    return name, dtype, tuple(shape)
 
 
 def config_of(content: RecordDict) -> dict[str, int | float | str | bool]:

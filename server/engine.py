@@ -364,8 +364,11 @@ class Engine:
                 raise InvalidReply(f"metric {key!r} is not finite: {value!r}")
         for name, record in content.items():
             if isinstance(record, ArrayRecord):
-                for key in record:
-                    arr = protocol.decode(record[key])
+                try:
+                    arrays = protocol.from_record(record)
+                except protocol.BundleError as exc:
+                    raise InvalidReply(f"record {name!r}: {exc}") from None
+                for key, arr in arrays.items():
                     if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
                         raise InvalidReply(f"array {name}.{key} has NaN or Inf")
 

@@ -78,13 +78,17 @@ def expect_arrays(
     record = content.get(name)
     if not isinstance(record, ArrayRecord):
         raise InvalidReply(f"missing array record '{name}'")
-    keys = set(record.keys())
+    try:
+        arrays = protocol.from_record(record)
+    except protocol.BundleError as exc:
+        raise InvalidReply(f"record '{name}': {exc}") from None
+    keys = set(arrays)
     if keys != set(reference):
         missing, extra = sorted(set(reference) - keys), sorted(keys - set(reference))
         raise InvalidReply(f"record '{name}' keys differ (missing {missing}, extra {extra})")
     out: dict[str, np.ndarray] = {}
     for key, ref in reference.items():
-        arr = protocol.decode(record[key])
+        arr = arrays[key]
         if arr.shape != ref.shape:
             raise InvalidReply(f"{name}.{key} has shape {arr.shape}, expected {ref.shape}")
         if arr.dtype != ref.dtype:

@@ -10,8 +10,6 @@ from typing import Any
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
-from pollen import protocol
-
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
@@ -25,8 +23,8 @@ def _load(name: str) -> ModuleType:
 
 
 def test_flower_fedavg_client_trains_and_evaluates(run_config: dict[str, Any]) -> None:
-    """Flower's-FedAvg comparison app: the train reply has Flower's FedAvg layout (arrays +
-    metrics with num-examples) and moves the weights; evaluate reports test accuracy."""
+    """Flower's-FedAvg comparison app: the train reply has Flower's FedAvg layout (an Array per
+    tensor + metrics with num-examples) and moves the weights; evaluate reports test accuracy."""
     from strategies.classifier import initial_weights
 
     app = _load("flower_fedavg_app")
@@ -35,12 +33,12 @@ def test_flower_fedavg_client_trains_and_evaluates(run_config: dict[str, Any]) -
     start = initial_weights(run_config, 0)
     content = RecordDict(
         {
-            "arrays": protocol.to_record(start),
+            "arrays": app._record(start),
             "config": ConfigRecord({"lr": 0.1, "server-round": 1}),
         }
     )
     reply = app.client(Message(content, dst_node_id=1, message_type="train"), ctx).content
-    trained = protocol.from_record(reply["arrays"])
+    trained = {k: reply["arrays"][k].numpy() for k in reply["arrays"]}
     assert trained.keys() == start.keys()
     assert any((trained[k] != start[k]).any() for k in start)
     assert reply["metrics"]["num-examples"] > 0

@@ -1,6 +1,11 @@
 from __future__ import annotations
 
+import json
+import re
+
 import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, RecordDict
 
 from pollen import protocol
 
@@ -25,3 +30,54 @@ def test_the_codec_clock_counts_encoding_and_decoding() -> None:
     encoded = protocol.codec_seconds()
     np.testing.assert_array_equal(protocol.from_record(record)["w"], arrays["w"])
     assert before < encoded < protocol.codec_seconds()
+
+
+def _bundle(data: bytes) -> ArrayRecord:
+    return ArrayRecord({protocol.BUNDLE: Array("uint8", (len(data),), protocol.BUNDLE, data)})
+
+
+def _header(entries: object, body: bytes = b"") -> bytes:
+    text = json.dumps(entries).encode()
+    return len(text).to_bytes(4, "little") + text + body
+
+
+def test_a_record_is_one_flower_array_whatever_the_number_of_tensors() -> None:
+    """One object on the wire per record: Flower moves each Array with a request of its own."""
+    arrays = {f"layer{i}": np.full((3, i + 1), i, np.float32) for i in range(6)}
+    record = protocol.to_record(arrays)
+    assert list(record.keys()) == [protocol.BUNDLE]
+    assert protocol.payload_bytes(RecordDict({"arrays": record})) > sum(
+        a.nbytes for a in arrays.values()
+    )
+    back = protocol.from_record(record)
+    assert list(back) == list(arrays)  # the order of the tensors is kept
+    back["layer0"][0, 0] = 5.0  # decoded arrays are fresh and writable
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b"\x01", "shorter than its header length"),
+        (_header([["w", "<f4", [2]]])[:-1], "shorter than its header"),
+        ((2).to_bytes(4, "little") + b"{]", "not JSON"),
+        (_header({"w": 1}), "not a list"),
+        (_header([["w", "<f4"]]), "is not [name, dtype, shape]"),
+        (_header([["w", "|O", [1]]], bytes(8)), "not numeric"),
+        (_header([["w", "nope", [1]]], bytes(8)), "unknown dtype"),
+        (_header([["w", "<f4", [-1]]]), "not a list of sizes"),
+        (_header([["w", "<f4", [2]]], bytes(7)), "too short for 'w'"),
+        (_header([["w", "<f4", [1]]], bytes(5)), "1 bytes its header does not name"),
+        (_header([["w", "<f4", [1]], ["w", "<f4", [1]]], bytes(8)), "names 'w' twice"),
+    ],
+)
+def test_a_malformed_bundle_is_refused_with_its_reason(data: bytes, reason: str) -> None:
+    with pytest.raises(protocol.BundleError, match=re.escape(reason)):
+        protocol.from_record(_bundle(data))
+
+
+def test_only_bundles_are_decoded_and_only_numbers_encoded() -> None:
+    flower = ArrayRecord({"w": Array(np.ones(2, np.float32))})
+    with pytest.raises(protocol.BundleError, match="not a Pollen array bundle"):
+        protocol.from_record(flower)
+    with pytest.raises(TypeError, match="only numbers travel"):
+        protocol.to_record({"names": np.array(["a", "b"], dtype=object)})

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from client.app import app as client_app
 from pollen import protocol
@@ -78,6 +78,9 @@ ARRAY_KINDS = {
     "missing-key": "keys differ",
     "extra-key": "keys differ",
     "missing-record": "missing array record",
+    "truncated-bundle": "array bundle too short",
+    "bundle-header": "header is not JSON",
+    "flower-record": "not a Pollen array bundle",
 }
 RANK_KIND = {"rank": "shape"}  # a factor or coefficient matrix of another rank (FeDLRT)
 GENERIC_KINDS = {
@@ -95,6 +98,28 @@ GENERIC_KINDS = {
 }
 
 
+def _truncated(values: dict[str, np.ndarray]) -> ArrayRecord:
+    whole = protocol.to_record(values)[protocol.BUNDLE]
+    return ArrayRecord({protocol.BUNDLE: Array("uint8", (1,), protocol.BUNDLE, whole.data[:-1])})
+
+
+def _bad_header(values: dict[str, np.ndarray]) -> ArrayRecord:
+    data = (3).to_bytes(4, "little") + b"{[}" + bytes(8)
+    return ArrayRecord({protocol.BUNDLE: Array("uint8", (len(data),), protocol.BUNDLE, data)})
+
+
+def _flower_record(values: dict[str, np.ndarray]) -> ArrayRecord:
+    """The arrays as Flower's own ArrayRecord (one Array per key), not Pollen's bundle."""
+    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in values.items()})
+
+
+BUNDLE_KINDS: dict[str, Callable[[dict[str, np.ndarray]], ArrayRecord]] = {
+    "truncated-bundle": _truncated,
+    "bundle-header": _bad_header,
+    "flower-record": _flower_record,
+}
+
+
 def _arrays(content: RecordDict) -> list[str]:
     return sorted(n for n, r in content.items() if isinstance(r, ArrayRecord))
 
@@ -106,6 +131,9 @@ def corrupt(content: RecordDict, kind: str) -> RecordDict:
     if kind in ARRAY_KINDS or kind in RANK_KIND:
         name = names[0]
         values = protocol.from_record(content[name])  # type: ignore[arg-type]
+        if kind in BUNDLE_KINDS:
+            out[name] = BUNDLE_KINDS[kind](values)
+            return out
         key = sorted(values)[0]
         if kind == "rank":
             key = next(k for k in sorted(values) if k.endswith((".S", ".U", ".V")))

@@ -200,9 +200,8 @@ def test_error_reply_drops_the_client_until_it_greets_again(run_config: dict[str
 
 def _corrupt(kind: str) -> Any:
     def change(content: RecordDict) -> RecordDict:
-        arrays = content[protocol.ARRAYS]
-        first = next(iter(arrays.keys()))  # type: ignore[union-attr]
-        values = protocol.from_record(arrays)  # type: ignore[arg-type]
+        values = protocol.from_record(content[protocol.ARRAYS])  # type: ignore[arg-type]
+        first = next(iter(values))
         if kind == "nan":
             values[first] = values[first].copy()
             values[first].flat[0] = np.nan
