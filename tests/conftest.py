@@ -50,3 +50,13 @@ def run_config(tmp_path: Path, shared_cache: Path) -> dict[str, Any]:
             "wait-for-clients": 5.0,
         }
     )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With pytest-xdist (`-n N --dist loadgroup`, as scripts/test.sh runs the suite), the
+    end-to-end tests run one after another on one worker: each starts a federation whose
+    timeouts assume a share of the machine, and the Ray tests must not meet another test's Ray.
+    The other tests spread over the remaining workers."""
+    for item in items:
+        if item.get_closest_marker("e2e") is not None:
+            item.add_marker(pytest.mark.xdist_group("e2e"))
