@@ -46,6 +46,7 @@ CATALOG: dict[str, DatasetInfo] = {
     "mnist": DatasetInfo((1, 28, 28), 10),
     "fashion-mnist": DatasetInfo((1, 28, 28), 10),
     "emnist": DatasetInfo((1, 28, 28), 62),
+    "femnist": DatasetInfo((1, 28, 28), 62),
     "cifar10": DatasetInfo((3, 32, 32), 10),
     "cifar100": DatasetInfo((3, 32, 32), 100),
     "svhn": DatasetInfo((3, 32, 32), 10),

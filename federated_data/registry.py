@@ -24,6 +24,7 @@ import numpy as np
 from federated_data.arrays import ArrayDataset
 from federated_data.cachefiles import default_cache_dir, exclusive_lock, save_npz_atomic
 from federated_data.errors import DataConfigError, DatasetNotFoundError
+from federated_data.femnist import load_leaf_femnist
 from federated_data.partition import CIFAR100_COARSE_OF_FINE
 from federated_data.shakespeare import load_leaf_shakespeare
 from federated_data.synthetic_fedem import PARAM_DEFAULTS as FEDEM_SYNTHETIC_PARAMS
@@ -356,6 +357,16 @@ def _load_shakespeare(data_dir: str | None, download: bool) -> SourceData:
     return SourceData(data, keys=keys, test_mask=test_mask)
 
 
+# Each writer's first test images for the server's test set (LEAF's per-writer split).
+FEMNIST_SERVER_TEST_PER_CLIENT = 100
+
+
+def _load_femnist(data_dir: str | None, download: bool) -> SourceData:
+    """LEAF's FEMNIST output: one key per writer, LEAF's test images marked."""
+    data, keys, test_mask = load_leaf_femnist(data_dir, download, MNIST_MEAN, MNIST_STD)
+    return SourceData(data, keys=keys, test_mask=test_mask)
+
+
 def _load_pca_synthetic(data_dir: str | None, download: bool, **params: Any) -> SourceData:
     """ADEPT-PCA's unlabelled synthetic data (label 0 everywhere), keyed by client and marked
     train/test like fedem-synthetic."""
@@ -522,6 +533,15 @@ register_dataset(
     _load_shakespeare,
     predefined_split=True,
     server_test_per_client=SHAKESPEARE_SERVER_TEST_PER_CLIENT,
+)
+
+# Source-cached: converting LEAF's JSON pixel lists takes minutes at full size.
+register_dataset(
+    "femnist",
+    _load_femnist,
+    cache=True,
+    predefined_split=True,
+    server_test_per_client=FEMNIST_SERVER_TEST_PER_CLIENT,
 )
 
 register_dataset(

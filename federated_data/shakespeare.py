@@ -11,7 +11,6 @@ reference's chars[j+1:j+81]); see `ArrayDataset.targets`.
 
 from __future__ import annotations
 
-import json
 import string
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from federated_data.arrays import ArrayDataset
-from federated_data.errors import DataConfigError, DatasetNotFoundError
+from federated_data.errors import DataConfigError
+from federated_data.leaf import read_leaf, xy_lists
 
 VOCABULARY = string.printable
 SEQUENCE_LENGTH = 80
@@ -63,76 +63,13 @@ def load_leaf_shakespeare(
 ) -> tuple[ArrayDataset, np.ndarray, np.ndarray]:
     """Every user's train then test samples as one ArrayDataset of int16 token ids, with
     the user index (users sorted by name) and a test mark of every sample."""
-    if data_dir is None or not str(data_dir):
-        raise DatasetNotFoundError(
-            "dataset 'shakespeare' needs its files but no data directory was given (setting "
-            f"data-dir); {how_to_get('DATA_DIR')}"
-        )
-    if download:
-        raise DataConfigError(
-            f"dataset 'shakespeare' cannot be downloaded (download=true); {how_to_get(data_dir)}"
-        )
-    root = Path(data_dir) / SUBDIR
-    splits = {}
-    for split in ("train", "test"):
-        files = sorted((root / split).glob("*.json"))
-        if not files:
-            raise DatasetNotFoundError(
-                f"dataset 'shakespeare': no {split} files in {root / split}; {how_to_get(data_dir)}"
-            )
-        splits[split] = _read_split(files)
-    train, test = splits["train"], splits["test"]
-    if set(train) != set(test):
-        only = sorted(set(train) ^ set(test))
-        raise DataConfigError(
-            f"dataset 'shakespeare': {len(only)} users are in only one of LEAF's train and test "
-            f"splits (e.g. {only[0]!r}); one client per user needs both (LEAF's '-t sample' split)"
-        )
-    users = sorted(train)
-    blocks = [(split[u], k, split is test) for split in (train, test) for k, u in enumerate(users)]
-    x = np.concatenate([xy[0] for xy, _, _ in blocks])
-    y = np.concatenate([xy[1] for xy, _, _ in blocks])
-    keys = np.concatenate([np.full(len(xy[1]), k, dtype=np.int64) for xy, k, _ in blocks])
-    test_mask = np.concatenate([np.full(len(xy[1]), is_test) for xy, _, is_test in blocks])
+    x, y, keys, test_mask = read_leaf("shakespeare", data_dir, download, _encode_user, how_to_get)
     return ArrayDataset(x, y, len(VOCABULARY)), keys, test_mask
 
 
-def _read_split(files: list[Path]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """user -> (x token ids (n, 80) int16, y next-token ids (n,) int64) over the files."""
-    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for path in files:
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-            user_data = raw["user_data"]
-            users = raw["users"]
-        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
-            raise DataConfigError(
-                f"dataset 'shakespeare': {path} is not a LEAF JSON file with 'users' and "
-                f"'user_data' ({type(exc).__name__}: {exc})"
-            ) from None
-        if not isinstance(users, list) or not isinstance(user_data, dict):
-            raise DataConfigError(
-                f"dataset 'shakespeare': {path}: 'users' must be a list and 'user_data' an object"
-            )
-        for user in users:
-            where = f"{path}, user {user!r}"
-            if user in out:
-                raise DataConfigError(f"dataset 'shakespeare': {where} appears in two files")
-            if user not in user_data:
-                raise DataConfigError(f"dataset 'shakespeare': {where} has no user_data entry")
-            out[user] = _encode_user(user_data[user], where)
-    return out
-
-
 def _encode_user(entry: Any, where: str) -> tuple[np.ndarray, np.ndarray]:
-    try:
-        xs, ys = entry["x"], entry["y"]
-    except (KeyError, TypeError):
-        raise DataConfigError(f"dataset 'shakespeare': {where} needs 'x' and 'y' lists") from None
-    if not isinstance(xs, list) or not isinstance(ys, list) or len(xs) != len(ys):
-        raise DataConfigError(
-            f"dataset 'shakespeare': {where}: 'x' and 'y' must be lists of equal length"
-        )
+    """One user's samples: x token ids (n, 80) int16, y next-token ids (n,) int64."""
+    xs, ys = xy_lists("shakespeare", entry, where)
     for i, (text, nxt) in enumerate(zip(xs, ys, strict=True)):
         if not isinstance(text, str) or len(text) != SEQUENCE_LENGTH:
             raise DataConfigError(

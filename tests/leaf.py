@@ -1,10 +1,12 @@
-"""Tiny Shakespeare data in LEAF's output format, written to a temporary directory."""
+"""Tiny data in LEAF's output format (Shakespeare here; FEMNIST in tests.standins), written to a
+temporary directory."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,13 +41,18 @@ def write_leaf(
                 cut = int(train_fraction * len(x))
                 keep = slice(None, cut) if split == "train" else slice(cut, None)
                 user_data[user] = {"x": x[keep], "y": y[keep]}
-            doc = {
-                "users": mine,
-                "num_samples": [len(d["x"]) for d in user_data.values()],
-                "user_data": user_data,
-            }
-            path = data_dir / SUBDIR / split / f"all_data_{f}_{split}.json"
-            path.write_text(json.dumps(doc))
+            write_leaf_json(data_dir / SUBDIR / split / f"all_data_{f}_{split}.json", user_data)
+
+
+def write_leaf_json(path: Path, user_data: Mapping[str, Mapping[str, list[Any]]]) -> None:
+    """One LEAF JSON file: its users, their sample counts and their {"x": [...], "y": [...]}."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "users": list(user_data),
+        "num_samples": [len(d["x"]) for d in user_data.values()],
+        "user_data": {user: dict(d) for user, d in user_data.items()},
+    }
+    path.write_text(json.dumps(doc))
 
 
 def word_text(rng: np.random.Generator, words: Sequence[str], length: int) -> str:

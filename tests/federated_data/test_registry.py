@@ -31,6 +31,7 @@ def test_builtin_names_and_catalog_agree() -> None:
         "digits",
         "fedem-synthetic",
         "shakespeare",
+        "femnist",
         "pca-synthetic",
         *TORCHVISION_NAMES,
     }
