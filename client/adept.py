@@ -165,6 +165,7 @@ def _ae_model(
         latent=ae.latent,
         channels=dgm.channels,
         kernel=dgm.kernel,
+        architecture=ae.architecture,
     ).to(env.device)
     if weights is not None:
         set_weights(model, weights)

@@ -72,6 +72,10 @@ class SGDSettings:
     weight_decay: float
     amp: bool = False
     """Mixed precision in the training loop (the run's `amp`; client.training.MixedPrecision)."""
+    drop_last: bool = False
+    """Skip each epoch's last, incomplete batch (the run's `drop-last`; client.training.batches)."""
+    hflip: bool = False
+    """Mirror training images at random (the run's `random-flip`; models.augment.random_hflip)."""
 
 
 def sgd_settings(env: ClientEnv) -> SGDSettings:
@@ -83,6 +87,8 @@ def sgd_settings(env: ClientEnv) -> SGDSettings:
         momentum=run.momentum,
         weight_decay=run.weight_decay,
         amp=run.amp,
+        drop_last=run.drop_last,
+        hflip=run.random_flip,
     )
 
 
@@ -148,6 +154,8 @@ def train(
         sample_weights=sample_weights,
         class_weights=data.class_weights,
         amp=sgd.amp,
+        drop_last=sgd.drop_last,
+        hflip=sgd.hflip,
     )
 
 

@@ -3,7 +3,8 @@
 The basis phase stores the received model (U, s, V and the dense parameters) in the state store
 under the round; later phases of the round read it back and append the new basis columns Ū, V̄
 they receive, so the server never re-sends U, V. Test metrics of the received model ride in
-the basis-phase reply.
+the basis-phase reply. The warm start (`fedlrt.warm-start`) trains the dense model the server
+sends for a given number of mini-batch steps and answers it whole.
 """
 
 from __future__ import annotations
@@ -17,13 +18,22 @@ import torch
 from flwr.app import RecordDict
 from torch import nn
 
-from client.common import Tensors, generator, new_model, sgd_for_round, tensors, test_metrics
+from client.common import (
+    Tensors,
+    generator,
+    new_model,
+    sgd_for_round,
+    tensors,
+    test_metrics,
+)
 from client.common import train as train_locally
 from client.env import ClientEnv
-from client.training import batches, to_device
+from client.training import SGD, batches, to_device
+from models.augment import random_hflip
 from models.fedlrt import padded_coefficients
 from models.losses import per_sample_loss
 from models.lowrank import factorized_layers, load_low_rank
+from models.weights import get_weights, set_weights
 from pollen import protocol
 
 GRADS, BASES, CORRECTIONS = "grads", "bases", "corrections"
@@ -164,6 +174,52 @@ def train(content: RecordDict, env: ClientEnv) -> RecordDict:
     return protocol.reply(content, env.cid, metrics, arrays=out)
 
 
+def sgd_steps(
+    model: nn.Module,
+    data: Tensors,
+    steps: int,
+    opt: SGD,
+    batch_size: int,
+    gen: torch.Generator,
+    drop_last: bool = False,
+    hflip: bool = False,
+) -> float:
+    """`steps` mini-batch SGD steps on the mean training loss, passes over the shuffled data
+    repeated as often as needed (`drop_last`, `hflip`: as in the shared training loop); returns
+    the mean loss over the steps."""
+    model.train()
+    total, done = 0.0, 0
+    while done < steps and len(data):
+        for idx in batches(len(data), batch_size, gen, drop_last):
+            opt.zero_grad()
+            inputs = random_hflip(data.x[idx], gen) if hflip else data.x[idx]
+            loss = per_sample_loss(model(inputs), data.y[idx], data.class_weights).mean()
+            loss.backward()  # type: ignore[no-untyped-call]
+            opt.step()
+            total += float(loss.detach())
+            done += 1
+            if done == steps:
+                break
+    return total / max(done, 1)
+
+
+def warm_start(content: RecordDict, env: ClientEnv) -> RecordDict:
+    """The dense model the server sent, after `steps` mini-batch SGD steps on this client's
+    training split (the run's batch size, momentum and weight decay; the round's lr)."""
+    torch.set_num_threads(1)
+    rnd = protocol.round_of(content)
+    steps = int(protocol.config_of(content).get("steps", 0))
+    model = new_model(env)
+    set_weights(model, protocol.arrays_of(content))
+    sgd = sgd_for_round(content, env)
+    opt = SGD(list(model.parameters()), sgd.lr, sgd.momentum, sgd.weight_decay)
+    data = tensors(env.data.train, env.device)
+    loss = sgd_steps(model, data, steps, opt, sgd.batch_size, generator(env, rnd, "warm-start"),
+                     sgd.drop_last, sgd.hflip)  # fmt: skip
+    metrics = {"train-loss": loss, "steps": float(steps), protocol.NUM_EXAMPLES: len(data)}
+    return protocol.reply(content, env.cid, metrics, arrays=get_weights(model))
+
+
 def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
     model = _model(protocol.arrays_of(content), env)
     metrics = test_metrics(model, tensors(env.data.test, env.device))
@@ -172,9 +228,15 @@ def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
 
 
 HANDLERS = {
+    "train.fedlrt_warm_start": warm_start,
     "query.fedlrt_basis": basis,
     "query.fedlrt_coef_grad": coefficient_gradient,
     "train.fedlrt_coef": train,
     "evaluate": evaluate,
 }
-FEDLIN_HANDLERS = {"query.fedlin_grad": basis, "train.fedlin": train, "evaluate": evaluate}
+FEDLIN_HANDLERS = {
+    "train.fedlrt_warm_start": warm_start,
+    "query.fedlin_grad": basis,
+    "train.fedlin": train,
+    "evaluate": evaluate,
+}

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from models.augment import random_hflip
 from models.losses import class_probabilities, per_sample_loss
 
 ProximalTerm = Callable[[nn.Module], torch.Tensor]
@@ -88,9 +89,14 @@ class MixedPrecision:
             self.scaler.update()
 
 
-def batches(n: int, batch_size: int, generator: torch.Generator | None) -> Iterator[torch.Tensor]:
+def batches(
+    n: int, batch_size: int, generator: torch.Generator | None, drop_last: bool = False
+) -> Iterator[torch.Tensor]:
+    """Index batches of one pass over n examples (shuffled with `generator`). `drop_last` skips
+    the last, incomplete batch when there is more than one batch (FedEM's reference loaders)."""
     order = torch.randperm(n, generator=generator) if generator is not None else torch.arange(n)
-    for start in range(0, n, batch_size):
+    stop = n - n % batch_size if drop_last and n > batch_size else n
+    for start in range(0, stop, batch_size):
         yield order[start : start + batch_size]
 
 
@@ -152,13 +158,16 @@ def train_classifier(
     optimizer: SGD | None = None,
     class_weights: torch.Tensor | None = None,
     amp: bool = False,
+    drop_last: bool = False,
+    hflip: bool = False,
 ) -> float:
     """SGD on the negative log-likelihood for `epochs` passes; returns the last epoch's mean
     training loss. With `sample_weights` each batch minimises mean_i(w_i * loss_i), weights looked
     up by example index (FedEM's responsibility-weighted M-step). Pass `optimizer` to keep its
     momentum buffers across calls. Sequence targets (n, T) and `class_weights`: see
     models.losses. `amp`: the forward pass under autocast (MixedPrecision), the loss, the
-    `proximal` term and the step in float32."""
+    `proximal` term and the step in float32. `drop_last`: see `batches`; `hflip`: each image of
+    a batch mirrored with probability 1/2 (models.augment.random_hflip; needs `generator`)."""
     model.train()
     opt = optimizer or SGD(
         [p for p in model.parameters() if p.requires_grad], lr, momentum, weight_decay
@@ -167,10 +176,13 @@ def train_classifier(
     last = float("nan")
     for _ in range(epochs):
         total, count = 0.0, 0
-        for idx in batches(len(y), batch_size, generator):
+        for idx in batches(len(y), batch_size, generator, drop_last):
             opt.zero_grad()
+            inputs = x[idx]
+            if hflip and generator is not None:
+                inputs = random_hflip(inputs, generator)
             with precision.autocast():
-                logits = model(x[idx])
+                logits = model(inputs)
             losses = per_sample_loss(logits.float(), y[idx], class_weights)
             if sample_weights is not None:
                 losses = losses * sample_weights[idx]

@@ -67,6 +67,11 @@ class DataSpec:
 
     For a dataset with a predefined split (each client's test examples fixed by the data),
     `test_fraction` is ignored and `val_fraction` is taken from the client's training examples.
+
+    `pool_test` partitions the dataset's official test set together with its training set (the
+    server then evaluates on the union of the clients' test splits); `subsample` keeps only that
+    share of the (pooled) examples, drawn at random with the seed before partitioning. Both
+    change a partition's cache key only when set, so existing caches stay valid.
     """
 
     dataset: str
@@ -79,6 +84,8 @@ class DataSpec:
     data_dir: str | None = None
     download: bool = False
     dataset_params: tuple[tuple[str, ParamValue], ...] = ()
+    pool_test: bool = False
+    subsample: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.dataset, str) or not self.dataset:
@@ -101,6 +108,14 @@ class DataSpec:
                 or not (0.0 <= value < 1.0)
             ):
                 raise DataConfigError(f"{name} must be a number in [0, 1), got {value!r}")
+        if not isinstance(self.pool_test, bool):
+            raise DataConfigError(f"pool_test must be true or false, got {self.pool_test!r}")
+        if (
+            isinstance(self.subsample, bool)
+            or not isinstance(self.subsample, int | float)
+            or not (0.0 < self.subsample <= 1.0)
+        ):
+            raise DataConfigError(f"subsample must be a number in (0, 1], got {self.subsample!r}")
         if self.val_fraction + self.test_fraction >= 1.0:
             raise DataConfigError(
                 f"val_fraction + test_fraction must be < 1 to leave training data, got "
@@ -133,6 +148,10 @@ class DataSpec:
         }
         if self.dataset_params:
             out["dataset_params"] = [[k, _canonical(v)] for k, v in self.dataset_params]
+        if self.pool_test:
+            out["pool_test"] = True
+        if self.subsample != 1.0:
+            out["subsample"] = _canonical(self.subsample)
         return out
 
     def key(self) -> str:
@@ -152,6 +171,8 @@ class DataSpec:
             "data_dir": self.data_dir,
             "download": self.download,
             "dataset_params": [[k, v] for k, v in self.dataset_params],
+            "pool_test": self.pool_test,
+            "subsample": self.subsample,
         }
 
     @classmethod
@@ -181,6 +202,11 @@ def validate_spec(spec: DataSpec) -> None:
     _dataset_params(spec)
     if has_predefined_split(spec.dataset) and spec.partitioner != "natural":
         raise DataConfigError(_predefined_split_needs_natural(spec))
+    if has_predefined_split(spec.dataset) and (spec.pool_test or spec.subsample != 1.0):
+        raise DataConfigError(
+            f"dataset {spec.dataset!r} fixes each client's examples itself (a predefined split): "
+            f"pool-test and subsample do not apply to it"
+        )
     info = CATALOG.get(spec.dataset)
     params: dict[str, Any] = dict(spec.params)
     if spec.partitioner == "natural":
@@ -317,8 +343,9 @@ def _ensure_cache(spec: DataSpec, cache_dir: Path) -> Path:
 
 
 def _build(spec: DataSpec, directory: Path, cache_dir: Path) -> None:
-    source = load_dataset(
-        spec.dataset, spec.data_dir, spec.download, cache_dir, _dataset_params(spec)
+    source = _pooled_and_subsampled(
+        load_dataset(spec.dataset, spec.data_dir, spec.download, cache_dir, _dataset_params(spec)),
+        spec,
     )
     if source.test_mask is not None and spec.partitioner != "natural":
         raise DataConfigError(_predefined_split_needs_natural(spec))
@@ -365,6 +392,36 @@ def _build(spec: DataSpec, directory: Path, cache_dir: Path) -> None:
         "clients": clients,
     }
     write_text_atomic(directory / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+
+
+def _pooled_and_subsampled(source: SourceData, spec: DataSpec) -> SourceData:
+    """The examples the partitioner splits: with `pool_test` the official test set appended to
+    the training set (no official test set left), then with `subsample` a random share of them
+    (sorted, so the partition sees them in source order)."""
+    if spec.pool_test and source.test is not None:
+        train, test = source.train, source.test
+        source = SourceData(
+            ArrayDataset(
+                np.concatenate([train.x, test.x]),
+                np.concatenate([train.y, test.y]),
+                train.num_classes,
+                train.mean,
+                train.std,
+            )
+        )
+    if spec.subsample < 1.0:
+        n = len(source.train)
+        keep = max(1, math.floor(spec.subsample * n + 0.5))
+        rng = np.random.default_rng([spec.seed, *SUBSAMPLE_STREAM])
+        chosen = np.sort(rng.choice(n, size=keep, replace=False))
+        source = SourceData(source.train.subset(chosen), source.test)
+    return source
+
+
+SUBSAMPLE_STREAM = (0, 0x5B)
+"""Words after the seed in the subsample's seed ([seed, 0, 0x5B], three words where the
+per-client splits' [seed, client] have two): its draw is independent of theirs and of the
+partitioner's."""
 
 
 def _partition_params(spec: DataSpec, source: SourceData) -> dict[str, Any]:

@@ -20,19 +20,29 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.autoencoder import LinearAutoencoder, squared_errors
+from models.autoencoder import ConvAutoencoder, LinearAutoencoder, squared_errors
 from models.unet_small import SmallUNet
 
 
 def theta_network(
-    input_shape: tuple[int, ...], denoiser: bool, *, latent: int, channels: int, kernel: int
+    input_shape: tuple[int, ...],
+    denoiser: bool,
+    *,
+    latent: int,
+    channels: int,
+    kernel: int,
+    architecture: str = "linear",
 ) -> nn.Module:
-    """theta's (and mu's) architecture: the linear autoencoder with `latent` units (adept-ae's,
-    `adept-ae.latent`) or, with `denoiser`, the small UNet denoiser of widths `channels` and
-    2 `channels` and convolution size `kernel` (adept-dgm's, `adept-dgm.channels` and
-    `adept-dgm.kernel`)."""
+    """theta's (and mu's) architecture: the autoencoder with `latent` units (adept-ae's,
+    `adept-ae.latent`; `architecture` "linear" or "conv", `adept-ae.architecture`) or, with
+    `denoiser`, the small UNet denoiser of widths `channels` and 2 `channels` and convolution
+    size `kernel` (adept-dgm's, `adept-dgm.channels` and `adept-dgm.kernel`)."""
     if denoiser:
         return SmallUNet(input_shape, (channels, 2 * channels), kernel)
+    if architecture == "conv":
+        return ConvAutoencoder(input_shape, latent)
+    if architecture != "linear":
+        raise ValueError(f"unknown autoencoder architecture {architecture!r}: linear or conv")
     return LinearAutoencoder(input_shape, latent)
 
 

@@ -9,6 +9,8 @@
 * RGB images: the paper's pipeline with torchvision transforms v2, image by image (crop scale
   0.2-1, colour jitter 0.4/0.4/0.4/0.1 with p 0.8, horizontal flip, grayscale with p 0.2),
   applied to un-normalised pixels.
+* `random_hflip`: each image of a batch mirrored left-right with probability 1/2 (the
+  supervised loop's `random-flip`, FeDLRT's CIFAR-10 training, Schotthöfer et al. App. B.2).
 
 Random numbers come from the caller's (CPU) generator and are moved to the images' device, so
 the same seed gives the same augmentations on a CPU and a GPU.
@@ -94,3 +96,9 @@ def random_affine(
     )
     grid = F.affine_grid(theta, list(x.shape), align_corners=False)
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+
+
+def random_hflip(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Images (N, C, H, W) each flipped along W with probability 1/2 (one draw per image)."""
+    flip = (torch.rand(len(x), generator=generator) < 0.5).to(x.device)
+    return torch.where(flip.view(-1, *([1] * (x.dim() - 1))), x.flip(-1), x)

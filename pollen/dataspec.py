@@ -59,6 +59,8 @@ def data_spec(settings: Mapping[str, Scalar], data_dir: str | None = None) -> Da
         data_dir=data_dir or (run.data_dir or None),
         download=run.download,
         dataset_params=tuple(sorted(_dataset_params(run, SyntheticSettings.of(settings)).items())),
+        pool_test=run.pool_test,
+        subsample=run.subsample,
     )
 
 

@@ -140,6 +140,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.fedlrt:FeDLRT",
             client="client.fedlrt",
             message_types=(
+                "train.fedlrt_warm_start",
                 "query.fedlrt_basis",
                 "query.fedlrt_coef_grad",
                 "train.fedlrt_coef",
@@ -153,7 +154,12 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             "and the client's full gradient at the round's start (2 phases)",
             strategy="strategies.fedlrt:FedLin",
             client="client.fedlrt:FEDLIN_HANDLERS",
-            message_types=("query.fedlin_grad", "train.fedlin", "evaluate"),
+            message_types=(
+                "train.fedlrt_warm_start",
+                "query.fedlin_grad",
+                "train.fedlin",
+                "evaluate",
+            ),
             uses=("fedlrt",),
         ),
         AlgorithmSpec(

@@ -194,7 +194,21 @@ class RunSettings(SettingsGroup):
     test_fraction: float = setting(
         0.2, "share of each client's data kept for testing", minimum=0.0, maximum=0.9
     )
-    data_dir: str = setting("", "directory holding torchvision datasets and LEAF's shakespeare/")
+    pool_test: bool = setting(
+        False,
+        "partition the dataset's official test set together with its training set (FedEM's "
+        "CIFAR-10: all 60,000 images); the server then evaluates on the clients' test splits",
+    )
+    subsample: float = setting(
+        1.0,
+        "share of the (pooled) examples kept, drawn at random with the seed before partitioning "
+        "(FedEM's s_frac; ADEPT's ~10% of MNIST per client)",
+        minimum=1e-06,
+        maximum=1.0,
+    )
+    data_dir: str = setting(
+        "", "directory holding torchvision datasets and LEAF's shakespeare/ and femnist/"
+    )
     download: bool = setting(False, "let torchvision download a missing dataset")
     cache_dir: str = setting("", "partition cache (default: $POLLEN_CACHE_DIR or ~/.cache/pollen)")
     # local training
@@ -203,6 +217,16 @@ class RunSettings(SettingsGroup):
     weight_decay: float = setting(0.0, "client L2 weight decay", minimum=0.0)
     local_epochs: int = setting(1, "local epochs per round", minimum=1)
     batch_size: int = setting(32, "client mini-batch size", minimum=1)
+    drop_last: bool = setting(
+        False,
+        "skip each epoch's last, incomplete mini-batch when a client holds more than one batch "
+        "(FedEM's reference code for its BatchNorm MobileNet-v2); classifier training only",
+    )
+    random_flip: bool = setting(
+        False,
+        "mirror each training image left-right with probability 1/2 at every step (FeDLRT's "
+        "CIFAR-10 training); classifier training only",
+    )
     class_weights: str = setting(
         "dataset",
         "per-class loss weights: 'dataset' uses the dataset's reference weights when it has them "

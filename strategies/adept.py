@@ -52,7 +52,12 @@ def initial_global_model(
     ae, dgm = AdeptAESettings.of(settings), AdeptDGMSettings.of(settings)
     torch.manual_seed(seed)
     network = theta_network(
-        shape, denoiser, latent=ae.latent, channels=dgm.channels, kernel=dgm.kernel
+        shape,
+        denoiser,
+        latent=ae.latent,
+        channels=dgm.channels,
+        kernel=dgm.kernel,
+        architecture=ae.architecture,
     )
     return get_weights(network)
 

@@ -11,6 +11,9 @@ FeDLRT keeps the chosen linear layers as W = U diag(s) V^T (float64 on the serve
   train phase     clients get Ū, V̄ (unless sent already) and their own correction
                   V_c = G − G_c, train S̃ (2r×2r) and the dense parameters with U, V frozen and
                   answer them; the server averages S̃, truncates it by SVD and averages the rest.
+With `fedlrt.warm-start` = k > 0, round 1 starts with a warm start (the paper's ResNet-18 runs,
+§4.2: "warm-started with 5 iterations with one client"): the first available client takes k
+mini-batch SGD steps on the dense initial model, and the server factorizes the result.
 Clients keep U, s, V (and Ū, V̄) of the round in their state store between phases, so only the
 new columns travel. A client lost in the train phase makes the server redo the coefficient
 phases with the others (see run_round), so the corrections always sum to zero over the clients
@@ -74,6 +77,7 @@ def _mean64(
 
 
 class FeDLRT(Strategy):
+    warm_phase = "train.fedlrt_warm_start"
     basis_phase = "query.fedlrt_basis"
     coef_phase = "query.fedlrt_coef_grad"
     train_phase = "train.fedlrt_coef"
@@ -87,6 +91,8 @@ class FeDLRT(Strategy):
         self.relative = self.fedlrt.truncation == "relative"
         self.dense: dict[str, np.ndarray] = {}
         self.factors: dict[str, Factors] = {}
+        self._warm_start_from: dict[str, np.ndarray] | None = None
+        """The dense initial model a pending warm start trains (None: no warm start due)."""
         self._evaluator = ServerEvaluator(settings, load=_load_low_rank)
 
     # ---- the model ---------------------------------------------------------------------
@@ -113,6 +119,13 @@ class FeDLRT(Strategy):
 
     def initialize(self, seed: int) -> None:
         weights = initial_weights(self.settings, seed)
+        self._warm_start_from = dict(weights) if self.fedlrt.warm_start else None
+        self._start_from(weights)
+
+    def _start_from(self, weights: dict[str, np.ndarray]) -> None:
+        """The global model from dense weights: the chosen layers factorized at the initial
+        rank (truncated SVD), the other parameters kept dense."""
+        weights = dict(weights)
         self.factors = {}
         for name in self.layer_names():
             w = weights.pop(f"{name}.weight").astype(np.float64)
@@ -135,6 +148,7 @@ class FeDLRT(Strategy):
         return arrays, {"factorized": sorted(self.factors)}
 
     def load_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
+        self._warm_start_from = None  # a checkpoint comes after round 1, warm start included
         names = list(meta.get("factorized", []))
         self.factors = {
             n: Factors(arrays[f"{n}.U"], arrays[f"{n}.s"], arrays[f"{n}.V"]) for n in names
@@ -157,6 +171,7 @@ class FeDLRT(Strategy):
             "var-cor": self.var_cor,
             "dense-grads": self.dense_correction,
         }
+        warm = self._warm_start(fed, config) if self._warm_start_from is not None else {}
         traffic = Traffic()
 
         # basis phase: gradients at the current point
@@ -184,7 +199,7 @@ class FeDLRT(Strategy):
             [{f"{n}.S": m[f"{n}.S"] for n in self.factors} for m in models], counts
         )
 
-        metrics = {**aggregate_metrics(basis), **aggregate_metrics(trained)}
+        metrics = {**warm, **aggregate_metrics(basis), **aggregate_metrics(trained)}
         metrics.update(traffic.metrics())
         metrics.update(self.formula_bytes())
         metrics["restarts"] = float(restarts)
@@ -205,6 +220,31 @@ class FeDLRT(Strategy):
         if self.factors:
             metrics["orthonormality-error"] = ortho
         return metrics
+
+    def _warm_start(self, fed: Federation, config: Mapping[str, Scalar]) -> dict[str, float]:
+        """The warm start: the first available client trains the dense initial model for
+        `fedlrt.warm-start` mini-batch steps (this round's learning rate); the global model
+        becomes its reply, factorized. Its metrics come back prefixed `warm-start-`."""
+        assert self._warm_start_from is not None
+        start = self._warm_start_from
+        first = fed.available()[0]
+        payload = protocol.instruction(
+            fed.server_round,
+            self.warm_phase,
+            {"lr": config["lr"], "steps": self.fedlrt.warm_start},
+            arrays=protocol.to_record(start),
+        )
+
+        def check(_cid: int, content: RecordDict) -> None:
+            expect_arrays(content, protocol.ARRAYS, start)
+
+        reply = fed.exchange(self.warm_phase, {first.cid: payload}, check, min_replies=1)
+        self._start_from(protocol.arrays_of(reply[first.cid]))
+        self._warm_start_from = None
+        metrics = aggregate_metrics(reply)
+        return {f"warm-start-{k}": v for k, v in metrics.items()} | {
+            "warm-start-client": float(first.cid)
+        }
 
     @property
     def _corrected(self) -> bool:

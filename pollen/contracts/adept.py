@@ -58,7 +58,14 @@ class AdeptAESettings(SettingsGroup):
 
     PREFIX: ClassVar[str] = "adept-ae"
 
-    latent: int = setting(10, "latent size of the linear autoencoder", minimum=1)
+    latent: int = setting(10, "latent size of the autoencoder", minimum=1)
+    architecture: str = setting(
+        "linear",
+        "autoencoder: 'linear' (Linear-Linear, the paper's MNIST/F-MNIST model) or 'conv' "
+        "(conv 3x3 stride 2 -> ReLU -> Linear -> Linear -> transposed conv -> sigmoid, its "
+        "CIFAR-10 model)",
+        choices=("linear", "conv"),
+    )
     local_steps: int = setting(20, "local iterations tau per round", minimum=1)
     prior_scale: float = setting(
         0.0,

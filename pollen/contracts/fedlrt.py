@@ -43,3 +43,10 @@ class FeDLRTSettings(SettingsGroup):
     dense_correction: bool = setting(
         True, "with a variance correction, also correct the dense parameters FedLin-style"
     )
+    warm_start: int = setting(
+        0,
+        "mini-batch SGD steps the first client takes on the dense initial model before round "
+        "1, whose result (then factorized) every client starts from (the paper's ResNet-18 "
+        "runs: 5); 0: none",
+        minimum=0,
+    )

@@ -118,3 +118,56 @@ def test_two_view_loss_scale_scales_the_step() -> None:
         )  # fmt: skip
         weights.append(model.weight.detach().clone())
     torch.testing.assert_close(weights[0], weights[1])
+
+
+class _Recorder(nn.Module):
+    """A linear classifier on flat inputs that records each batch it is given."""
+
+    def __init__(self, features: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(features, 2)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(x.detach().clone())
+        out: torch.Tensor = self.linear(x.flatten(1))
+        return out
+
+
+@pytest.mark.parametrize(
+    ("n", "batch", "drop_last", "sizes"),
+    [
+        (10, 4, False, [4, 4, 2]),
+        (10, 4, True, [4, 4]),  # the incomplete last batch is skipped
+        (8, 4, True, [4, 4]),  # nothing incomplete to skip
+        (3, 4, True, [3]),  # one batch only: kept (FedEM's reference: n > batch)
+        (4, 4, True, [4]),
+    ],
+)
+def test_drop_last_skips_only_an_incomplete_last_batch(
+    n: int, batch: int, drop_last: bool, sizes: list[int]
+) -> None:
+    model = _Recorder(3)
+    x, y = torch.randn(n, 3), torch.randint(0, 2, (n,))
+    train_classifier(model, x, y, epochs=2, batch_size=batch, lr=0.1,
+                     generator=torch.Generator().manual_seed(0), drop_last=drop_last)  # fmt: skip
+    assert [len(b) for b in model.seen] == sizes * 2
+
+
+def test_random_flip_mirrors_about_half_the_images_and_nothing_else() -> None:
+    n = 400
+    x = torch.randn(n, 1, 2, 3)  # each image distinct, none symmetric
+    y = torch.zeros(n, dtype=torch.long)
+    model = _Recorder(6)
+    train_classifier(model, x, y, epochs=1, batch_size=n, lr=0.0,
+                     generator=None, hflip=True)  # fmt: skip
+    assert torch.equal(model.seen[0], x)  # no generator: no random augmentation at all
+    model = _Recorder(6)
+    gen = torch.Generator().manual_seed(1)
+    train_classifier(model, x, y, epochs=1, batch_size=n, lr=0.0, generator=gen, hflip=True)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(1))
+    seen, original = model.seen[0], x[order]
+    same = (seen == original).flatten(1).all(1)
+    mirrored = (seen == original.flip(-1)).flatten(1).all(1)
+    assert bool((same ^ mirrored).all())  # every image either as it was or mirrored
+    assert 0.4 < float(mirrored.float().mean()) < 0.6

@@ -468,3 +468,79 @@ def test_a_test_mask_without_the_natural_partitioner_is_refused_at_build(
     with pytest.raises(DataConfigError, match=r"'toy-mask'.*needs partitioner 'natural'"):
         load_client_data(spec, 0, tmp_path)
     assert not (tmp_path / spec.key() / "manifest.json").exists()
+
+
+def test_pool_test_and_subsample_change_the_key_only_when_set() -> None:
+    base = DataSpec("mnist-5k", 3)
+    assert DataSpec("mnist-5k", 3, pool_test=False, subsample=1.0).key() == base.key()
+    keys = {
+        DataSpec("mnist-5k", 3, pool_test=True).key(),
+        DataSpec("mnist-5k", 3, subsample=0.5).key(),
+        DataSpec("mnist-5k", 3, pool_test=True, subsample=0.5).key(),
+    }
+    assert len(keys) == 3 and base.key() not in keys
+    assert DataSpec("mnist-5k", 3, subsample=1).key() == base.key()  # 1 and 1.0 agree
+    spec = DataSpec("mnist-5k", 3, pool_test=True, subsample=0.25)
+    assert DataSpec.from_dict(spec.to_dict()) == spec
+
+
+def _all_rows(spec: DataSpec, root: Path) -> np.ndarray:
+    return np.concatenate([
+        _rows(getattr(load_client_data(spec, c, root), s))
+        for c in range(spec.num_clients)
+        for s in ("train", "val", "test")
+    ])  # fmt: skip
+
+
+def test_pool_test_partitions_the_official_test_set_with_the_training_set(
+    tmp_path: Path,
+) -> None:
+    register_dataset("toy-with-test", lambda d, dl: _toy_source(with_test=True), cache=True)
+    spec = DataSpec("toy-with-test", 3, pool_test=True)
+    rows = _all_rows(spec, tmp_path)
+    assert sorted(rows.tolist()) == list(range(N_TOY)) + [1000 + i for i in range(7)]
+    summary = partition_summary(spec, tmp_path)
+    assert summary["has_official_test"] is False and summary["source_train_size"] == N_TOY + 7
+    joined = load_server_test_data(spec, tmp_path)  # the clients' test splits, as without one
+    tests = [load_client_data(spec, c, tmp_path).test for c in range(3)]
+    assert joined is not None
+    np.testing.assert_array_equal(joined.x, np.concatenate([t.x for t in tests]))
+
+
+def test_subsample_keeps_a_seeded_random_share_before_partitioning(
+    toy_calls: list[int], tmp_path: Path
+) -> None:
+    spec = DataSpec("toy", 4, "iid", 1, (), 0.0, 0.5, subsample=0.25)
+    rows = _all_rows(spec, tmp_path / "a")
+    assert len(rows) == len(set(rows.tolist())) == N_TOY // 4
+    assert set(rows.tolist()) <= set(range(N_TOY))
+    again = _all_rows(spec, tmp_path / "b")  # another cache, the same draw
+    np.testing.assert_array_equal(np.sort(rows), np.sort(again))
+    other_seed = _all_rows(DataSpec("toy", 4, "iid", 2, (), 0.0, 0.5, subsample=0.25), tmp_path)
+    assert set(other_seed.tolist()) != set(rows.tolist())
+    for c in range(4):  # then each client's test_fraction (0.5) as usual
+        data = load_client_data(spec, c, tmp_path / "a")
+        assert len(data.test) == int(0.5 * (len(data.train) + len(data.test)) + 0.5)
+
+
+def test_pool_test_and_subsample_are_refused_for_a_predefined_split(tmp_path: Path) -> None:
+    for extra in ({"pool_test": True}, {"subsample": 0.5}):
+        spec = DataSpec("fedem-synthetic", 3, "natural", **extra)  # type: ignore[arg-type]
+        with pytest.raises(DataConfigError, match="predefined split"):
+            validate_spec(spec)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"subsample": 0.0}, r"subsample must be a number in \(0, 1\]"),
+        ({"subsample": 1.5}, "subsample"),
+        ({"subsample": True}, "subsample"),
+        ({"pool_test": "yes"}, "pool_test must be true or false"),
+    ],
+)
+def test_malformed_pooling_and_subsampling_are_refused(
+    fields: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(DataConfigError, match=message):
+        DataSpec("mnist-5k", 3, **fields)

@@ -4,6 +4,7 @@ clamps, lazy sigma, the local-training limit and the server mean."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from client.training import SGD
@@ -16,8 +17,14 @@ from models.adept_ae import (
     prior_term,
     sigma_gradient,
     sigma_step,
+    theta_network,
 )
-from models.autoencoder import LinearAutoencoder, reconstruction_metrics
+from models.autoencoder import (
+    ConvAutoencoder,
+    LinearAutoencoder,
+    reconstruction_metrics,
+    squared_errors,
+)
 
 XI = 1e-3
 
@@ -145,3 +152,33 @@ def test_reconstruction_metrics_of_a_perfect_model() -> None:
     out = reconstruction_metrics(model, torch.rand(5, 4) + 0.1)
     assert out["test-examples"] == 5 and out["test-error"] < 1e-10
     assert abs(out["test-energy"] - 1.0) < 1e-6
+
+
+def test_the_cifar_autoencoder_is_the_authors_conv_model() -> None:
+    """Conv(3 -> 16, 3x3, stride 2) -> ReLU -> Linear(3600 -> k) -> Linear(k -> 3600) ->
+    ConvTranspose(16 -> 3, 3x3, stride 2) -> sigmoid (paper Sec. 5.1, the authors' code)."""
+    torch.manual_seed(0)
+    net = theta_network((3, 32, 32), False, latent=10, channels=32, kernel=5, architecture="conv")
+    assert isinstance(net, ConvAutoencoder)
+    shapes = {k: tuple(v.shape) for k, v in net.state_dict().items()}
+    assert shapes == {
+        "conv.weight": (16, 3, 3, 3), "conv.bias": (16,),
+        "encoder.weight": (10, 3600), "encoder.bias": (10,),
+        "decoder.weight": (3600, 10), "decoder.bias": (3600,),
+        "deconv.weight": (16, 3, 3, 3), "deconv.bias": (3,),
+    }  # fmt: skip
+    assert sum(p.numel() for p in net.parameters()) == 448 + 36_010 + 39_600 + 435
+    x = torch.rand(4, 3, 32, 32)
+    out = net(x)
+    assert out.shape == x.shape and bool(((out > 0) & (out < 1)).all())
+    squared_errors(net, x).sum().backward()  # type: ignore[no-untyped-call]
+    assert all(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in net.parameters())
+    # any image side: the transposed convolution restores it (28: 13 inside, 27 + padding 1)
+    assert ConvAutoencoder((1, 28, 28), 5)(torch.rand(2, 1, 28, 28)).shape == (2, 1, 28, 28)
+    assert ConvAutoencoder((3, 31, 30), 5)(torch.rand(2, 3, 31, 30)).shape == (2, 3, 31, 30)
+    linear = theta_network((1, 28, 28), False, latent=10, channels=32, kernel=5)
+    assert not isinstance(linear, ConvAutoencoder)  # "linear" stays the default
+    with pytest.raises(ValueError, match="unknown autoencoder architecture"):
+        theta_network((3, 32, 32), False, latent=10, channels=32, kernel=5, architecture="x")
+    with pytest.raises(ValueError, match="image input"):
+        ConvAutoencoder((784,), 10)

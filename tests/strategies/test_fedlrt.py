@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from flwr.app import Message, RecordDict
 
 from client.app import app as client_app
@@ -165,3 +166,90 @@ def test_a_client_lost_after_its_correction_restarts_the_round_without_it(
             )
     for key, value in never.dense.items():
         np.testing.assert_allclose(late.dense[key], value, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize(("algorithm", "phase"), [("fedlrt", "query.fedlrt_basis"),
+                                                  ("fedlin", "query.fedlin_grad")])  # fmt: skip
+def test_a_warm_start_trains_the_dense_start_on_the_first_client_once(
+    run_config: dict[str, Any], algorithm: str, phase: str
+) -> None:
+    """The paper's ResNet-18 runs start from 5 iterations on one client (§4.2): client 0 alone
+    gets the dense initial model before round 1's first phase, and the server's round-1 model is
+    its reply, factorized; a resumed run does not warm-start again."""
+    out = f"{run_config['out-dir']}-warm-{algorithm}"
+    cfg = settings_of({**run_config, "algorithm": algorithm, "lr": 0.1, "num-rounds": 1,
+                       "final-eval": False, "fedlrt.rank": 6, "fedlrt.warm-start": 3,
+                       "out-dir": out, "run-name": f"warm-{algorithm}"})  # fmt: skip
+    strategy = FeDLRT(cfg) if algorithm == "fedlrt" else FedLin(cfg)
+    grid = FakeGrid(client_app, 3, cfg)
+    warm_reply: dict[str, np.ndarray] = {}
+    basis_sent: dict[str, np.ndarray] = {}
+
+    def record(node: int, msg: Message, _reply: RecordDict | None) -> Any:
+        kind = msg.metadata.message_type
+        if kind == phase and node == 100:
+            basis_sent.update(protocol.arrays_of(msg.content))
+        if kind != "train.fedlrt_warm_start":
+            return None
+
+        def keep(content: RecordDict) -> RecordDict:
+            warm_reply.update(protocol.arrays_of(content))
+            return content
+
+        return keep
+
+    grid.faults.append(record)
+    clock = FakeClock()
+    Engine(grid, cfg, strategy, ResultsWriter(out), clock=clock, sleep=clock.sleep).run()
+    assert [t for n, t in grid.sent if t == "train.fedlrt_warm_start"] == [
+        "train.fedlrt_warm_start"
+    ]
+    assert [t for n, t in grid.sent if n == 100][:3] == ["query.hello", "train.fedlrt_warm_start",
+                                                          phase]  # fmt: skip
+    row = read_jsonl(Path(out) / "metrics.jsonl")[0]["train"]
+    assert row["warm-start-client"] == 0.0 and row["warm-start-steps"] == 3.0
+    assert np.isfinite(row["warm-start-train-loss"])
+    # the first round starts from the client's reply (factorized for FeDLRT), not the init
+    expected = FeDLRT(cfg) if algorithm == "fedlrt" else FedLin(cfg)
+    expected.initialize(cfg["seed"])
+    init = expected.global_arrays()
+    expected._start_from(warm_reply)
+    for key, value in expected.global_arrays().items():
+        np.testing.assert_allclose(basis_sent[key], value, rtol=0, atol=1e-6)
+    assert any(not np.allclose(init[k], warm_reply[k]) for k in warm_reply if k in init)
+
+    resumed = settings_of({**cfg, "num-rounds": 2, "resume": True})
+    grid = FakeGrid(client_app, 3, resumed)
+    again = FeDLRT(resumed) if algorithm == "fedlrt" else FedLin(resumed)
+    Engine(grid, resumed, again, ResultsWriter(out), clock=clock, sleep=clock.sleep).run()
+    assert "train.fedlrt_warm_start" not in [t for _, t in grid.sent]
+    assert read_jsonl(Path(out) / "metrics.jsonl")[-1]["round"] == 2
+
+
+def test_warm_start_steps_are_minibatch_sgd_steps_across_passes() -> None:
+    """`steps` updates on batches of the shuffled data, a new pass when one runs out: the same
+    trajectory as torch.optim.SGD on those batches."""
+    from client.common import Tensors
+    from client.fedlrt import sgd_steps
+    from client.training import SGD, batches
+
+    torch.manual_seed(0)
+    x, y = torch.randn(5, 3), torch.randint(0, 2, (5,))
+    ours, ref = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    ref.load_state_dict(ours.state_dict())
+    opt = SGD(list(ours.parameters()), 0.1, 0.9, 1e-3)
+    loss = sgd_steps(ours, Tensors(x, y), 4, opt, 2, torch.Generator().manual_seed(7))
+    gen = torch.Generator().manual_seed(7)
+    order = [*batches(5, 2, gen), *batches(5, 2, gen)][:4]
+    assert [len(i) for i in order] == [2, 2, 1, 2]
+    torch_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+    losses = []
+    for idx in order:
+        torch_opt.zero_grad()
+        step = torch.nn.functional.cross_entropy(ref(x[idx]), y[idx])
+        step.backward()  # type: ignore[no-untyped-call]
+        torch_opt.step()
+        losses.append(float(step.detach()))
+    for a, b in zip(ours.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+    assert loss == pytest.approx(sum(losses) / 4)
