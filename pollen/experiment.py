@@ -7,7 +7,7 @@ method's own settings:
     name = "fedem-synthetic"
     mode = "simulate"            # or "deploy"
     seeds = [0, 1, 2]
-    metrics = ["test-accuracy", "test-accuracy-p10"]
+    metrics = ["test-accuracy", "test-accuracy-p10"]   # "server-eval.X": the server's own
 
     [common]                     # any run setting (see `pollen settings`)
     dataset = "fedem-synthetic"
@@ -20,7 +20,8 @@ method's own settings:
 
 `pollen experiment FILE --out DIR` runs every (method, seed) that has no completed results in
 DIR yet (so an interrupted experiment continues), then writes DIR/results.md and results.json
-with mean ± std over seeds of each metric of the final evaluation.
+with mean ± std over seeds of each metric of the final evaluation: the clients' (a metric's
+name), or the server's evaluation of the global model (`server-eval.<name>`).
 """
 
 from __future__ import annotations
@@ -151,6 +152,22 @@ def method_settings(exp: Experiment, cfg: Mapping[str, Any], seed: int) -> dict[
     return {**common, **cfg, "seed": seed}
 
 
+SERVER_EVAL = "server-eval."
+"""Prefix of a metric taken from the final server-side evaluation instead of the clients'."""
+
+
+def final_value(summary: Mapping[str, Any], metric: str) -> float | None:
+    """A metric of a run's final evaluation: the clients' (`final.eval`), or with the
+    `server-eval.` prefix the server's (`final.server-eval`); None when the run has none."""
+    final = summary.get("final") or {}
+    if metric.startswith(SERVER_EVAL):
+        values = final.get("server-eval") or {}
+        metric = metric.removeprefix(SERVER_EVAL)
+    else:
+        values = final.get("eval") or {}
+    return float(values[metric]) if metric in values else None
+
+
 def tabulate(exp: Experiment, out: Path) -> dict[str, Any]:
     """Mean ± std over seeds of the final evaluation's metrics; writes results.md/.json."""
     table: dict[str, Any] = {"experiment": exp.name, "seeds": list(exp.seeds), "methods": {}}
@@ -162,10 +179,10 @@ def tabulate(exp: Experiment, out: Path) -> dict[str, Any]:
             if not completed(target):
                 continue
             summary = json.loads((target / "summary.json").read_text())
-            final = (summary.get("final") or {}).get("eval") or {}
             for metric in exp.metrics:
-                if metric in final:
-                    per_metric[metric].append(float(final[metric]))
+                value = final_value(summary, metric)
+                if value is not None:
+                    per_metric[metric].append(value)
             seconds.append(float(summary.get("seconds", 0.0)))
         table["methods"][method] = {
             metric: {

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from pollen.experiment import Experiment, run_dir, tabulate
+from pollen.experiment import Experiment, final_value, run_dir, tabulate
 from pollen.settings import SettingsError
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
@@ -31,7 +31,7 @@ def test_shakespeare_experiment_has_the_papers_setting() -> None:
     from pollen.registry import resolve
 
     exp = Experiment.load(EXPERIMENTS / "fedem_shakespeare.toml")
-    assert set(exp.methods) == {"fedem", "fedavg", "local"}
+    assert set(exp.methods) == {"fedem", "fedavg", "fedprox", "fedavg-plus", "clustered", "local"}
     for method, cfg in exp.methods.items():
         settings = resolve({**exp.common, **cfg})
         assert settings["dataset"] == "shakespeare" and settings["partitioner"] == "natural"
@@ -114,6 +114,25 @@ algorithm = "adept-ae"
     (d / "summary.json").write_text(json.dumps({"status": "completed", "final": {"eval": final}}))
     tabulate(exp, out)
     assert "| a | 2.500 ± 0.000 (n=1) | 75.0 ± 0.0 (n=1) |" in (out / "results.md").read_text()
+
+
+def test_a_metric_can_be_the_servers_final_evaluation(tmp_path: Path) -> None:
+    summary = {
+        "final": {"eval": {"test-accuracy": 0.5}, "server-eval": {"test-accuracy": 0.9}},
+    }
+    assert final_value(summary, "test-accuracy") == 0.5
+    assert final_value(summary, "server-eval.test-accuracy") == 0.9
+    assert final_value(summary, "server-eval.test-loss") is None
+    assert final_value({"final": {}}, "server-eval.test-accuracy") is None
+    exp = Experiment.load(
+        _write(tmp_path, '[experiment]\nmetrics = ["server-eval.test-accuracy"]\n'
+                         '[methods.a]\nalgorithm = "fedlrt"\n')  # fmt: skip
+    )
+    d = run_dir(tmp_path / "out", "a", 0)
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps({"status": "completed", **summary}))
+    tabulate(exp, tmp_path / "out")
+    assert "| a | 90.0 ± 0.0 (n=1) |" in (tmp_path / "out" / "results.md").read_text()
 
 
 def test_an_interrupted_run_resumes_and_an_unstarted_one_starts_afresh(
