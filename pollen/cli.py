@@ -921,7 +921,19 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     if args.table_only and not out.is_dir():
         print(f"pollen: error: --table-only: {out} holds no runs", file=sys.stderr)
         return 2
-    table = tabulate(exp, out) if args.table_only else run(exp, out)
+    runtime: list[str] = []
+    if args.gpus_per_client is not None:
+        runtime += ["--gpus-per-client", repr(args.gpus_per_client)]
+    if args.parallel is not None:
+        runtime += ["--parallel", str(args.parallel)]
+    if runtime and exp.mode != "simulate":
+        print(
+            f"pollen: error: --gpus-per-client and --parallel are options of simulation; "
+            f"{exp.name} runs in {exp.mode} mode",
+            file=sys.stderr,
+        )
+        return 2
+    table = tabulate(exp, out) if args.table_only else run(exp, out, runtime)
     print((out / "results.md").read_text())
     return 0 if table["methods"] else 1
 
@@ -1025,7 +1037,10 @@ EXAMPLES = {
         "--num-partitions 2"
     ),
     "report": "pollen report results/fedavg results/local --out results/compare",
-    "experiment": "pollen experiment experiments/fedem_synthetic.toml --seeds 0",
+    "experiment": (
+        "pollen experiment experiments/fedem_synthetic.toml --seeds 0\n  pollen experiment "
+        "experiments/fedem_cifar10.toml --methods fedem --gpus-per-client 0.5"
+    ),
     "data": "pollen data summary --set dataset=mnist-5k --set num-clients=5",
     "download": "pollen data download cifar10 --data-dir ~/data",
     "summary": (
@@ -1256,6 +1271,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seeds", help="run these seeds instead of the file's, e.g. 0 or 0,1")
     p.add_argument("--methods", help="run only these of the file's methods, e.g. fedem,fedavg")
+    p.add_argument(
+        "--gpus-per-client",
+        type=float,
+        metavar="F",
+        help="simulation: each client reserves F of a GPU, passed to every `pollen simulate` "
+        "(without it, simulated clients train on the CPU)",
+    )
+    p.add_argument(
+        "--parallel", type=int, metavar="N", help="simulation: clients trained at once"
+    )
     p.set_defaults(func=cmd_experiment)
 
     data = _command(sub, "data", help="datasets: download, partition summary")

@@ -31,7 +31,7 @@ import shutil
 import statistics
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,7 +111,9 @@ def resumable(directory: Path) -> bool:
     ).exists()
 
 
-def run(exp: Experiment, out: Path) -> dict[str, Any]:
+def run(exp: Experiment, out: Path, runtime: Sequence[str] = ()) -> dict[str, Any]:
+    """Every (method, seed) not completed in `out`, each as a `pollen simulate` (or `deploy`)
+    with `runtime`'s options (e.g. `--gpus-per-client 0.5`), then the table."""
     out.mkdir(parents=True, exist_ok=True)
     for seed in exp.seeds:  # seed-major: a partial experiment still compares methods
         for method, cfg in exp.methods.items():
@@ -120,7 +122,8 @@ def run(exp: Experiment, out: Path) -> dict[str, Any]:
                 print(f"== {method} seed {seed}: already done", flush=True)
                 continue
             # `pollen simulate` itself submits again when Ray's runtime does not start
-            done = subprocess.run(_argv(exp, cfg, method, seed, target), check=False)
+            argv = [*_argv(exp, cfg, method, seed, target), *runtime]
+            done = subprocess.run(argv, check=False)
             if done.returncode != 0:
                 raise SettingsError(f"{method} seed {seed} failed (exit {done.returncode})")
     return tabulate(exp, out)

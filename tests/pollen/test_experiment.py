@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -124,10 +125,11 @@ def test_a_metric_can_be_the_servers_final_evaluation(tmp_path: Path) -> None:
     assert final_value(summary, "server-eval.test-accuracy") == 0.9
     assert final_value(summary, "server-eval.test-loss") is None
     assert final_value({"final": {}}, "server-eval.test-accuracy") is None
-    exp = Experiment.load(
-        _write(tmp_path, '[experiment]\nmetrics = ["server-eval.test-accuracy"]\n'
-                         '[methods.a]\nalgorithm = "fedlrt"\n')  # fmt: skip
+    text = (
+        '[experiment]\nmetrics = ["server-eval.test-accuracy"]\n'
+        '[methods.a]\nalgorithm = "fedlrt"\n'
     )
+    exp = Experiment.load(_write(tmp_path, text))
     d = run_dir(tmp_path / "out", "a", 0)
     d.mkdir(parents=True)
     (d / "summary.json").write_text(json.dumps({"status": "completed", **summary}))
@@ -166,9 +168,11 @@ def test_an_interrupted_run_resumes_and_an_unstarted_one_starts_afresh(
 
     monkeypatch.setattr(experiment.subprocess, "run", fake_run)
     monkeypatch.setattr(experiment, "tabulate", lambda exp, out: {})
-    experiment.run(exp, out)
+    experiment.run(exp, out, ["--gpus-per-client", "0.5"])
     resumed, fresh = calls
     assert "--resume" in resumed and "--set" not in resumed
+    for argv in calls:  # the runtime's options reach fresh and resumed runs alike
+        assert argv[-2:] == ["--gpus-per-client", "0.5"]
     assert (interrupted / "metrics.jsonl").read_text() == "kept\n"
     assert "--resume" not in fresh and "algorithm=local" in fresh
     assert not (unstarted / "metrics.jsonl").exists()
@@ -192,6 +196,31 @@ def test_methods_option_runs_a_subset_and_names_unknown_ones(
     assert set(json.loads((out / "results.json").read_text())["methods"]) == {"b"}
     assert main(["experiment", str(path), "--out", str(out), "--methods", "b,zz"]) == 2
     assert "--methods: zz; two has a, b" in capsys.readouterr().err
+
+
+def test_gpu_options_reach_every_simulation_and_are_refused_for_deployment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pollen import experiment
+    from pollen.cli import main
+
+    seen: list[tuple[str, ...]] = []
+
+    def fake_run(exp: Experiment, out: Path, runtime: tuple[str, ...] = ()) -> dict[str, Any]:
+        seen.append(tuple(runtime))
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.md").write_text("table\n")
+        return {"methods": {"a": {}}}
+
+    monkeypatch.setattr(experiment, "run", fake_run)
+    path = _write(tmp_path, '[experiment]\nseeds = [0]\n[methods.a]\nalgorithm = "fedavg"\n')
+    out = str(tmp_path / "out")
+    argv = ["experiment", str(path), "--out", out, "--gpus-per-client", "0.25", "--parallel", "4"]
+    assert main(argv) == 0
+    assert seen == [("--gpus-per-client", "0.25", "--parallel", "4")]
+    deploy = _write(tmp_path, '[experiment]\nmode = "deploy"\n[methods.a]\nalgorithm = "fedavg"\n')
+    assert main(["experiment", str(deploy), "--out", out, "--parallel", "2"]) == 2
+    assert "options of simulation" in capsys.readouterr().err and len(seen) == 1
 
 
 def test_a_failed_run_stops_the_experiment_without_running_it_again(
