@@ -53,7 +53,7 @@ def test_writers_become_clients_with_their_own_train_and_test_images(tmp_path: P
 
 
 def test_femnist_is_never_downloaded_and_names_leafs_command(tmp_path: Path) -> None:
-    with pytest.raises(DatasetNotFoundError, match="preprocess.sh -s niid --sf 0.15"):
+    with pytest.raises(DatasetNotFoundError, match=r"preprocess\.sh -s niid --sf 0\.15"):
         load_dataset("femnist", str(tmp_path / "empty"))
     with pytest.raises(DatasetNotFoundError, match="no data directory"):
         load_dataset("femnist", None)
