@@ -36,6 +36,9 @@ from strategies.base import ClientInfo, Fold, InvalidReply, Strategy, Validator
 
 log = logging.getLogger("flwr.pollen")
 
+WAITING_NAMED = 5
+"""A `phase-progress` event names the clients still awaited when at most this many are."""
+
 
 class PhaseFailed(RuntimeError):
     """A phase got fewer valid replies than the run requires."""
@@ -227,6 +230,10 @@ class Engine:
             answered = len(replies) + len(ready) + len(failures)
             if answered != reported:
                 reported = answered
+                # the clients the phase still waits for, named when few are left: the
+                # stragglers (not for the hello, which knows nodes, not clients, yet)
+                awaited = sorted(k for mid in pending for k in batches[by_message[mid]])
+                named = not hello and 0 < len(awaited) <= WAITING_NAMED
                 self.results.event(
                     "phase-progress",
                     round=self.server_round,
@@ -234,6 +241,7 @@ class Engine:
                     answered=answered,
                     total=len(payloads),
                     valid=len(replies) + len(ready),
+                    **({"waiting": awaited} if named else {}),
                 )
             if not pending:
                 break
@@ -456,10 +464,20 @@ class Engine:
     def wait_for_clients(self) -> None:
         need = self.run_settings.min_available_clients
         deadline = self.clock() + self.run_settings.wait_for_clients
+        said = -1
         while True:
             self.discover()
             if len(self._clients) >= need:
                 return
+            if len(self._clients) != said:  # what the run waits for, each time it changes
+                said = len(self._clients)
+                self.results.event(
+                    "waiting-for-clients",
+                    round=self.server_round,
+                    connected=said,
+                    needed=need,
+                    timeout=self.run_settings.wait_for_clients,
+                )
             if self.clock() >= deadline:
                 raise PhaseFailed(
                     f"only {len(self._clients)} of the {need} required clients connected within "
@@ -497,10 +515,12 @@ class Engine:
                 self._phases = []
                 r0 = self.clock()
                 codec0 = protocol.codec_seconds()
+                self.results.event("round-start", round=rnd, rounds=run.num_rounds)
                 self.discover()
                 train = self.strategy.run_round(self)
                 row: dict[str, Any] = {"round": rnd, "train": train}
                 if run.server_eval:
+                    self.results.event("server-eval-start", round=rnd)
                     row["server-eval"] = self.strategy.server_evaluate()
                 row["phases"] = self._phases
                 row["seconds"] = round(self.clock() - r0, 4)
@@ -519,9 +539,11 @@ class Engine:
             if run.final_eval:
                 self.server_round = run.num_rounds + 1
                 self._phases = []
+                self.results.event("final-start", round=self.server_round)
                 self.discover()
                 final = {"eval": self.strategy.finalize(self), "phases": self._phases}
                 if run.server_eval:
+                    self.results.event("server-eval-start", round=self.server_round)
                     final["server-eval"] = self.strategy.server_evaluate()
             model = self.strategy.global_arrays()
             if model is not None:

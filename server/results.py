@@ -4,7 +4,8 @@ Layout (one directory per run):
     config.json       resolved settings
     metrics.jsonl     one JSON object per round
     clients.jsonl     one JSON object per client reply with metrics
-    events.jsonl      phase progress, read live by the launcher
+    events.jsonl      what the run does and waits for (rounds, phases, replies as they come),
+                      read live by the launcher; every event: docs/monitoring.md#eventsjsonl
     summary.json      status and final figures
     final_model.npz   the final global model, when the algorithm has one
 """

@@ -176,6 +176,25 @@ def test_silent_client_times_out_and_round_completes(run_config: dict[str, Any])
         assert train["valid"] == 2 and "no reply within" in train["failed"]["1"]
         assert row["train"]["clients"] == 2.0
     assert clock.now >= 3 * run_config["phase-timeout"]
+    # events.jsonl, which `pollen` follows live (docs/monitoring.md): each round and the final
+    # evaluation announce themselves; a phase's progress names the clients it still waits for
+    # once few are left (the straggler), never a node id of the hello
+    events = read_jsonl(Path(run_config["out-dir"]) / "events.jsonl")
+    kinds = [e["event"] for e in events]
+    starts = [(e["event"], e["round"]) for e in events if e["event"].endswith("-start")]
+    assert [s for s in starts if s[0] != "phase-start"] == [
+        ("round-start", 1), ("server-eval-start", 1), ("round-start", 2),
+        ("server-eval-start", 2), ("round-start", 3), ("server-eval-start", 3),
+        ("final-start", 4), ("server-eval-start", 4),
+    ]  # fmt: skip
+    assert kinds.index("clients") < kinds.index("round-start")
+    train = [e for e in events if e["event"] == "phase-progress" and e["phase"] == "train"]
+    for rnd in (1, 2, 3):
+        (progress,) = [e for e in train if e["round"] == rnd]  # all but one answered at once
+        assert progress["answered"] == progress["valid"] == 2 and progress["total"] == 3
+        assert progress["waiting"] == [1]  # the silent client, until the phase times out
+    hello = [e for e in events if e["event"] == "phase-progress" and e["phase"] == "query.hello"]
+    assert hello and all("waiting" not in e for e in hello)
 
 
 def test_error_reply_drops_the_client_until_it_greets_again(run_config: dict[str, Any]) -> None:
@@ -290,6 +309,11 @@ def test_waiting_for_clients_gives_up_clearly(run_config: dict[str, Any]) -> Non
         ctx.node_config["num-partitions"] = 3
     with pytest.raises(PhaseFailed, match="only 2 of the 3 required clients"):
         _engine(grid, cfg).run()
+    events = read_jsonl(Path(cfg["out-dir"]) / "events.jsonl")
+    waits = [e for e in events if e["event"] == "waiting-for-clients"]
+    assert len(waits) == 1  # said once: the count did not change while it waited
+    assert waits[0]["connected"] == 2 and waits[0]["needed"] == 3
+    assert waits[0]["timeout"] == cfg["wait-for-clients"]
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "local"])
