@@ -30,7 +30,7 @@ from typing import Any, TextIO
 
 from client import relay
 from pollen.contracts.launcher import LAUNCHER_PID
-from pollen.registry import HELLO
+from pollen.progress import NODE_RESTART_LIMIT, Progress, Sink
 from pollen.settings import Scalar, toml_value
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -206,8 +206,6 @@ class Node:
     exit_code: int | None = None
 
 
-NODE_RESTART_LIMIT = 8
-"""How many times `pollen deploy` restarts one SuperNode before it gives the run up."""
 NODE_RESTART_BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
 """Seconds before each restart; the last repeats. An authenticated SuperNode restarted within
 about a minute of its crash is refused (its old session is still online), so the attempts span
@@ -901,102 +899,6 @@ def run_configtoml_value(settings: Mapping[str, Scalar]) -> str:
 
 
 # ---- following a run -------------------------------------------------------------------------
-class Progress:
-    """Prints a run's phases and rounds as the server writes them to its results directory."""
-
-    def __init__(
-        self,
-        out_dir: Path,
-        stream: TextIO = sys.stdout,
-        num_rounds: int = 0,
-        history: bool = False,
-    ) -> None:
-        """With `history` (a resumed run), what the directory already holds is the earlier
-        run's: it is summed up in one line, never replayed as new progress."""
-        self.out_dir = out_dir
-        self.stream = stream
-        self.num_rounds = num_rounds
-        self._rounds: list[dict[str, Any]] = []
-        self._offsets: dict[str, int] = {}
-        self._t0 = time.monotonic()
-        if history:
-            done = 0
-            for name in ("metrics.jsonl", "events.jsonl"):
-                path = out_dir / name
-                if path.exists():
-                    data = path.read_bytes()
-                    self._offsets[name] = data.rfind(b"\n") + 1  # complete lines only
-                    if name == "metrics.jsonl":
-                        done = data.count(b"\n")
-            self._say(f"resuming: {done} rounds done before (in metrics.jsonl)")
-
-    def _new_rows(self, name: str) -> list[dict[str, Any]]:
-        path = self.out_dir / name
-        if not path.exists():
-            return []
-        with open(path) as fh:
-            fh.seek(self._offsets.get(name, 0))
-            chunk = fh.read()
-        complete = chunk[: chunk.rfind("\n") + 1]
-        self._offsets[name] = self._offsets.get(name, 0) + len(complete.encode())
-        return [json.loads(line) for line in complete.splitlines() if line.strip()]
-
-    def poll(self) -> None:
-        # metrics rows are interleaved with phase events in the order the server wrote them
-        self._rounds.extend(self._new_rows("metrics.jsonl"))
-        for ev in self._new_rows("events.jsonl"):
-            kind = ev.get("event")
-            if kind == "phase-start":
-                self._flush_rounds(before=int(ev["round"]))
-                whom = "nodes" if ev["phase"] == HELLO else "clients"
-                self._say(f"{self._label(ev)} {ev['phase']}: sent to {ev['clients']} {whom}")
-            elif kind == "phase-end":
-                failed = ev.get("failed") or {}
-                extra = f", {len(failed)} skipped" if failed else ""
-                if ev["phase"] == HELLO:  # a simulated node may host several clients
-                    self._say(
-                        f"{self._label(ev)} {ev['phase']}: {ev['valid']} clients answered from "
-                        f"{ev['sent']} nodes in {ev['seconds']:.1f} s{extra}"
-                    )
-                else:
-                    self._say(
-                        f"{self._label(ev)} {ev['phase']}: {ev['valid']}/{ev['sent']} "
-                        f"valid replies in {ev['seconds']:.1f} s{extra}"
-                    )
-                for cid, reason in failed.items():
-                    self._say(f"    client {cid}: {reason}")
-            elif kind == "clients":
-                self._say(f"clients connected: {_id_ranges(ev['clients'])}")
-            elif kind == "node-restarted":
-                self._say(
-                    f"SuperNode of client {ev['client']} restarted (it exited with code "
-                    f"{ev['exit-code']}; restart {ev['restart']} of at most {NODE_RESTART_LIMIT})"
-                )
-        self._flush_rounds(before=None)
-
-    def _flush_rounds(self, before: int | None) -> None:
-        while self._rounds and (before is None or int(self._rounds[0]["round"]) < before):
-            self._say(format_round(self._rounds.pop(0)))
-
-    def _label(self, event: Mapping[str, Any]) -> str:
-        rnd = int(event["round"])
-        return "final" if self.num_rounds and rnd > self.num_rounds else f"round {rnd}"
-
-    def _say(self, text: str) -> None:
-        print(f"[{time.monotonic() - self._t0:7.1f}s] {text}", file=self.stream, flush=True)
-
-
-def format_round(row: Mapping[str, Any]) -> str:
-    parts = [f"round {row['round']}"]
-    for section, label in (("train", "clients"), ("server-eval", "server")):
-        metrics = row.get(section) or {}
-        for key in ("test-accuracy", "test-accuracy-p10", "test-loss", "train-loss"):
-            if key in metrics:
-                parts.append(f"{label} {key}={metrics[key]:.4f}")
-    parts.append(f"({row.get('seconds', 0):.1f} s)")
-    return "  ".join(parts)
-
-
 STATUS_POLL_MIN = 3.0
 STATUS_POLL_MAX = 15.0
 
@@ -1016,14 +918,29 @@ def follow(
     stream: TextIO = sys.stdout,
     num_rounds: int = 0,
     history: bool = False,
+    plain: bool | None = None,
+    sinks: Sequence[Sink] = (),
 ) -> dict[str, Any]:
     """Show progress until the run finishes; returns its final status record.
 
     Each status query is a `flwr ls` process (about a CPU-second of imports), so the run's
     status is asked at once when the server writes its summary.json (at the end of a run, also a
     failed one) and otherwise at intervals growing from STATUS_POLL_MIN to STATUS_POLL_MAX
-    seconds: a ServerApp that dies without writing a summary is still noticed."""
-    progress = Progress(out_dir, stream, num_rounds, history)
+    seconds: a ServerApp that dies without writing a summary is still noticed. `plain`: the
+    view (pollen.progress; None: plain unless `stream` is a terminal); `sinks` follow the
+    results too (TensorBoard)."""
+    progress = Progress(
+        out_dir, stream, num_rounds, history, plain=plain, clock=time.monotonic, sinks=sinks
+    )
+    try:
+        return _follow(fed, run_id, out_dir, timeout, progress)
+    finally:
+        progress.close()
+
+
+def _follow(
+    fed: Federation, run_id: str, out_dir: Path, timeout: float, progress: Progress
+) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     summary = out_dir / "summary.json"
     summary_seen = _mtime(summary)
@@ -1037,7 +954,6 @@ def follow(
             summary_seen = written
             status = fed.run_status(run_id)
             if str(status.get("status", "")).startswith("finished"):
-                progress.poll()
                 return status
             next_status = time.monotonic() + interval
             interval = min(interval * 1.5, STATUS_POLL_MAX)
@@ -1045,15 +961,3 @@ def follow(
             fed.stop_run(run_id)
             raise LaunchError(f"run {run_id} did not finish within {timeout:g} s; stopped it")
         time.sleep(0.5)
-
-
-def _id_ranges(ids: Sequence[int]) -> str:
-    """Client ids as runs: [0, 1, 2, 5] -> "4: 0-2, 5" (a simulation may have thousands)."""
-    runs: list[list[int]] = []
-    for i in sorted(ids):
-        if runs and i == runs[-1][1] + 1:
-            runs[-1][1] = i
-        else:
-            runs.append([i, i])
-    text = ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs[:20])
-    return f"{len(ids)}: {text}" + (", ..." if len(runs) > 20 else "")

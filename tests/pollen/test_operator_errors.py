@@ -321,11 +321,14 @@ def test_a_resumed_runs_earlier_rounds_are_history_not_progress(tmp_path: Path) 
     with open(out / "events.jsonl", "a") as fh:
         fh.write(json.dumps({"event": "phase-start", "round": 3, "phase": "train",
                              "clients": 2}) + "\n")  # fmt: skip
+        fh.write(json.dumps({"event": "phase-end", "round": 3, "phase": "train", "sent": 2,
+                             "valid": 2, "seconds": 1.5, "failed": {}}) + "\n")  # fmt: skip
     progress.poll()
     text = shown.getvalue()
     assert "resuming: 2 rounds done before" in text
-    assert "round 1" not in text and "round 2 " not in text
-    assert "round 3 train: sent to 2 clients" in text
+    assert "round 1" not in text and "round 2" not in text
+    assert "round 3/3 train: 2/2 valid replies in 1.5 s" in text
+    assert progress.state.done == 2  # the bar of the live view starts at 2 of 3
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -43,7 +43,9 @@ def _simulate(
     submitted: list[dict[str, Scalar]] = []
     outcomes = iter(failures)
 
-    def fake_run_and_report(fed: Any, resolved: dict[str, Scalar], timeout: float) -> int:
+    def fake_run_and_report(
+        fed: Any, resolved: dict[str, Scalar], timeout: float, watch: Any = None
+    ) -> int:
         submitted.append(dict(resolved))
         failure = next(outcomes, None)
         (out / "events.jsonl").write_text(json.dumps({"attempt": len(submitted)}) + "\n")
