@@ -19,7 +19,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from client import relay
-from pollen import registry
+from pollen import board, registry
 from pollen import settings as settings_mod
 from pollen.dataspec import check_model_fits, data_spec, model_input
 from pollen.files import atomic_write_json
@@ -63,6 +63,18 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--timeout", type=float, default=24 * 3600, help="stop the run after this many seconds"
     )
+    p.add_argument(
+        "--plain",
+        action="store_true",
+        help="progress as plain lines (for logs and CI; the default when the output is not a "
+        "terminal) instead of a live progress display",
+    )
+    p.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        help="write per-round server and client metrics for TensorBoard to DIR/<results "
+        "directory name> (needs pollen[tensorboard]); `tensorboard --logdir DIR` shows them",
+    )
 
 
 class NothingToDo(Exception):
@@ -83,6 +95,7 @@ def resolve_run_settings(args: argparse.Namespace, local: bool = True) -> dict[s
     """Settings of a new or resumed run, every value checked before anything starts, and the
     results directory checked (and, for a resume, its checkpoint) before anything is written.
     `local`: the clients run on this machine (deploy, simulate), so its devices count."""
+    _check_tensorboard(getattr(args, "tensorboard", None))
     overrides: dict[str, Any] = settings_mod.parse_assignments(args.set)
     declared = registry.all_settings()
     for flag, key in RUN_FLAGS:
@@ -141,6 +154,35 @@ def resolve_run_settings(args: argparse.Namespace, local: bool = True) -> dict[s
     return resolved
 
 
+@dataclasses.dataclass(frozen=True)
+class Watch:
+    """How a run is followed: the progress view and the TensorBoard directory."""
+
+    plain: bool | None = None
+    """True: plain lines; None: plain unless the output is a terminal (pollen.progress)."""
+    tensorboard: Path | None = None
+    """TensorBoard writes to this directory's subdirectory named after the results one."""
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Watch:
+        board = getattr(args, "tensorboard", None)
+        return cls(
+            plain=True if getattr(args, "plain", False) else None,
+            tensorboard=Path(board) if board else None,
+        )
+
+
+def _check_tensorboard(directory: str | None) -> None:
+    """`--tensorboard DIR`: the package is installed and DIR can be written, before anything
+    starts."""
+    if not directory:
+        return
+    reason = board.missing()
+    if reason is not None:
+        raise SettingsError(reason)
+    _check_writable(Path(directory), "--tensorboard")
+
+
 def _check_device(device: str) -> None:
     """A CUDA device asked for must exist here (`auto` takes CUDA only when there is one)."""
     if not device.startswith("cuda"):
@@ -153,20 +195,20 @@ def _check_device(device: str) -> None:
         )
 
 
-def _check_writable(out: Path) -> None:
-    """The results directory is (or can become) a directory this process can write to."""
+def _check_writable(out: Path, option: str = "--out") -> None:
+    """The directory `option` names is (or can become) one this process can write to."""
     if out.exists() and not out.is_dir():
-        raise SettingsError(f"--out {out} is a file, not a directory")
+        raise SettingsError(f"{option} {out} is a file, not a directory")
     probe = out
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if not probe.is_dir():
-        raise SettingsError(f"--out {out}: {probe} is a file, not a directory")
+        raise SettingsError(f"{option} {out}: {probe} is a file, not a directory")
     try:
         os.rmdir(tempfile.mkdtemp(dir=probe, prefix=".pollen-write-check-"))
     except OSError as exc:
         raise SettingsError(
-            f"--out {out} cannot be written: {exc.strerror or exc} (in {probe})"
+            f"{option} {out} cannot be written: {exc.strerror or exc} (in {probe})"
         ) from None
 
 
@@ -252,12 +294,13 @@ def cmd_deploy(args: argparse.Namespace) -> int:
                 node_config={"state-dir": str(out / "client-state")},
                 env_extra=gpu_environment(gpus, i),
             )  # fmt: skip
+        print(f"waiting for {n} SuperNodes to connect to the SuperLink", flush=True)
         fed.wait_nodes(n)
         print(f"SuperLink and {n} SuperNodes up (logs in {fed.workdir})", flush=True)
         if gpus:
             spread = ", ".join(f"{i}: GPU {gpus[i % len(gpus)]}" for i in range(n))
             print(f"SuperNodes on GPUs (CUDA_VISIBLE_DEVICES) {spread}", flush=True)
-        return _run_and_report(fed, resolved, args.timeout)
+        return _run_and_report(fed, resolved, args.timeout, Watch.of(args))
     finally:
         fed.stop()
 
@@ -292,7 +335,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         # on a cluster a client reserves one CPU and Ray packs as many as its nodes hold
         cpus = 1 if ray_address else max(1, (os.cpu_count() or 1) // max(1, args.parallel))
         fed.configure_simulation(nodes, cpus, args.gpus_per_client, num_gpus)
-        return simulate_run(fed, resolved, args.timeout)
+        return simulate_run(fed, resolved, args.timeout, Watch.of(args))
     finally:
         fed.stop()
 
@@ -473,7 +516,11 @@ RUNTIME_START_FAILURE = "timed out during startup"
 
 
 def simulate_run(
-    fed: Federation, resolved: dict[str, Scalar], timeout: float, pause: float = 10.0
+    fed: Federation,
+    resolved: dict[str, Scalar],
+    timeout: float,
+    watch: Watch = Watch(),
+    pause: float = 10.0,
 ) -> int:
     """A run on the simulation runtime, submitted again (at most RUNTIME_START_ATTEMPTS times in
     all) when Ray's runtime did not start. That failure comes before any client has answered,
@@ -482,7 +529,7 @@ def simulate_run(
     run = RunSettings.of(resolved)
     out = Path(run.out_dir)
     for attempt in range(1, RUNTIME_START_ATTEMPTS):
-        code = _run_and_report(fed, resolved, timeout)
+        code = _run_and_report(fed, resolved, timeout, watch)
         log = out / "server.log"
         if code == 0 or RUNTIME_START_FAILURE not in log.read_text(errors="replace"):
             return code
@@ -497,7 +544,7 @@ def simulate_run(
             flush=True,
         )
         time.sleep(pause)
-    return _run_and_report(fed, resolved, timeout)
+    return _run_and_report(fed, resolved, timeout, watch)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -519,7 +566,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if fresh:  # nothing was submitted: leave no directory behind
             shutil.rmtree(out, ignore_errors=True)
         raise
-    return _run_and_report(fed, resolved, args.timeout)
+    return _run_and_report(fed, resolved, args.timeout, Watch.of(args))
 
 
 def _signing_key(path: str | None) -> Path | None:
@@ -569,14 +616,27 @@ def _record_restarts(summary_path: Path, restarts: list[dict[str, Any]]) -> None
     atomic_write_json(summary_path, summary)
 
 
-def _run_and_report(fed: Federation, resolved: dict[str, Scalar], timeout: float) -> int:
+def _run_and_report(
+    fed: Federation, resolved: dict[str, Scalar], timeout: float, watch: Watch = Watch()
+) -> int:
     run = RunSettings.of(resolved)
     out = Path(run.out_dir)
-    run_id = fed.submit(resolved)
+    sinks = []
+    if watch.tensorboard is not None:  # before the run: the writer imports torch (seconds)
+        log_dir = watch.tensorboard / out.name
+        sinks.append(board.Board(log_dir, run.num_rounds))
+        print(f"TensorBoard: {log_dir} (tensorboard --logdir {watch.tensorboard})", flush=True)
+    try:
+        run_id = fed.submit(resolved)
+    except BaseException:
+        for sink in sinks:
+            sink.close(None)
+        raise
     print(f"run {run_id} submitted", flush=True)
     try:
         status = follow(
             fed, run_id, out, timeout, num_rounds=run.num_rounds, history=run.resume,
+            plain=watch.plain, sinks=sinks,
         )  # fmt: skip
     except KeyboardInterrupt:
         fed.stop_run(run_id)
@@ -881,14 +941,21 @@ def _exec(argv: list[str]) -> NoReturn:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from pollen.report import ReportError, write_report  # lazy: only on this path
+    from pollen.report import (  # lazy: only on this path
+        ReportError,
+        parse_formats,
+        write_report,
+    )
 
     try:
-        out = write_report([Path(d) for d in args.dirs], Path(args.out) if args.out else None)
+        formats = parse_formats(args.format)
+        out = write_report(
+            [Path(d) for d in args.dirs], Path(args.out) if args.out else None, formats
+        )
     except ReportError as exc:
         print(f"pollen: error: {exc}", file=sys.stderr)
         return 2
-    print(f"report written to {out}")
+    print(f"report written to {out}: {', '.join(sorted(p.name for p in out.iterdir()))}")
     return 0
 
 
@@ -957,9 +1024,20 @@ def cmd_data_download(args: argparse.Namespace) -> int:
 
 
 def cmd_data_summary(args: argparse.Namespace) -> int:
-    """Show how a run's settings split the data: sizes and labels per client."""
+    """Show how a run's settings split the data: sizes and label counts per client, and with
+    --plot the label distribution as stacked bars."""
     from federated_data import DataConfigError, partition_summary  # lazy: heavy data code
 
+    plot = Path(args.plot) if args.plot else None
+    if plot is not None:
+        suffix = plot.suffix.lower().lstrip(".")
+        if suffix not in ("png", "svg", "pdf"):
+            print(
+                f"pollen: error: --plot {plot}: the file must end in .png, .svg or .pdf",
+                file=sys.stderr,
+            )
+            return 2
+        _check_writable(plot.parent if str(plot.parent) else Path("."), "--plot")
     try:
         resolved = registry.resolve(settings_mod.parse_assignments(args.set))
         summary = partition_summary(data_spec(resolved), cache_dir(resolved))
@@ -971,20 +1049,61 @@ def cmd_data_summary(args: argparse.Namespace) -> int:
         if args.json
         else _format_partition(summary)
     )
+    if plot is not None:
+        from pollen.report import plot_partition  # lazy: matplotlib, only with --plot
+
+        run = RunSettings.of(resolved)
+        plot_partition(summary, plot, _partition_title(resolved, run))
+        print(f"label distribution drawn to {plot}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
+def _partition_title(resolved: Mapping[str, Scalar], run: RunSettings) -> str:
+    from pollen.report import partition_text  # lazy: only on this path
+
+    partition = partition_text(resolved) or run.partitioner
+    return (
+        f"{run.dataset}, {partition}, {run.num_clients} clients, seed {run.seed}: "
+        "train labels per client"
+    )
+
+
+LABEL_TABLE_MOST = 20
+"""`pollen data summary` shows label counts as columns up to this many labels; beyond, as
+label:count pairs of the labels a client holds."""
+
+
 def _format_partition(summary: dict[str, Any]) -> str:
-    lines = []
-    for client in summary.get("clients", []):
-        labels = client.get("train_labels") or []
-        held = [str(i) for i, n in enumerate(labels) if n]
-        lines.append(
-            f"client {client.get('client_id', '?'):>3}: "
-            + ", ".join(f"{k}={client[k]}" for k in ("train", "val", "test") if k in client)
-            + (f"  labels {' '.join(held)}" if held else "")
+    """Per client: its split sizes and how many training examples of each label it holds."""
+    clients = [c for c in summary.get("clients", []) if isinstance(c, dict)]
+    if not clients:
+        return json.dumps(summary)
+    labels = max(len(c.get("train_labels") or []) for c in clients)
+    sizes = ("train", "val", "test")
+    widths = {k: max(len(k), *(len(str(c.get(k, ""))) for c in clients)) for k in sizes}
+    left = "client  " + "  ".join(f"{k:>{widths[k]}}" for k in sizes)
+    columns = 0 < labels <= LABEL_TABLE_MOST
+    width = max(3, *(len(str(n)) for c in clients for n in c.get("train_labels") or [0]))
+    lines = [left]
+    if columns:
+        lines = [
+            f"{left} | train examples of each label",
+            f"{'':{len(left)}} | " + " ".join(f"{i:>{width}}" for i in range(labels)),
+        ]
+    elif labels:
+        lines = [f"{left} | train examples of each label held (label:count)"]
+    for client in clients:
+        line = f"{client.get('client_id', '?'):>6}  " + "  ".join(
+            f"{client.get(k, ''):>{widths[k]}}" for k in sizes
         )
-    return "\n".join(lines) if lines else json.dumps(summary)
+        counts = list(client.get("train_labels") or [])
+        if columns:
+            counts += [0] * (labels - len(counts))
+            line += " | " + " ".join(f"{n:>{width}}" for n in counts)
+        elif labels:
+            line += " | " + " ".join(f"{i}:{n}" for i, n in enumerate(counts) if n)
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def cmd_settings(args: argparse.Namespace) -> int:
@@ -1254,9 +1373,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_worker_option(p, "the SuperNode")
     p.set_defaults(func=cmd_client)
 
-    p = _command(sub, "report", help="plots and a Markdown summary of results directories")
-    p.add_argument("dirs", nargs="+")
+    p = _command(
+        sub, "report", help="plots, CSV files and a Markdown summary of results directories"
+    )
+    p.add_argument(
+        "dirs", nargs="+", help="results directories; runs that differ only in the seed are "
+        "drawn as mean ± std"
+    )  # fmt: skip
     p.add_argument("--out", help="where to write (default: the first directory's report/)")
+    p.add_argument(
+        "--format",
+        default="png",
+        metavar="LIST",
+        help="plot formats, comma-separated: png, svg, pdf (e.g. png,svg,pdf)",
+    )
     p.set_defaults(func=cmd_report)
 
     p = _command(
@@ -1289,9 +1419,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("--data-dir", required=True)
     p.set_defaults(func=cmd_data_download)
-    p = _command(data_sub, "summary", help="per-client sizes and labels of a partition")
+    p = _command(data_sub, "summary", help="per-client sizes and label counts of a partition")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--plot",
+        nargs="?",
+        const="partition.png",
+        metavar="FILE",
+        help="draw the label distribution per client (stacked bars with counts) to FILE "
+        "(.png, .svg or .pdf; default partition.png)",
+    )
     p.set_defaults(func=cmd_data_summary)
 
     p = _command(sub, "settings", help="list the run settings (all, or one algorithm's)")

@@ -1,19 +1,30 @@
-"""Plots and a Markdown summary of one or more results directories (`pollen report`).
+"""Plots, flat CSV files and a Markdown summary of one or more results directories
+(`pollen report`), and the plot of a partition (`pollen data summary --plot`).
 
 The files are read defensively: a run that failed early, or is still running, may lack any of
-them, and the report says so instead of refusing. matplotlib is imported only when plotting,
-so importing this module stays cheap for the CLI.
+them, and the report says so instead of refusing. Runs whose settings differ only in the seed
+are drawn together as their mean ± standard deviation; compared runs that differ in a setting
+other than the algorithm (and its own settings) and the seed get a warning. matplotlib is
+imported only when plotting, so importing this module stays cheap for the CLI.
+
+What each file holds and how the figures place each value: docs/monitoring.md#reports.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import math
+import re
+import statistics
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pollen import registry
 
 CONFIG = "config.json"
 METRICS = "metrics.jsonl"
@@ -22,29 +33,48 @@ SUMMARY = "summary.json"
 RESULT_FILES = (CONFIG, METRICS, CLIENTS, SUMMARY)
 
 REPORT_MD = "report.md"
-ACCURACY_PNG = "accuracy.png"
-LOSS_PNG = "loss.png"
-TIME_PNG = "time.png"
-BYTES_PNG = "bytes.png"
-CLIENT_ACCURACY_PNG = "client-accuracy.png"
+METRICS_CSV = "metrics.csv"
+CLIENTS_CSV = "clients.csv"
+ACCURACY = "accuracy"
+LOSS = "loss"
+TIME = "time"
+BYTES = "bytes"
+CLIENT_ACCURACY = "client-accuracy"
 # Unsupervised runs (ADEPT): energy captured, error over the true model's, learned sigma
-ENERGY_PNG = "energy.png"
-ERROR_RATIO_PNG = "error-ratio.png"
-SIGMA_PNG = "sigma.png"
-PLOTS = (
-    ACCURACY_PNG,
-    LOSS_PNG,
-    ENERGY_PNG,
-    ERROR_RATIO_PNG,
-    SIGMA_PNG,
-    TIME_PNG,
-    BYTES_PNG,
-    CLIENT_ACCURACY_PNG,
-)
+ENERGY = "energy"
+ERROR_RATIO = "error-ratio"
+SIGMA = "sigma"
+EPSILON = "epsilon"
+PLOTS = (ACCURACY, LOSS, ENERGY, ERROR_RATIO, SIGMA, EPSILON, TIME, BYTES, CLIENT_ACCURACY)
+"""Every plot's file name, without its format's suffix."""
+FORMATS = ("png", "svg", "pdf")
+"""What `--format` may ask for; the Markdown shows the PNG (else the SVG)."""
 
 # Sections of a metrics.jsonl row and how the report names them.
 SECTIONS = (("train", "clients"), ("server-eval", "server"))
 MISSING = "–"
+
+HOW_IT_RAN = frozenset(
+    {
+        "seed",
+        "out-dir",
+        "run-name",
+        "resume",
+        "data-dir",
+        "cache-dir",
+        "client-state-dir",
+        "download",
+        "device",
+        "poll-interval",
+        "phase-timeout",
+        "wait-for-clients",
+        "simulation-nodes",
+        "client-timing",
+        "server-blas-threads",
+    }
+)
+"""Settings that say where and how a run ran, not what it computed (and the seed): runs that
+differ only in these are repetitions of one experiment."""
 
 
 class ReportError(ValueError):
@@ -75,7 +105,14 @@ class Run:
         return str(self.summary.get("dataset") or self.config.get("dataset") or "unknown")
 
     @property
+    def seed(self) -> int | None:
+        return _as_int(self.config.get("seed"))
+
+    @property
     def label(self) -> str:
+        """The directory's name, and the algorithm when the name does not say it."""
+        if self.algorithm == "unknown" or self.algorithm in self.name:
+            return self.name
         return f"{self.name} ({self.algorithm})"
 
     @property
@@ -89,6 +126,10 @@ class Run:
         return _section(self.summary, "final")
 
     @property
+    def planned_rounds(self) -> int | None:
+        return _as_int(self.summary.get("rounds")) or _as_int(self.config.get("num-rounds"))
+
+    @property
     def last_round(self) -> int | None:
         rounds = [r for row in self.rows if (r := _as_int(row.get("round"))) is not None]
         return max(rounds) if rounds else None
@@ -99,6 +140,15 @@ class Run:
             return seconds
         per_round = [s for row in self.rows if (s := _number(row.get("seconds"))) is not None]
         return sum(per_round) if per_round else None
+
+    def is_final(self, rnd: int) -> bool:
+        """Whether clients.jsonl's round `rnd` is the final evaluation (written as round N+1)."""
+        planned = self.planned_rounds
+        return planned is not None and rnd > planned
+
+    def settings(self) -> dict[str, Any]:
+        """The settings that say what the run computed (config.json without HOW_IT_RAN)."""
+        return {k: v for k, v in self.config.items() if k not in HOW_IT_RAN}
 
 
 # ---- reading -------------------------------------------------------------------------------
@@ -220,15 +270,146 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return lines
 
 
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+# ---- settings: what a run is, which runs repeat one another ---------------------------------
+PARTITION_PARAMETER = {
+    "dirichlet": ("dirichlet-alpha", "α={}"),
+    "classes": ("classes-per-client", "{} classes per client"),
+    "one-class": ("classes-per-client", "{} classes per client"),
+    "label-groups": ("label-groups", "{} label groups"),
+    "pachinko": ("pachinko-beta", "β={}"),
+}
+
+
+def partition_text(config: Mapping[str, Any]) -> str | None:
+    """`dirichlet α=0.3`, `iid`, ... from a run's config (None when it has none)."""
+    partitioner = config.get("partitioner")
+    if not isinstance(partitioner, str):
+        return None
+    key, text = PARTITION_PARAMETER.get(partitioner, ("", ""))
+    value = config.get(key)
+    if not key or value is None:
+        return partitioner
+    return f"{partitioner} {text.format(f'{value:g}' if isinstance(value, float) else value)}"
+
+
+def setting_text(runs: Sequence[Run]) -> str:
+    """What the runs share: `digits, dirichlet α=0.3, 5 clients` (the parts they agree on)."""
+    parts = []
+    for get in (
+        lambda r: r.dataset if r.dataset != "unknown" else None,
+        lambda r: partition_text(r.config),
+        lambda r: f"{n} clients" if (n := _as_int(r.config.get("num-clients"))) else None,
+    ):
+        values = {get(run) for run in runs}
+        if len(values) == 1 and (value := values.pop()):
+            parts.append(value)
+    return ", ".join(parts)
+
+
+@dataclass
+class Group:
+    """Runs with the same settings but for the seed (one run, or the seeds of one setting)."""
+
+    runs: list[Run]
+    label: str = ""
+
+    @property
+    def seeds(self) -> list[int]:
+        return sorted(s for r in self.runs if (s := r.seed) is not None)
+
+    @property
+    def banded(self) -> bool:
+        return len(self.runs) > 1
+
+
+def group_runs(runs: Sequence[Run]) -> list[Group]:
+    """Runs whose settings agree except for the seed and HOW_IT_RAN, in order of first
+    appearance. A run without config.json stands alone."""
+    groups: list[Group] = []
+    keys: list[str | None] = []
+    for run in runs:
+        key = json.dumps(run.settings(), sort_keys=True, default=str) if run.config else None
+        if key is not None and key in keys:
+            groups[keys.index(key)].runs.append(run)
+            continue
+        keys.append(key)
+        groups.append(Group([run]))
+    for group in groups:
+        group.label = _group_label(group)
+    return groups
+
+
+SEED_SUFFIX = re.compile(r"[-_ ./#]*(seed)?[-_ ]*$", re.IGNORECASE)
+
+
+def _group_label(group: Group) -> str:
+    """A run's label; for seeds, what their names share (`fedavg-seed0`, `fedavg-seed1`:
+    `fedavg`), else the algorithm."""
+    if not group.banded:
+        return group.runs[0].label
+    names = [r.name for r in group.runs]
+    prefix = names[0]
+    for name in names[1:]:
+        while not name.startswith(prefix):
+            prefix = prefix[:-1]
+    algorithm = group.runs[0].algorithm
+    label = SEED_SUFFIX.sub("", prefix) or algorithm
+    return label if algorithm in label or algorithm == "unknown" else f"{label} ({algorithm})"
+
+
+def differing_settings(runs: Sequence[Run]) -> dict[str, list[Any]]:
+    """Settings in which the runs differ, other than the seed, HOW_IT_RAN, the algorithm and
+    the settings of an algorithm some of them do not run: {key: the values, in run order}."""
+    with_config = [r for r in runs if r.config]
+    if len(with_config) < 2:
+        return {}
+    keys = set.intersection(*(set(r.settings()) for r in with_config)) - {"algorithm"}
+    algorithms = {r.algorithm for r in with_config}
+    own: set[str] = set()
+    for algorithm in algorithms:
+        own |= set(registry.foreign_settings(algorithm, keys))
+    out = {}
+    for key in sorted(keys - own):
+        values = [r.config[key] for r in with_config]
+        if any(v != values[0] for v in values):
+            out[key] = values
+    return out
+
+
+def settings_warning(runs: Sequence[Run]) -> str | None:
+    differ = differing_settings(runs)
+    if not differ:
+        return None
+    named = [r for r in runs if r.config]
+    detail = "; ".join(
+        f"{key}: " + ", ".join(f"{v!r} ({r.name})" for v, r in zip(values, named, strict=True))
+        for key, values in differ.items()
+    )
+    return (
+        f"the compared runs differ in settings other than the algorithm and the seed: {detail}"
+    )
+
+
 # ---- series for plots ----------------------------------------------------------------------
+def _plotted(key: str, suffix: str) -> bool:
+    """Keys a figure draws: those ending in `suffix`, and their 10th percentile over clients
+    (-p10); not the worst client's (-min, -max), which the CSV files keep."""
+    return key.endswith((suffix, f"{suffix}-p10"))
+
+
 def metric_series(run: Run, suffix: str) -> dict[str, list[Point]]:
     """Per-round values of every metric whose key ends in `suffix`, keyed "clients KEY" or
     "server KEY".
 
+    The x of a value is the round whose aggregated model it describes (0: the initial model).
     Clients' test-* metrics of round r evaluate the model they received, i.e. the one after
     round r-1's aggregation, so they are placed at r-1 to line up with the server's evaluation
-    of the same model; the final client evaluation (after the last round) is appended at the
-    last round.
+    of the same model; the clients' final evaluation (after the last round) is placed at the
+    last round (`final_points` names it).
     """
     series: dict[str, list[Point]] = {}
     for row in run.rows:
@@ -238,17 +419,27 @@ def metric_series(run: Run, suffix: str) -> dict[str, list[Point]]:
         for section, who in SECTIONS:
             for key, value in _section(row, section).items():
                 y = _number(value)
-                if y is None or not str(key).endswith(suffix):
+                if y is None or not _plotted(str(key), suffix):
                     continue
                 shifted = section == "train" and str(key).startswith("test-")
                 series.setdefault(f"{who} {key}", []).append((rnd - 1 if shifted else rnd, y))
-    last = run.last_round
-    if last is not None:
-        for key, value in _section(run.final, "eval").items():
-            y = _number(value)
-            if y is not None and str(key).startswith("test-") and f"clients {key}" in series:
-                series[f"clients {key}"].append((float(last), y))
+    for name, point in final_points(run, suffix).items():
+        if name in series:
+            series[name].append(point)
     return {k: sorted(v) for k, v in series.items()}
+
+
+def final_points(run: Run, suffix: str) -> dict[str, Point]:
+    """The clients' final evaluation, at the last round: {"clients KEY": (round, value)}."""
+    last = run.last_round
+    if last is None:
+        return {}
+    out = {}
+    for key, value in _section(run.final, "eval").items():
+        y = _number(value)
+        if y is not None and str(key).startswith("test-") and _plotted(str(key), suffix):
+            out[f"clients {key}"] = (float(last), y)
+    return out
 
 
 def _row_series(run: Run, value: Callable[[Mapping[str, Any]], float | None]) -> list[Point]:
@@ -258,6 +449,22 @@ def _row_series(run: Run, value: Callable[[Mapping[str, Any]], float | None]) ->
         if rnd is not None and y is not None:
             points.append((rnd, y))
     return sorted(points)
+
+
+def band(series: Sequence[Sequence[Point]]) -> list[tuple[float, float, float, int]]:
+    """(x, mean, std, runs) at every x at least two of the runs have a value for (the std of
+    one value would be no spread at all)."""
+    by_x: dict[float, list[float]] = {}
+    for points in series:
+        for x, y in points:
+            by_x.setdefault(x, []).append(y)
+    out = []
+    for x in sorted(by_x):
+        values = by_x[x]
+        if len(values) >= 2 or len(series) == 1:
+            mean, std = _mean_std(values)
+            out.append((x, mean, std, len(values)))
+    return out
 
 
 def last_client_accuracies(run: Run) -> tuple[int, list[float]] | None:
@@ -275,123 +482,390 @@ def last_client_accuracies(run: Run) -> tuple[int, list[float]] | None:
 
 
 # ---- plotting ------------------------------------------------------------------------------
-Line = tuple[Run, int, str, list[Point]]
+SERVER_STYLE: dict[str, Any] = {
+    # hollow squares on a dashed line, drawn above the clients' lines: where clients and server
+    # evaluate the same model to the same figure, both stay visible
+    "linestyle": "--",
+    "marker": "s",
+    "markersize": 7,
+    "markerfacecolor": "none",
+    "markeredgewidth": 1.4,
+    "zorder": 3,
+}
+CLIENT_STYLES: tuple[dict[str, Any], ...] = (
+    {"linestyle": "-", "marker": "o", "markersize": 4, "zorder": 2},  # the mean
+    {"linestyle": ":", "marker": "v", "markersize": 4, "zorder": 2},  # the 10th percentile
+    {"linestyle": "-.", "marker": "^", "markersize": 4, "zorder": 2},  # another metric
+)
+BAND_ALPHA = 0.18
 
 
-def _plot_lines(
-    path: Path, title: str, ylabel: str, lines: Sequence[Line], xlabel: str = "round"
-) -> bool:
-    """One line per (run, run index, metric, points): colour per run, dash per metric.
-    Returns False, writing nothing, when there are no points at all."""
-    lines = [line for line in lines if line[3]]
-    if not lines:
-        return False
+def _single_colours(metrics: Sequence[str]) -> dict[str, str]:
+    """Colours of one group's series: the server's red, the clients' from blue on, a 10th
+    percentile in the colour of its mean."""
+    out: dict[str, str] = {}
+    free = iter(["C0", "C2", "C4", "C1", "C5", "C6", "C7", "C8", "C9"] * 3)
+    for metric in metrics:
+        who, _, key = metric.partition(" ")
+        if who == "server":
+            out[metric] = "C3"
+        elif key.endswith("-p10") and f"clients {key.removesuffix('-p10')}" in out:
+            out[metric] = out[f"clients {key.removesuffix('-p10')}"]
+        else:
+            out[metric] = next(free)
+    return out
+
+
+def _series_style(metric: str) -> tuple[dict[str, Any], str]:
+    """The line style and legend text of a series "clients KEY" or "server KEY"."""
+    who, _, key = metric.partition(" ")
+    if who == "server":
+        return SERVER_STYLE, f"server: {key}"
+    if key.endswith("-p10"):
+        return CLIENT_STYLES[1], f"clients: {key.removesuffix('-p10')} (10th percentile)"
+    index = 0 if key.startswith("test-") or len(key.split("-")) == 1 else 2
+    return CLIENT_STYLES[index], f"clients: {key} (mean over clients)"
+
+
+@contextmanager
+def _figure(width: float = 7.0, height: float = 4.3) -> Iterator[tuple[Any, Any]]:
     import matplotlib  # lazy: matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # lazy: matplotlib
-    from matplotlib.ticker import MaxNLocator  # lazy: matplotlib
 
-    styles = ["-", "--", ":", "-."]
-    fig, ax = plt.subplots(figsize=(8, 5))
-    try:
-        style_of: dict[str, str] = {}
-        for run, run_index, metric, points in lines:
-            style = style_of.setdefault(metric, styles[len(style_of) % len(styles)])
-            xs, ys = zip(*points, strict=True)
-            label = f"{run.label} {metric}" if metric else run.label
-            ax.plot(
-                xs, ys, style, marker="o", markersize=3, color=f"C{run_index % 10}", label=label
-            )
-        ax.set_title(title)
-        ax.set_xlabel(xlabel)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel(ylabel)
+    # text stays text in SVG and TrueType in PDF (journals refuse Type 3 fonts)
+    style: dict[Any, Any] = {"svg.fonttype": "none", "pdf.fonttype": 42, "ps.fonttype": 42}
+    with plt.rc_context(style):
+        fig, ax = plt.subplots(figsize=(width, height))
+        try:
+            yield fig, ax
+        finally:
+            plt.close(fig)
+
+
+def _save(fig: Any, out: Path, name: str, formats: Sequence[str]) -> None:
+    fig.tight_layout()
+    for fmt in formats:
+        fig.savefig(out / f"{name}.{fmt}", dpi=150)
+
+
+FINAL_LABEL = "final evaluation (clients)"
+
+
+def _legend(ax: Any, entries: int) -> None:
+    """The legend, the final evaluation's star last; beside the plot when it is long."""
+    handles, labels = ax.get_legend_handles_labels()
+    order = sorted(range(len(labels)), key=lambda i: labels[i] == FINAL_LABEL)
+    handles, labels = [handles[i] for i in order], [labels[i] for i in order]
+    if entries > 6:
+        ax.legend(handles, labels, fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
+    else:
+        ax.legend(handles, labels, fontsize="small")
+
+
+def _plot_metric(
+    out: Path,
+    name: str,
+    title: str,
+    suffix: str,
+    groups: Sequence[Group],
+    formats: Sequence[str],
+    setting: str,
+) -> bool:
+    """One figure of every series ending in `suffix`: a colour per series for one group, a
+    colour per group for several; a style per series (the server's hollow squares on a dashed
+    line); a band of ± std for a group of seeds; the clients' final evaluation marked by a
+    star. False, writing nothing, without data."""
+    per_group = [
+        (group, [metric_series(run, suffix) for run in group.runs]) for group in groups
+    ]
+    # the clients' series first, the server's last (drawn on top)
+    metrics = sorted(
+        {m for _, runs in per_group for series in runs for m in series},
+        key=lambda m: (m.startswith("server"), m),
+    )
+    if not metrics:
+        return False
+    with _figure() as (fig, ax):
+        entries = 0
+        final_marked = False
+        colours = _single_colours(metrics)
+        for gi, (group, runs) in enumerate(per_group):
+            for metric in metrics:
+                tracks = [series[metric] for series in runs if series.get(metric)]
+                if not tracks:
+                    continue
+                style, text = _series_style(metric)
+                if len(groups) == 1:
+                    colour = colours[metric]
+                    label = text
+                else:
+                    colour = f"C{gi % 10}"
+                    label = f"{group.label}, {text}"
+                if group.banded:
+                    label += f"; mean ± std over {len(tracks)} seeds"
+                rows = band(tracks)
+                xs = [r[0] for r in rows]
+                ys = [r[1] for r in rows]
+                ax.plot(xs, ys, color=colour, label=label, **style)
+                entries += 1
+                if group.banded:
+                    lo = [m - s for _, m, s, _ in rows]
+                    hi = [m + s for _, m, s, _ in rows]
+                    ax.fill_between(xs, lo, hi, color=colour, alpha=BAND_ALPHA, linewidth=0)
+                finals = [final_points(run, suffix).get(metric) for run in group.runs]
+                found = [p for p in finals if p is not None]
+                if found:
+                    fx = found[0][0]
+                    fy = statistics.fmean(p[1] for p in found)
+                    ax.plot(
+                        [fx], [fy], linestyle="none", marker="*", markersize=13, color=colour,
+                        markeredgecolor="black", markeredgewidth=0.6, zorder=4,
+                        label=None if final_marked else FINAL_LABEL,
+                    )  # fmt: skip
+                    entries += 0 if final_marked else 1
+                    final_marked = True
+        ax.set_title(_title(title, setting))
+        ax.set_xlabel("round (the model after that round's aggregation; 0: the initial model)")
+        ax.set_ylabel(title)
+        _integer_ticks(ax)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-    finally:
-        plt.close(fig)
+        _legend(ax, entries)
+        _save(fig, out, name, formats)
     return True
 
 
-def _plot_client_accuracy(path: Path, runs: Sequence[Run]) -> bool:
+def _title(what: str, setting: str) -> str:
+    return f"{what[0].upper()}{what[1:]}" + (f": {setting}" if setting else "")
+
+
+def _integer_ticks(ax: Any) -> None:
+    from matplotlib.ticker import MaxNLocator  # lazy: matplotlib
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _plot_rows(
+    out: Path,
+    name: str,
+    title: str,
+    ylabel: str,
+    groups: Sequence[Group],
+    value: Callable[[Mapping[str, Any]], float | None],
+    formats: Sequence[str],
+    setting: str,
+) -> bool:
+    """A per-round quantity of the rows (seconds, MB): a line per group, bands for seeds."""
+    tracks = [(g, [p for run in g.runs if (p := _row_series(run, value))]) for g in groups]
+    tracks = [(g, t) for g, t in tracks if t]
+    if not tracks:
+        return False
+    with _figure() as (fig, ax):
+        for gi, (group, series) in enumerate(tracks):
+            rows = band(series)
+            xs = [r[0] for r in rows]
+            colour = f"C{gi % 10}"
+            label = group.label + (f"; mean ± std over {len(series)} seeds" if group.banded else "")
+            ax.plot(xs, [r[1] for r in rows], "-o", markersize=3, color=colour, label=label)
+            if group.banded:
+                lo = [m - s for _, m, s, _ in rows]
+                hi = [m + s for _, m, s, _ in rows]
+                ax.fill_between(xs, lo, hi, color=colour, alpha=BAND_ALPHA, linewidth=0)
+        ax.set_title(_title(title, setting))
+        ax.set_xlabel("round")
+        ax.set_ylabel(ylabel)
+        _integer_ticks(ax)
+        ax.grid(True, alpha=0.3)
+        _legend(ax, len(tracks))
+        _save(fig, out, name, formats)
+    return True
+
+
+def _plot_client_accuracy(
+    out: Path, runs: Sequence[Run], groups: Sequence[Group], formats: Sequence[str], setting: str
+) -> bool:
+    """A box per run of its clients' test-accuracy in the final evaluation (or the last round
+    reported), each client a dot in the colour of the run's group."""
     data = [(run, found) for run in runs if (found := last_client_accuracies(run)) is not None]
     if not data:
         return False
-    import matplotlib  # lazy: matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # lazy: matplotlib
-
-    fig, ax = plt.subplots(figsize=(max(6.0, 2.5 * len(data)), 5))
-    try:
+    with _figure(max(6.0, 2.2 * len(data)), 4.3) as (fig, ax):
         values = [accs for _, (_, accs) in data]
         positions = list(range(1, len(data) + 1))
         ax.boxplot(
-            values,
-            positions=positions,
-            widths=0.5,
-            showfliers=False,
+            values, positions=positions, widths=0.5, showfliers=False,
             medianprops={"color": "black"},
-        )
-        for pos, (i, (run, (_, accs))) in zip(positions, enumerate(data), strict=True):
-            run_index = runs.index(run)
+        )  # fmt: skip
+        colour = {id(r): f"C{gi % 10}" for gi, g in enumerate(groups) for r in g.runs}
+        for pos, (run, (_, accs)) in zip(positions, data, strict=True):
             spread = [pos + 0.3 * (j / max(1, len(accs) - 1) - 0.5) for j in range(len(accs))]
-            ax.scatter(
-                spread,
-                accs,
-                s=14,
-                color=f"C{run_index % 10}",
-                zorder=3,
-                label=run.label if i < 10 else None,
-            )
+            ax.scatter(spread, accs, s=14, color=colour[id(run)], zorder=3)
         ax.set_xticks(positions)
         ax.set_xticklabels(
-            [f"{run.label}\nround {rnd}, {len(accs)} clients" for run, (rnd, accs) in data],
+            [f"{run.label}\n{_round_name(run, rnd)}, {len(accs)} clients" for run, (rnd, accs)
+             in data],
             fontsize="small",
-        )
-        ax.set_title("per-client test-accuracy in the last reported round")
+        )  # fmt: skip
+        finals = {run.is_final(rnd) for run, (rnd, _) in data}
+        when = "final evaluation" if finals == {True} else "last reported round"
+        ax.set_title(_title(f"per-client test-accuracy, {when}", setting))
         ax.set_ylabel("test-accuracy")
         ax.grid(True, axis="y", alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-    finally:
-        plt.close(fig)
+        _save(fig, out, CLIENT_ACCURACY, formats)
     return True
 
 
-def write_plots(runs: Sequence[Run], out: Path) -> list[str]:
-    """Write every plot some run has data for; returns the file names written."""
+def _round_name(run: Run, rnd: int) -> str:
+    return "final" if run.is_final(rnd) else f"round {rnd}"
+
+
+def _row_seconds(row: Mapping[str, Any]) -> float | None:
+    return _number(row.get("seconds"))
+
+
+def write_plots(runs: Sequence[Run], out: Path, formats: Sequence[str] = ("png",)) -> list[str]:
+    """Write every plot some run has data for, in each format; returns the plots' names
+    (without suffix)."""
+    groups = group_runs(runs)
+    setting = setting_text(runs)
     written = []
     for name, suffix, title in (
-        (ACCURACY_PNG, "accuracy", "accuracy"),
-        (LOSS_PNG, "loss", "loss"),
-        (ENERGY_PNG, "energy", "energy captured"),
-        (ERROR_RATIO_PNG, "error-ratio", "reconstruction error / true model's"),
-        (SIGMA_PNG, "sigma-mean", "mean sigma"),
+        (ACCURACY, "accuracy", "test accuracy"),
+        (LOSS, "loss", "loss"),
+        (ENERGY, "energy", "energy captured"),
+        (ERROR_RATIO, "error-ratio", "reconstruction error / true model's"),
+        (SIGMA, "sigma-mean", "mean sigma"),
+        (EPSILON, "epsilon", "privacy spent (epsilon)"),
     ):
-        lines = [
-            (run, i, metric, points)
-            for i, run in enumerate(runs)
-            for metric, points in metric_series(run, suffix).items()
-        ]
-        xlabel = "round (clients' test figures at the round whose model they evaluate)"
-        if _plot_lines(out / name, title, title, lines, xlabel):
+        if _plot_metric(out, name, title, suffix, groups, formats, setting):
             written.append(name)
-    seconds = [
-        (run, i, "", _row_series(run, lambda row: _number(row.get("seconds"))))
-        for i, run in enumerate(runs)
-    ]
-    if _plot_lines(out / TIME_PNG, "time per round", "seconds", seconds):
-        written.append(TIME_PNG)
-    traffic = [(run, i, "", _row_series(run, _row_mb)) for i, run in enumerate(runs)]
-    if _plot_lines(out / BYTES_PNG, "traffic per round (sent + received)", "MB", traffic):
-        written.append(BYTES_PNG)
-    if _plot_client_accuracy(out / CLIENT_ACCURACY_PNG, runs):
-        written.append(CLIENT_ACCURACY_PNG)
+    if _plot_rows(out, TIME, "time per round", "seconds", groups, _row_seconds, formats, setting):
+        written.append(TIME)
+    if _plot_rows(out, BYTES, "traffic per round (sent + received)", "MB", groups, _row_mb,
+                  formats, setting):  # fmt: skip
+        written.append(BYTES)
+    if _plot_client_accuracy(out, runs, groups, formats, setting):
+        written.append(CLIENT_ACCURACY)
     return written
+
+
+def plot_partition(
+    summary: Mapping[str, Any], path: Path, title: str = "", split: str = "train"
+) -> None:
+    """The label distribution per client of a partition (`pollen data summary`'s JSON): a
+    stacked bar per client, a colour per label, each segment's count written in it where it
+    fits."""
+    clients = [c for c in summary.get("clients", []) if isinstance(c, Mapping)]
+    counts = [list(c.get(f"{split}_labels") or []) for c in clients]
+    if not counts or not any(counts):
+        raise ReportError(f"the partition has no {split} label counts to plot")
+    labels = max(len(c) for c in counts)
+    counts = [c + [0] * (labels - len(c)) for c in counts]
+    ids = [str(c.get("client_id", i)) for i, c in enumerate(clients)]
+    with _figure(max(6.0, min(0.45 * len(ids) + 2.5, 24.0)), 4.8) as (fig, ax):
+        import matplotlib.pyplot as plt  # lazy: matplotlib
+
+        cmap = plt.get_cmap("tab10" if labels <= 10 else "tab20" if labels <= 20 else "turbo")
+        colours = [cmap(i / max(1, labels - 1)) if labels > 20 else cmap(i) for i in range(labels)]
+        bottom = [0] * len(ids)
+        tallest = max(sum(c) for c in counts)
+        for label in range(labels):
+            heights = [c[label] for c in counts]
+            if not any(heights):
+                continue
+            bars = ax.bar(ids, heights, bottom=bottom, color=colours[label], label=str(label),
+                          edgecolor="white", linewidth=0.4)  # fmt: skip
+            for bar, h, b in zip(bars, heights, bottom, strict=True):
+                if h and h >= 0.035 * tallest and len(ids) <= 40:
+                    ax.text(bar.get_x() + bar.get_width() / 2, b + h / 2, str(h),
+                            ha="center", va="center", fontsize=6.5)  # fmt: skip
+            bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+        ax.set_xlabel("client")
+        ax.set_ylabel(f"{split} examples")
+        ax.set_title(title or f"label distribution per client ({split} split)")
+        if len(ids) > 30:
+            ax.set_xticks(range(0, len(ids), max(1, len(ids) // 30)))
+        ax.legend(title="label", fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  ncol=1 if labels <= 20 else 2)  # fmt: skip
+        fig.tight_layout()
+        fig.savefig(path, dpi=150)
+
+
+# ---- flat files ----------------------------------------------------------------------------
+RUN_COLUMNS = ("run", "algorithm", "dataset", "seed")
+ROUND_COLUMNS_CSV = ("round", "stage", "seconds", "bytes-sent", "bytes-received")
+
+
+def _run_cells(run: Run) -> dict[str, Any]:
+    return {"run": run.name, "algorithm": run.algorithm, "dataset": run.dataset, "seed": run.seed}
+
+
+def metrics_table(runs: Sequence[Run]) -> tuple[list[str], list[dict[str, Any]]]:
+    """metrics.csv: a row per run and round (stage `round`) and one for the final evaluation
+    (stage `final`, at the last round), metrics as `clients.KEY` and `server.KEY`."""
+    rows: list[dict[str, Any]] = []
+    for run in runs:
+        for row in run.rows:
+            cells = {**_run_cells(run), "round": _as_int(row.get("round")), "stage": "round"}
+            for key in ROUND_COLUMNS_CSV[2:]:
+                cells[key] = row.get(key) if _number(row.get(key)) is not None else None
+            for section, who in SECTIONS:
+                for key, value in _section(row, section).items():
+                    if _number(value) is not None:
+                        cells[f"{who}.{key}"] = value
+            rows.append(cells)
+        final = run.final
+        if _section(final, "eval") or _section(final, "server-eval"):
+            cells = {**_run_cells(run), "round": run.last_round, "stage": "final"}
+            for section, who in (("eval", "clients"), ("server-eval", "server")):
+                for key, value in _section(final, section).items():
+                    if _number(value) is not None:
+                        cells[f"{who}.{key}"] = value
+            rows.append(cells)
+    metric_cols = sorted({k for r in rows for k in r} - set(RUN_COLUMNS) - set(ROUND_COLUMNS_CSV))
+    return [*RUN_COLUMNS, *ROUND_COLUMNS_CSV, *metric_cols], rows
+
+
+def clients_table(runs: Sequence[Run]) -> tuple[list[str], list[dict[str, Any]]]:
+    """clients.csv: a row per client reply with metrics (clients.jsonl), flat; the final
+    evaluation's replies (written as round N+1) have stage `final` and round N."""
+    rows: list[dict[str, Any]] = []
+    for run in runs:
+        for row in run.clients:
+            rnd = _as_int(row.get("round"))
+            final = rnd is not None and run.is_final(rnd)
+            cells = {
+                **_run_cells(run),
+                "round": run.planned_rounds if final else rnd,
+                "stage": "final" if final else "round",
+                "client-id": _as_int(row.get("client-id")),
+                "phase": row.get("phase"),
+            }
+            for key, value in _section(row, "metrics").items():
+                if _number(value) is not None:
+                    cells[str(key)] = value
+            rows.append(cells)
+    head = [*RUN_COLUMNS, "round", "stage", "client-id", "phase"]
+    return head + sorted({k for r in rows for k in r} - set(head)), rows
+
+
+def _write_csv(path: Path, table: tuple[list[str], list[dict[str, Any]]]) -> bool:
+    columns, rows = table
+    if not rows:
+        return False
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns, restval="")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
+    return True
+
+
+def write_tables(runs: Sequence[Run], out: Path) -> list[str]:
+    """metrics.csv and clients.csv (each only when it has a row); returns the names written."""
+    tables = ((METRICS_CSV, metrics_table(runs)), (CLIENTS_CSV, clients_table(runs)))
+    return [name for name, table in tables if _write_csv(out / name, table)]
 
 
 # ---- Markdown ------------------------------------------------------------------------------
@@ -404,6 +878,7 @@ ROUND_COLUMNS: tuple[tuple[str, Callable[[Mapping[str, Any]], Any], int], ...] =
     ),
     ("server test-accuracy", lambda r: _number(_section(r, "server-eval").get("test-accuracy")), 4),
     ("train-loss", lambda r: _number(_section(r, "train").get("train-loss")), 4),
+    ("epsilon", lambda r: _number(_section(r, "train").get("epsilon")), 3),
     ("seconds", lambda r: _number(r.get("seconds")), 1),
     ("MB", _row_mb, 4),
 )
@@ -447,7 +922,7 @@ def _clients_text(run: Run) -> str:
 
 
 def _rounds_text(run: Run) -> str:
-    planned = _as_int(run.summary.get("rounds")) or _as_int(run.config.get("num-rounds"))
+    planned = run.planned_rounds
     done = run.last_round
     if done is None:
         done = _as_int(run.summary.get("last-completed-round"))
@@ -464,11 +939,14 @@ def _run_section(run: Run) -> list[str]:
     if reason:
         lines.append(f"- reason: {_cell(str(reason))}")
     seconds = run.total_seconds()
+    partition = partition_text(run.config)
     lines += [
         f"- algorithm: {_cell(run.algorithm)}",
         f"- dataset: {_cell(run.dataset)}",
+        f"- partition: {_cell(partition) if partition else MISSING}",
         f"- clients: {_clients_text(run)}",
         f"- rounds: {_rounds_text(run)}",
+        f"- seed: {_fmt(run.seed)}",
         f"- total seconds: {_fmt(seconds, 1) if seconds is not None else MISSING}",
     ]
     if run.missing:
@@ -502,49 +980,121 @@ def _comparison(runs: Sequence[Run]) -> list[str]:
     return ["## Comparison", "", *_table(header, body), ""]
 
 
+def _seeds_table(groups: Sequence[Group]) -> list[str]:
+    banded = [g for g in groups if g.banded]
+    if not banded:
+        return []
+    keys = ("test-accuracy", "test-accuracy-p10")
+    body = []
+    for group in banded:
+        cells = [_cell(group.label), ", ".join(str(s) for s in group.seeds) or MISSING]
+        for key in keys:
+            values = [
+                v for r in group.runs if (v := _number(_section(r.final, "eval").get(key)))
+                is not None
+            ]  # fmt: skip
+            if values:
+                mean, std = _mean_std(values)
+                cells.append(f"{mean:.4f} ± {std:.4f} ({len(values)})")
+            else:
+                cells.append(MISSING)
+        body.append(cells)
+    header = ["runs", "seeds", "final mean accuracy", "final p10 accuracy"]
+    return [
+        "## Seeds",
+        "",
+        "Runs with the same settings but the seed: mean ± sample standard deviation over "
+        "seeds (number of runs with the figure).",
+        "",
+        *_table(header, body),
+        "",
+    ]
+
+
 PLOT_CAPTIONS = {
-    ACCURACY_PNG: "Accuracy per round (clients' test figures placed at the round whose model "
-    "they evaluate).",
-    LOSS_PNG: "Loss per round.",
-    ENERGY_PNG: "Energy captured by the reconstructions per round (placed like accuracy).",
-    ERROR_RATIO_PNG: "Reconstruction error over the true model's, per round.",
-    SIGMA_PNG: "Mean of the learned sigma per round.",
-    TIME_PNG: "Seconds per round.",
-    BYTES_PNG: "Traffic per round, bytes sent plus received, in MB.",
-    CLIENT_ACCURACY_PNG: "Distribution of per-client test-accuracy in the last reported round.",
+    ACCURACY: "Test accuracy per round: clients (mean over clients, and the 10th percentile) "
+    "and the server's evaluation; x is the round whose aggregated model is evaluated; the star "
+    "is the clients' final evaluation.",
+    LOSS: "Loss per round (placed like accuracy).",
+    ENERGY: "Energy captured by the reconstructions per round (placed like accuracy).",
+    ERROR_RATIO: "Reconstruction error over the true model's, per round.",
+    SIGMA: "Mean of the learned sigma per round.",
+    EPSILON: "Privacy spent (epsilon) per round.",
+    TIME: "Seconds per round.",
+    BYTES: "Traffic per round, bytes sent plus received, in MB.",
+    CLIENT_ACCURACY: "Distribution of per-client test-accuracy in the final evaluation (or the "
+    "last round reported).",
 }
 
 
-def render_markdown(runs: Sequence[Run], plots: Sequence[str]) -> str:
+def render_markdown(
+    runs: Sequence[Run], plots: Sequence[str], formats: Sequence[str] = ("png",),
+    warning: str | None = None, files: Sequence[str] = (),
+) -> str:  # fmt: skip
+    groups = group_runs(runs)
     lines = ["# Pollen report", ""]
     lines += [f"Runs: {', '.join(_cell(run.label) for run in runs)}.", ""]
+    setting = setting_text(runs)
+    if setting:
+        lines += [f"Setting: {_cell(setting)}.", ""]
+    if warning:
+        lines += [f"**Warning:** {_cell(warning)}.", ""]
+    if files:
+        lines += [f"Flat files for pandas: {', '.join(f'`{f}`' for f in files)}.", ""]
     for run in runs:
         lines += _run_section(run)
     if len(runs) > 1:
         lines += _comparison(runs)
+    lines += _seeds_table(groups)
+    shown = "png" if "png" in formats else "svg" if "svg" in formats else None
     if plots:
         lines += ["## Plots", ""]
+        others = [f for f in formats if f != shown]
+        if others:
+            lines += [f"Each plot is also written as {', '.join(others).upper()}.", ""]
         for name in plots:
-            lines += [PLOT_CAPTIONS[name], "", f"![{name.removesuffix('.png')}]({name})", ""]
+            lines += [PLOT_CAPTIONS[name], ""]
+            lines += [f"![{name}]({name}.{shown})", ""] if shown else [f"`{name}.pdf`", ""]
     else:
         lines += ["No plots: no run recorded per-round or per-client metrics.", ""]
     return "\n".join(lines)
 
 
-def write_report(run_dirs: list[Path], out: Path | None = None) -> Path:
-    """Write plots and report.md for the given results directories; returns the report
-    directory (default: the first directory's report/)."""
+def parse_formats(text: str) -> tuple[str, ...]:
+    """`png,svg,pdf` -> ("png", "svg", "pdf"); ReportError naming an unknown one."""
+    formats = tuple(dict.fromkeys(f.strip().lower().lstrip(".") for f in text.split(",")))
+    unknown = [f for f in formats if f not in FORMATS]
+    if not formats or unknown or "" in formats:
+        raise ReportError(
+            f"--format {text!r}: formats are a comma-separated list of {', '.join(FORMATS)}"
+        )
+    return formats
+
+
+def write_report(
+    run_dirs: list[Path], out: Path | None = None, formats: Sequence[str] = ("png",)
+) -> Path:
+    """Write plots, CSV files and report.md for the given results directories; returns the
+    report directory (default: the first directory's report/). A warning line goes to stderr
+    when the runs differ in settings other than the algorithm and the seed."""
     if not run_dirs:
         raise ReportError("no results directories given")
     paths = [Path(p) for p in run_dirs]
     runs = [load_run(p, name) for p, name in zip(paths, _unique_names(paths), strict=True)]
     out = Path(out) if out is not None else paths[0] / "report"
+    warning = settings_warning(runs)
+    if warning:
+        print(f"pollen: warning: {warning}", file=sys.stderr)
     try:
         out.mkdir(parents=True, exist_ok=True)
         for name in PLOTS:  # a plot that no longer has data must not linger from an earlier one
-            (out / name).unlink(missing_ok=True)
-        plots = write_plots(runs, out)
-        (out / REPORT_MD).write_text(render_markdown(runs, plots))
+            for fmt in FORMATS:
+                (out / f"{name}.{fmt}").unlink(missing_ok=True)
+        for stale in (METRICS_CSV, CLIENTS_CSV):
+            (out / stale).unlink(missing_ok=True)
+        plots = write_plots(runs, out, formats)
+        files = write_tables(runs, out)
+        (out / REPORT_MD).write_text(render_markdown(runs, plots, formats, warning, files))
     except OSError as exc:
         raise ReportError(f"cannot write the report to {out}: {exc.strerror or exc}") from None
     return out

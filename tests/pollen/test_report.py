@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pollen.report import ReportError, write_report
+from pollen.report import ReportError, load_run, write_report, write_tables
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 ALL_PNGS = ("accuracy.png", "loss.png", "time.png", "bytes.png", "client-accuracy.png")
@@ -221,3 +221,177 @@ def test_importing_does_not_load_pyplot() -> None:
         cwd=Path(__file__).resolve().parents[2],
     )
     assert done.stdout.strip() == "False"
+
+
+# ---- a recorded run: `pollen simulate --algorithm fedavg --dataset digits --clients 3
+# --rounds 2`, seeds 0 and 1 (tests/pollen/recorded/) ----------------------------------------
+RECORDED = Path(__file__).parent / "recorded"
+SEED0, SEED1 = RECORDED / "fedavg-digits-seed0", RECORDED / "fedavg-digits-seed1"
+PLOT_NAMES = ("accuracy", "loss", "time", "bytes", "client-accuracy")
+
+
+def _svg_texts(path: Path) -> list[str]:
+    """Every text of an SVG (the report keeps text as text: no screenshot needed)."""
+    import xml.etree.ElementTree as ET
+
+    root = ET.parse(path).getroot()
+    return ["".join(e.itertext()).strip() for e in root.iter() if e.tag.endswith("}text")]
+
+
+def _copy(src: Path, dst: Path, **config: Any) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    if config:
+        saved = json.loads((dst / "config.json").read_text())
+        (dst / "config.json").write_text(json.dumps({**saved, **config}))
+    return dst
+
+
+def test_a_recorded_run_in_every_format(tmp_path: Path) -> None:
+    out = write_report([SEED0], tmp_path / "r", formats=("png", "svg", "pdf"))
+    for name in PLOT_NAMES:
+        assert_png(out / f"{name}.png")
+        assert (out / f"{name}.pdf").read_bytes()[:5] == b"%PDF-"
+        assert _svg_texts(out / f"{name}.svg")
+    accuracy = _svg_texts(out / "accuracy.svg")
+    # server and clients told apart in the legend; the final evaluation named; the setting
+    assert "clients: test-accuracy (mean over clients)" in accuracy
+    assert "clients: test-accuracy (10th percentile)" in accuracy
+    assert "server: test-accuracy" in accuracy
+    assert "final evaluation (clients)" in accuracy
+    assert "Test accuracy: digits, iid, 3 clients" in accuracy
+    assert not any("fedavg (fedavg)" in t for t in accuracy)
+    boxes = _svg_texts(out / "client-accuracy.svg")
+    assert any("final evaluation" in t for t in boxes)
+    assert "final, 3 clients" in boxes and not any("round 3" in t for t in boxes)
+    md = (out / "report.md").read_text()
+    assert "![accuracy](accuracy.png)" in md and "also written as SVG, PDF" in md
+    assert "- partition: iid" in md and "- seed: 0" in md
+
+
+def test_a_plot_without_data_in_a_format_no_longer_asked_for_is_removed(tmp_path: Path) -> None:
+    out = write_report([SEED0], tmp_path / "r", formats=("svg",))
+    assert (out / "accuracy.svg").exists() and not (out / "accuracy.png").exists()
+    assert "![accuracy](accuracy.svg)" in (out / "report.md").read_text()
+    write_report([make_failed(tmp_path)], out, formats=("png",))
+    assert not (out / "accuracy.svg").exists() and not (out / "metrics.csv").exists()
+
+
+def test_the_flat_files_hold_every_round_client_and_the_final_evaluation(tmp_path: Path) -> None:
+    import csv
+
+    out = tmp_path
+    assert write_tables([load_run(SEED0)], out) == ["metrics.csv", "clients.csv"]
+    rows = list(csv.DictReader((out / "metrics.csv").open()))
+    recorded = [json.loads(x) for x in (SEED0 / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((SEED0 / "summary.json").read_text())
+    assert [(r["round"], r["stage"]) for r in rows] == [("1", "round"), ("2", "round"),
+                                                       ("2", "final")]  # fmt: skip
+    for row, rec in zip(rows, recorded, strict=False):
+        assert row["run"] == "fedavg-digits-seed0" and row["algorithm"] == "fedavg"
+        assert row["seed"] == "0" and row["dataset"] == "digits"
+        assert float(row["clients.test-accuracy"]) == rec["train"]["test-accuracy"]
+        assert float(row["server.test-accuracy"]) == rec["server-eval"]["test-accuracy"]
+        assert int(row["bytes-sent"]) == rec["bytes-sent"]
+    final = rows[-1]
+    assert float(final["clients.test-accuracy"]) == summary["final"]["eval"]["test-accuracy"]
+    assert final["seconds"] == "" and final["clients.train-loss"] == ""
+    clients = list(csv.DictReader((out / "clients.csv").open()))
+    recorded_clients = (SEED0 / "clients.jsonl").read_text().splitlines()
+    assert len(clients) == len(recorded_clients) == 9  # 3 clients x (2 rounds + final)
+    finals = [c for c in clients if c["stage"] == "final"]
+    assert len(finals) == 3 and {c["round"] for c in finals} == {"2"}  # written as round 3
+    assert {c["phase"] for c in finals} == {"evaluate"}
+    assert all(0.0 <= float(c["test-accuracy"]) <= 1.0 for c in clients)
+
+
+def test_the_flat_files_read_into_pandas(tmp_path: Path) -> None:
+    pd = pytest.importorskip("pandas")
+    write_tables([load_run(SEED0), load_run(SEED1)], tmp_path)
+    metrics = pd.read_csv(tmp_path / "metrics.csv")
+    final = metrics[metrics["stage"] == "final"].set_index("seed")["clients.test-accuracy"]
+    assert final.to_dict() == pytest.approx({0: 0.575, 1: 0.5556}, abs=1e-4)
+    assert str(metrics["round"].dtype) == "int64"
+
+
+def test_seeds_of_one_setting_are_drawn_as_mean_and_std(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import statistics
+
+    out = write_report([SEED0, SEED1], tmp_path / "r", formats=("svg",))
+    assert capsys.readouterr().err == ""  # the same settings but the seed: no warning
+    texts = _svg_texts(out / "accuracy.svg")
+    assert "clients: test-accuracy (mean over clients); mean ± std over 2 seeds" in texts
+    assert "server: test-accuracy; mean ± std over 2 seeds" in texts
+    assert "fedavg-digits; mean ± std over 2 seeds" in _svg_texts(out / "time.svg")
+    finals = [json.loads((d / "summary.json").read_text())["final"]["eval"]["test-accuracy"]
+              for d in (SEED0, SEED1)]  # fmt: skip
+    mean, std = statistics.fmean(finals), statistics.stdev(finals)
+    md = (out / "report.md").read_text()
+    assert "## Seeds" in md
+    assert f"| fedavg-digits | 0, 1 | {mean:.4f} ± {std:.4f} (2) |" in md
+
+
+def test_runs_differing_in_more_than_the_seed_get_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = _copy(SEED1, tmp_path / "lr-0.1", lr=0.1)
+    out = write_report([SEED0, other], tmp_path / "r", formats=("svg",))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "pollen: warning: the compared runs differ in settings other than the algorithm and "
+        "the seed: lr: 0.05 (fedavg-digits-seed0), 0.1 (lr-0.1)"
+    ]
+    assert "**Warning:** the compared runs differ" in (out / "report.md").read_text()
+    texts = _svg_texts(out / "accuracy.svg")  # two settings: two lines, no band
+    assert "fedavg-digits-seed0, server: test-accuracy" in texts
+    assert "lr-0.1 (fedavg), server: test-accuracy" in texts
+    assert not any("seeds" in t for t in texts)
+
+
+def test_comparing_algorithms_with_their_own_settings_is_no_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prox = _copy(SEED0, tmp_path / "prox", algorithm="fedprox", **{"fedprox.mu": 0.1})
+    write_report([SEED0, prox], tmp_path / "r", formats=("svg",))
+    assert capsys.readouterr().err == ""
+
+
+def test_a_directory_named_after_its_algorithm_is_labelled_once(tmp_path: Path) -> None:
+    runs = [make_run(tmp_path, "fedavg", "fedavg", 0.6), make_run(tmp_path, "x", "fedprox", 0.7)]
+    out = write_report(runs, tmp_path / "r", formats=("svg",))
+    texts = " ".join(_svg_texts(out / "accuracy.svg")) + (out / "report.md").read_text()
+    assert "fedavg (fedavg)" not in texts
+    assert "x (fedprox)" in texts
+
+
+def test_unknown_formats_are_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pollen import cli
+
+    code = cli.main(["report", str(SEED0), "--format", "png,gif", "--out", str(tmp_path / "r")])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        "pollen: error: --format 'png,gif': formats are a comma-separated list of png, svg, pdf\n"
+    )
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_partition_plot_draws_every_client_and_label_count(tmp_path: Path) -> None:
+    from pollen.report import plot_partition
+
+    summary = {"clients": [
+        {"client_id": 0, "train": 150, "train_labels": [100, 50, 0]},
+        {"client_id": 1, "train": 80, "train_labels": [0, 20, 60]},
+    ]}  # fmt: skip
+    plot_partition(summary, tmp_path / "p.svg", "toy, 2 clients")
+    texts = _svg_texts(tmp_path / "p.svg")
+    assert "toy, 2 clients" in texts
+    for count in ("100", "50", "20", "60"):  # every segment says its count
+        assert count in texts
+    assert {"0", "1", "2"} <= set(texts) and "label" in texts
+    plot_partition(summary, tmp_path / "p.png")
+    assert_png(tmp_path / "p.png")

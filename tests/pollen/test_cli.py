@@ -1,0 +1,45 @@
+"""Command-line output that needs no federation: `pollen data summary`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pollen import cli
+
+
+def test_data_summary_prints_and_plots_each_clients_label_counts(
+    tmp_path: Path, shared_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    split = ["--set", "dataset=digits", "--set", "num-clients=3", "--set",
+             "partitioner=dirichlet", "--set", "dirichlet-alpha=0.3",
+             "--set", f"cache-dir={shared_cache}"]  # fmt: skip
+    assert cli.main(["data", "summary", *split, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    plot = tmp_path / "partition.svg"
+    assert cli.main(["data", "summary", *split, "--plot", str(plot)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["client", "train", "val", "test", "|", "train", "examples",
+                                "of", "each", "label"]  # fmt: skip
+    assert lines[1].split() == ["|", *(str(i) for i in range(10))]
+    for client, line in zip(summary["clients"], lines[2:5], strict=True):
+        cells = line.split()
+        assert cells[:4] == [str(client[k]) for k in ("client_id", "train", "val", "test")]
+        assert cells[5:] == [str(n) for n in client["train_labels"]]  # every count, zeros too
+    assert lines[5] == f"label distribution drawn to {plot}"
+    text = plot.read_text()
+    assert "digits, dirichlet α=0.3, 3 clients, seed 0: train labels per client" in text
+
+
+def test_data_summary_refuses_a_plot_file_it_cannot_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli.main(["data", "summary", "--set", "dataset=digits", "--plot",
+                     str(tmp_path / "partition.gif")])  # fmt: skip
+    assert code == 2
+    assert capsys.readouterr().err == (
+        f"pollen: error: --plot {tmp_path / 'partition.gif'}: the file must end in .png, .svg "
+        "or .pdf\n"
+    )
