@@ -938,6 +938,20 @@ def follow(
         progress.close()
 
 
+class _StatusQuery(threading.Thread):
+    """One `flwr ls` in the background, so that progress keeps moving while it runs (a second
+    on an idle machine, much longer on a loaded one). A daemon: Ctrl-C never waits for it."""
+
+    def __init__(self, fed: Federation, run_id: str) -> None:
+        super().__init__(daemon=True)
+        self.fed, self.run_id = fed, run_id
+        self.status: dict[str, Any] = {}
+        self.start()
+
+    def run(self) -> None:
+        self.status = self.fed.run_status(self.run_id)
+
+
 def _follow(
     fed: Federation, run_id: str, out_dir: Path, timeout: float, progress: Progress
 ) -> dict[str, Any]:
@@ -946,17 +960,22 @@ def _follow(
     summary_seen = _mtime(summary)
     interval = STATUS_POLL_MIN
     next_status = time.monotonic()
+    query: _StatusQuery | None = None
     while True:
         progress.poll()
         fed.check_alive()
         written = _mtime(summary)
-        if written != summary_seen or time.monotonic() >= next_status:
+        if query is None and (written != summary_seen or time.monotonic() >= next_status):
             summary_seen = written
-            status = fed.run_status(run_id)
-            if str(status.get("status", "")).startswith("finished"):
-                return status
-            next_status = time.monotonic() + interval
-            interval = min(interval * 1.5, STATUS_POLL_MAX)
+            query = _StatusQuery(fed, run_id)
+        if query is not None:
+            query.join(timeout=0.1)
+            if not query.is_alive():
+                status, query = query.status, None
+                if str(status.get("status", "")).startswith("finished"):
+                    return status
+                next_status = time.monotonic() + interval
+                interval = min(interval * 1.5, STATUS_POLL_MAX)
         if time.monotonic() > deadline:
             fed.stop_run(run_id)
             raise LaunchError(f"run {run_id} did not finish within {timeout:g} s; stopped it")

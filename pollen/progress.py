@@ -132,7 +132,7 @@ class State:
     done: int = 0
     """The last round whose results arrived."""
     doing: str = "start"
-    """start | clients | round | phase | server-eval | server | finished"""
+    """start | clients | round | phase | server-eval | server | ending | finished"""
     phase: _Phase | None = None
     connected: int = 0
     needed: int = 0
@@ -171,8 +171,8 @@ class State:
             return "the round's first phase (the server samples clients)"
         if self.doing == "server":
             return "the server (aggregating the replies)"
-        if self.doing == "finished":
-            return "the run to end"
+        if self.doing == "ending":
+            return "Flower to report the run ended (its summary is written)"
         phase = self.phase
         if phase is None:
             return "the next phase"
@@ -377,6 +377,7 @@ class Progress:
         self._metrics = _Tail(self.out_dir / METRICS, history)
         self._clients = _Tail(self.out_dir / CLIENTS, history)
         self._rows: list[dict[str, Any]] = []
+        self._summary = _mtime(self.out_dir / SUMMARY)  # a resumed run's is the earlier run's
         self._news = self.t0
         self._stall = STALL_FIRST
         self._closed = False
@@ -403,6 +404,10 @@ class Progress:
                 self._flush_rounds(before=rnd)
             self._event(ev)
         self._flush_rounds(before=None)
+        summary = _mtime(self.out_dir / SUMMARY)
+        if self.state.doing not in ("ending", "finished") and summary != self._summary:
+            self.state.doing = "ending"  # the ServerApp wrote its last file
+            self._news = self.clock()
         self._tick()
 
     def _event(self, ev: Mapping[str, Any]) -> None:
@@ -531,6 +536,13 @@ def _read_summary(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return summary if isinstance(summary, dict) else None
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
 
 
 def _int(value: Any) -> int | None:

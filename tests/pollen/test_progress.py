@@ -119,7 +119,9 @@ def test_a_recorded_run_in_the_live_panel(tmp_path: Path) -> None:
     replay.step(lambda ev: ev["event"] == "phase-start" and ev["phase"] == "evaluate")
     progress.poll()
     assert "final" in panel() and "100%" in panel() and "final evaluation" in panel()
-    replay.step()
+    replay.step()  # the last events, then summary.json
+    progress.poll()
+    assert "waiting for Flower to report the run ended (its summary is written)" in panel()
     progress.close()
     text = out.getvalue()
     assert "round 1/2 | clients acc 0.0722 p10 0.0467 loss 2.2462 | server acc 0.3611" in text
