@@ -325,6 +325,12 @@ class Group:
     def banded(self) -> bool:
         return len(self.runs) > 1
 
+    @property
+    def over(self) -> str:
+        """`3 seeds` (or `3 runs` when some share a seed)."""
+        n = len(self.runs)
+        return f"{n} seeds" if len(set(self.seeds)) == n else f"{n} runs"
+
 
 def group_runs(runs: Sequence[Run]) -> list[Group]:
     """Runs whose settings agree except for the seed and HOW_IT_RAN, in order of first
@@ -385,10 +391,13 @@ def settings_warning(runs: Sequence[Run]) -> str | None:
     if not differ:
         return None
     named = [r for r in runs if r.config]
-    detail = "; ".join(
-        f"{key}: " + ", ".join(f"{v!r} ({r.name})" for v, r in zip(values, named, strict=True))
-        for key, values in differ.items()
-    )
+    parts = []
+    for key, values in differ.items():
+        holders: dict[str, list[str]] = {}  # each value with the runs that have it
+        for value, run in zip(values, named, strict=True):
+            holders.setdefault(repr(value), []).append(run.name)
+        parts.append(f"{key}: " + ", ".join(f"{v} ({', '.join(n)})" for v, n in holders.items()))
+    detail = "; ".join(parts)
     return (
         f"the compared runs differ in settings other than the algorithm and the seed: {detail}"
     )
@@ -604,7 +613,7 @@ def _plot_metric(
                     colour = f"C{gi % 10}"
                     label = f"{group.label}, {text}"
                 if group.banded:
-                    label += f"; mean ± std over {len(tracks)} seeds"
+                    label += f"; mean ± std over {group.over}"
                 rows = band(tracks)
                 xs = [r[0] for r in rows]
                 ys = [r[1] for r in rows]
@@ -666,7 +675,7 @@ def _plot_rows(
             rows = band(series)
             xs = [r[0] for r in rows]
             colour = f"C{gi % 10}"
-            label = group.label + (f"; mean ± std over {len(series)} seeds" if group.banded else "")
+            label = group.label + (f"; mean ± std over {group.over}" if group.banded else "")
             ax.plot(xs, [r[1] for r in rows], "-o", markersize=3, color=colour, label=label)
             if group.banded:
                 lo = [m - s for _, m, s, _ in rows]
@@ -675,6 +684,7 @@ def _plot_rows(
         ax.set_title(_title(title, setting))
         ax.set_xlabel("round")
         ax.set_ylabel(ylabel)
+        ax.set_ylim(bottom=0)  # seconds and bytes: from zero, so that sizes compare
         _integer_ticks(ax)
         ax.grid(True, alpha=0.3)
         _legend(ax, len(tracks))
