@@ -10,9 +10,10 @@ the same. Tags and steps (docs/monitoring.md#tensorboard):
   `round/seconds` and `round/MB` (sent + received);
 - `per-client/<metric>`: a histogram of the clients' values in a round.
 
-The step is the round whose aggregated model a figure describes: a client's test-* metrics of
-round r evaluate the model it received (after round r-1), so they are written at step r-1, and
-the final evaluation at the last round, as `pollen report` places them.
+The step is the round whose aggregated model a figure describes (pollen.registry.model_round):
+a client's test metrics of round r evaluate the model it received (after round r-1), so they
+are written at step r-1 (Local's, which test after training, at r), and the final evaluation at
+the last round, as `pollen report` places them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import importlib.util
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from pollen.registry import model_round
 
 INSTALL_HINT = "pip install 'pollen[tensorboard]' (in a checkout: pip install -e '.[tensorboard]')"
 
@@ -38,20 +41,23 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
-def _step(key: str, rnd: int) -> int:
-    return rnd - 1 if key.startswith("test-") else rnd
-
-
 class Board:
     """A TensorBoard SummaryWriter fed a run's rows as they arrive."""
 
-    def __init__(self, log_dir: Path, num_rounds: int = 0) -> None:
+    def __init__(self, log_dir: Path, num_rounds: int, algorithm: str) -> None:
         from torch.utils.tensorboard import SummaryWriter  # lazy: torch, only with --tensorboard
 
         self.log_dir = Path(log_dir)
         self.writer = SummaryWriter(log_dir=str(self.log_dir))
         self.num_rounds = num_rounds
+        self.algorithm = algorithm
         self._clients: dict[int, dict[str, list[float]]] = {}  # round -> metric -> values
+        self._written: set[tuple[str, int]] = set()  # (tag, step) of the clients' scalars
+
+    def _step(self, key: str, rnd: int) -> int:
+        if self.num_rounds and rnd > self.num_rounds:  # the final evaluation: model N
+            return self.num_rounds
+        return model_round(self.algorithm, key, rnd)
 
     def round(self, row: Mapping[str, Any]) -> None:
         rnd = _number(row.get("round"))
@@ -64,8 +70,9 @@ class Board:
                 y = _number(value)
                 if y is None or str(key).endswith("examples"):
                     continue
-                step = _step(str(key), r) if who == "clients" else r
+                step = self._step(str(key), r) if who == "clients" else r
                 self.writer.add_scalar(f"{who}/{key}", y, step)
+                self._written.add((f"{who}/{key}", step))
         seconds = _number(row.get("seconds"))
         if seconds is not None:
             self.writer.add_scalar("round/seconds", seconds, r)
@@ -91,13 +98,12 @@ class Board:
 
         for rnd in sorted(r for r in self._clients if upto is None or r <= upto):
             for key, values in sorted(self._clients.pop(rnd).items()):
-                step = _step(key, rnd)
-                if self.num_rounds:  # the final evaluation (round N+1) describes model N
-                    step = min(step, self.num_rounds)
+                step = self._step(key, rnd)
                 self.writer.add_histogram(f"per-client/{key}", np.asarray(values), step)
 
     def close(self, summary: Mapping[str, Any] | None) -> None:
-        """The final evaluation (from summary.json) at the last round, then the files closed."""
+        """The final evaluation (from summary.json) at the last round where no round measured
+        that model already (Local's), then the files closed."""
         final = summary.get("final") if isinstance(summary, Mapping) else None
         rounds = _number(summary.get("rounds")) if isinstance(summary, Mapping) else None
         last = int(rounds) if rounds is not None else self.num_rounds
@@ -105,7 +111,9 @@ class Board:
         if isinstance(evaluation, Mapping) and last:
             for key, value in evaluation.items():
                 y = _number(value)
-                if y is not None and str(key).startswith("test-"):
-                    self.writer.add_scalar(f"clients/{key}", y, last)
+                tag = f"clients/{key}"
+                if y is None or not str(key).startswith("test-") or (tag, last) in self._written:
+                    continue
+                self.writer.add_scalar(tag, y, last)
         self._histograms(upto=None)
         self.writer.close()

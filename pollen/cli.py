@@ -624,7 +624,7 @@ def _run_and_report(
     sinks = []
     if watch.tensorboard is not None:  # before the run: the writer imports torch (seconds)
         log_dir = watch.tensorboard / out.name
-        sinks.append(board.Board(log_dir, run.num_rounds))
+        sinks.append(board.Board(log_dir, run.num_rounds, run.algorithm))
         print(f"TensorBoard: {log_dir} (tensorboard --logdir {watch.tensorboard})", flush=True)
     try:
         run_id = fed.submit(resolved)

@@ -50,6 +50,10 @@ class AlgorithmSpec:
     client.training); an algorithm without it refuses `amp=true` before anything starts: its
     math must stay float32 (FeDLRT's bases and coefficients, FedSC's correlation matrices) or
     its loops are its own (ADEPT)."""
+    evaluates_received: bool = True
+    """Its training reply's evaluation metrics (`model_round`) describe the model the client
+    received, i.e. the one after the previous round's aggregation; False: the model after the
+    client's training in that round (Local's personal model)."""
 
     def setting_groups(self) -> set[str]:
         """The prefixes (`fedem` of `fedem.components`) of every setting this algorithm reads."""
@@ -249,6 +253,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             client="client.local",
             message_types=("train", "evaluate"),
             amp=True,
+            evaluates_received=False,  # it tests its personal model after the round's training
         ),
         AlgorithmSpec(
             name="noop",
@@ -353,6 +358,21 @@ def _closest(name: str, known: Iterable[str]) -> str:
     close = difflib.get_close_matches(name, names, n=2, cutoff=0.6)
     close += [k for k in names if k.split(".")[-1] == name.split(".")[-1] and k not in close]
     return f" (did you mean {' or '.join(close[:3])}?)" if close else ""
+
+
+def model_round(algorithm: str, key: str, rnd: int) -> int:
+    """The round whose model a client metric `key` of round `rnd`'s training reply describes
+    (0: the initial model), where reports and TensorBoard place it. Evaluation metrics (test-*,
+    a -test- part, *accuracy*) describe the model the client received unless the algorithm
+    evaluates after training (`AlgorithmSpec.evaluates_received`); the others (train-loss, ...)
+    the round's training. An algorithm this version does not know counts as evaluating the
+    received model."""
+    spec = ALGORITHMS.get(algorithm)
+    received = spec.evaluates_received if spec is not None else True
+    evaluation = not key.startswith("train-") and (
+        key.startswith("test-") or "-test-" in key or "accuracy" in key
+    )
+    return rnd - 1 if evaluation and received else rnd
 
 
 def foreign_settings(algorithm: str, keys: Iterable[str]) -> dict[str, list[str]]:

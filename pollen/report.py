@@ -414,15 +414,16 @@ def metric_series(run: Run, suffix: str) -> dict[str, list[Point]]:
     """Per-round values of every metric whose key ends in `suffix`, keyed "clients KEY" or
     "server KEY".
 
-    The x of a value is the round whose aggregated model it describes (0: the initial model).
-    Clients' test-* metrics of round r evaluate the model they received, i.e. the one after
-    round r-1's aggregation, so they are placed at r-1 to line up with the server's evaluation
-    of the same model; the clients' final evaluation (after the last round) is placed at the
-    last round (`final_points` names it).
+    The x of a value is the round whose aggregated model it describes (0: the initial model,
+    pollen.registry.model_round): clients' test metrics of round r evaluate the model they
+    received, the one after round r-1's aggregation, so they are placed at r-1 to line up with
+    the server's evaluation of the same model (an algorithm that tests after its local
+    training, Local, at r); the clients' final evaluation (after the last round) is placed at
+    the last round (`final_points`), where it replaces a value of the same model.
     """
-    series: dict[str, list[Point]] = {}
+    series: dict[str, dict[float, float]] = {}
     for row in run.rows:
-        rnd = _number(row.get("round"))
+        rnd = _as_int(row.get("round"))
         if rnd is None:
             continue
         for section, who in SECTIONS:
@@ -430,12 +431,12 @@ def metric_series(run: Run, suffix: str) -> dict[str, list[Point]]:
                 y = _number(value)
                 if y is None or not _plotted(str(key), suffix):
                     continue
-                shifted = section == "train" and str(key).startswith("test-")
-                series.setdefault(f"{who} {key}", []).append((rnd - 1 if shifted else rnd, y))
-    for name, point in final_points(run, suffix).items():
+                x = registry.model_round(run.algorithm, str(key), rnd) if who == "clients" else rnd
+                series.setdefault(f"{who} {key}", {})[float(x)] = y
+    for name, (fx, fy) in final_points(run, suffix).items():
         if name in series:
-            series[name].append(point)
-    return {k: sorted(v) for k, v in series.items()}
+            series[name][fx] = fy
+    return {k: sorted(v.items()) for k, v in series.items()}
 
 
 def final_points(run: Run, suffix: str) -> dict[str, Point]:
@@ -596,7 +597,8 @@ def _plot_metric(
     )
     if not metrics:
         return False
-    with _figure() as (fig, ax):
+    single = len(groups) == 1
+    with _figure() if single else _figure(9.5, 4.3) as (fig, ax):
         entries = 0
         final_marked = False
         colours = _single_colours(metrics)
@@ -606,13 +608,9 @@ def _plot_metric(
                 if not tracks:
                     continue
                 style, text = _series_style(metric)
-                if len(groups) == 1:
-                    colour = colours[metric]
-                    label = text
-                else:
-                    colour = f"C{gi % 10}"
-                    label = f"{group.label}, {text}"
-                if group.banded:
+                colour = colours[metric] if single else f"C{gi % 10}"
+                label: str | None = text if single else None  # several: two legends below
+                if label is not None and group.banded:
                     label += f"; mean ± std over {group.over}"
                 rows = band(tracks)
                 xs = [r[0] for r in rows]
@@ -631,7 +629,7 @@ def _plot_metric(
                     ax.plot(
                         [fx], [fy], linestyle="none", marker="*", markersize=13, color=colour,
                         markeredgecolor="black", markeredgewidth=0.6, zorder=4,
-                        label=None if final_marked else FINAL_LABEL,
+                        label=None if final_marked or not single else FINAL_LABEL,
                     )  # fmt: skip
                     entries += 0 if final_marked else 1
                     final_marked = True
@@ -640,13 +638,47 @@ def _plot_metric(
         ax.set_ylabel(title)
         _integer_ticks(ax)
         ax.grid(True, alpha=0.3)
-        _legend(ax, entries)
+        if single:
+            _legend(ax, entries)
+        else:
+            _two_legends(ax, groups, metrics, final_marked)
         _save(fig, out, name, formats)
     return True
 
 
+def _two_legends(
+    ax: Any, groups: Sequence[Group], metrics: Sequence[str], final: bool
+) -> None:
+    """Beside the plot: the runs by colour (with their seeds), and the series by style."""
+    from matplotlib.lines import Line2D  # lazy: matplotlib
+
+    runs = [
+        Line2D([], [], color=f"C{gi % 10}", linewidth=2.5)
+        for gi in range(len(groups))
+    ]  # fmt: skip
+    names = [
+        g.label + (f" (mean ± std over {g.over})" if g.banded else "") for g in groups
+    ]  # fmt: skip
+    first = ax.legend(runs, names, title="runs", fontsize="small", title_fontsize="small",
+                      loc="upper left", bbox_to_anchor=(1.01, 1.0))  # fmt: skip
+    ax.add_artist(first)
+    styles = [_series_style(m) for m in metrics]
+    handles = [Line2D([], [], color="black", **style) for style, _ in styles]
+    texts = [text for _, text in styles]
+    if final:
+        handles.append(Line2D([], [], linestyle="none", marker="*", markersize=11,
+                              color="white", markeredgecolor="black"))  # fmt: skip
+        texts.append(FINAL_LABEL)
+    ax.legend(handles, texts, title="series", fontsize="small", title_fontsize="small",
+              loc="lower left", bbox_to_anchor=(1.01, 0.0))  # fmt: skip
+
+
 def _title(what: str, setting: str) -> str:
-    return f"{what[0].upper()}{what[1:]}" + (f": {setting}" if setting else "")
+    """`Test accuracy: digits, iid, 5 clients`, on two lines when that is long."""
+    head = f"{what[0].upper()}{what[1:]}"
+    if not setting:
+        return head
+    return f"{head}\n{setting}" if len(head) + len(setting) > 55 else f"{head}: {setting}"
 
 
 def _integer_ticks(ax: Any) -> None:
@@ -675,7 +707,7 @@ def _plot_rows(
             rows = band(series)
             xs = [r[0] for r in rows]
             colour = f"C{gi % 10}"
-            label = group.label + (f"; mean ± std over {group.over}" if group.banded else "")
+            label = group.label + (f" (mean ± std over {group.over})" if group.banded else "")
             ax.plot(xs, [r[1] for r in rows], "-o", markersize=3, color=colour, label=label)
             if group.banded:
                 lo = [m - s for _, m, s, _ in rows]
@@ -684,7 +716,8 @@ def _plot_rows(
         ax.set_title(_title(title, setting))
         ax.set_xlabel("round")
         ax.set_ylabel(ylabel)
-        ax.set_ylim(bottom=0)  # seconds and bytes: from zero, so that sizes compare
+        top = max(ax.get_ylim()[1], 1e-9)  # seconds and bytes: from zero, sizes compare;
+        ax.set_ylim(-0.03 * top, top)  # a line at zero (Local's traffic) stays visible
         _integer_ticks(ax)
         ax.grid(True, alpha=0.3)
         _legend(ax, len(tracks))
@@ -693,32 +726,39 @@ def _plot_rows(
 
 
 def _plot_client_accuracy(
-    out: Path, runs: Sequence[Run], groups: Sequence[Group], formats: Sequence[str], setting: str
+    out: Path, groups: Sequence[Group], formats: Sequence[str], setting: str
 ) -> bool:
-    """A box per run of its clients' test-accuracy in the final evaluation (or the last round
-    reported), each client a dot in the colour of the run's group."""
-    data = [(run, found) for run in runs if (found := last_client_accuracies(run)) is not None]
-    if not data:
+    """A box per run, or per setting over its seeds, of the clients' test-accuracy in the
+    final evaluation (or the last round reported), each client a dot in the setting's colour."""
+    boxes = []  # (group index, tick label, values, whether every run's is the final evaluation)
+    for gi, group in enumerate(groups):
+        found = [(run, f) for run in group.runs if (f := last_client_accuracies(run)) is not None]
+        if not found:
+            continue
+        values = [acc for _, (_, accs) in found for acc in accs]
+        final = all(run.is_final(rnd) for run, (rnd, _) in found)
+        when = "final" if final else ", ".join(sorted({_round_name(r, n) for r, (n, _) in found}))
+        if len(found) > 1:
+            clients = {len(accs) for _, (_, accs) in found}
+            each = f"{clients.pop()} clients" if len(clients) == 1 else "clients"
+            tick = f"{group.label}\n{when}, {len(found)} {group.over.split()[1]} x {each}"
+        else:
+            tick = f"{group.label}\n{when}, {len(values)} clients"
+        boxes.append((gi, tick, values, final))
+    if not boxes:
         return False
-    with _figure(max(6.0, 2.2 * len(data)), 4.3) as (fig, ax):
-        values = [accs for _, (_, accs) in data]
-        positions = list(range(1, len(data) + 1))
+    with _figure(max(6.0, 1.8 * len(boxes) + 1.5), 4.3) as (fig, ax):
+        positions = list(range(1, len(boxes) + 1))
         ax.boxplot(
-            values, positions=positions, widths=0.5, showfliers=False,
-            medianprops={"color": "black"},
+            [values for _, _, values, _ in boxes], positions=positions, widths=0.5,
+            showfliers=False, medianprops={"color": "black"},
         )  # fmt: skip
-        colour = {id(r): f"C{gi % 10}" for gi, g in enumerate(groups) for r in g.runs}
-        for pos, (run, (_, accs)) in zip(positions, data, strict=True):
-            spread = [pos + 0.3 * (j / max(1, len(accs) - 1) - 0.5) for j in range(len(accs))]
-            ax.scatter(spread, accs, s=14, color=colour[id(run)], zorder=3)
+        for pos, (gi, _, values, _) in zip(positions, boxes, strict=True):
+            spread = [pos + 0.3 * (j / max(1, len(values) - 1) - 0.5) for j in range(len(values))]
+            ax.scatter(spread, values, s=14, color=f"C{gi % 10}", zorder=3)
         ax.set_xticks(positions)
-        ax.set_xticklabels(
-            [f"{run.label}\n{_round_name(run, rnd)}, {len(accs)} clients" for run, (rnd, accs)
-             in data],
-            fontsize="small",
-        )  # fmt: skip
-        finals = {run.is_final(rnd) for run, (rnd, _) in data}
-        when = "final evaluation" if finals == {True} else "last reported round"
+        ax.set_xticklabels([tick for _, tick, _, _ in boxes], fontsize="small")
+        when = "final evaluation" if all(b[3] for b in boxes) else "last reported round"
         ax.set_title(_title(f"per-client test-accuracy, {when}", setting))
         ax.set_ylabel("test-accuracy")
         ax.grid(True, axis="y", alpha=0.3)
@@ -755,7 +795,7 @@ def write_plots(runs: Sequence[Run], out: Path, formats: Sequence[str] = ("png",
     if _plot_rows(out, BYTES, "traffic per round (sent + received)", "MB", groups, _row_mb,
                   formats, setting):  # fmt: skip
         written.append(BYTES)
-    if _plot_client_accuracy(out, runs, groups, formats, setting):
+    if _plot_client_accuracy(out, groups, formats, setting):
         written.append(CLIENT_ACCURACY)
     return written
 

@@ -28,7 +28,8 @@ def test_a_recorded_run_reads_back_with_its_tags_and_steps(tmp_path: Path) -> No
     results = tmp_path / "run"
     shutil.copytree(RECORDED, results)  # a finished run: followed in one poll
     logs = tmp_path / "tb" / "run"
-    progress = Progress(results, io.StringIO(), num_rounds=2, sinks=[board.Board(logs, 2)])
+    sink = board.Board(logs, 2, "fedavg")
+    progress = Progress(results, io.StringIO(), num_rounds=2, sinks=[sink])
     progress.close()
 
     acc = EventAccumulator(str(logs), size_guidance={"scalars": 0, "histograms": 0})

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pollen.report import ReportError, load_run, write_report, write_tables
+from pollen.report import ReportError, load_run, metric_series, write_report, write_tables
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 ALL_PNGS = ("accuracy.png", "loss.png", "time.png", "bytes.png", "client-accuracy.png")
@@ -325,7 +325,9 @@ def test_seeds_of_one_setting_are_drawn_as_mean_and_std(
     texts = _svg_texts(out / "accuracy.svg")
     assert "clients: test-accuracy (mean over clients); mean ± std over 2 seeds" in texts
     assert "server: test-accuracy; mean ± std over 2 seeds" in texts
-    assert "fedavg-digits; mean ± std over 2 seeds" in _svg_texts(out / "time.svg")
+    assert "fedavg-digits (mean ± std over 2 seeds)" in _svg_texts(out / "time.svg")
+    boxes = _svg_texts(out / "client-accuracy.svg")  # one box of both seeds' clients
+    assert "fedavg-digits" in boxes and "final, 2 seeds x 3 clients" in boxes
     finals = [json.loads((d / "summary.json").read_text())["final"]["eval"]["test-accuracy"]
               for d in (SEED0, SEED1)]  # fmt: skip
     mean, std = statistics.fmean(finals), statistics.stdev(finals)
@@ -345,9 +347,13 @@ def test_runs_differing_in_more_than_the_seed_get_a_warning(
         "the seed: lr: 0.05 (fedavg-digits-seed0), 0.1 (lr-0.1)"
     ]
     assert "**Warning:** the compared runs differ" in (out / "report.md").read_text()
-    texts = _svg_texts(out / "accuracy.svg")  # two settings: two lines, no band
-    assert "fedavg-digits-seed0, server: test-accuracy" in texts
-    assert "lr-0.1 (fedavg), server: test-accuracy" in texts
+    texts = _svg_texts(out / "accuracy.svg")  # two settings: a colour each, no band
+    assert texts[-8:] == [
+        "runs", "fedavg-digits-seed0", "lr-0.1 (fedavg)",
+        "series", "clients: test-accuracy (mean over clients)",
+        "clients: test-accuracy (10th percentile)", "server: test-accuracy",
+        "final evaluation (clients)",
+    ]  # fmt: skip
     assert not any("seeds" in t for t in texts)
 
 
@@ -357,6 +363,20 @@ def test_comparing_algorithms_with_their_own_settings_is_no_warning(
     prox = _copy(SEED0, tmp_path / "prox", algorithm="fedprox", **{"fedprox.mu": 0.1})
     write_report([SEED0, prox], tmp_path / "r", formats=("svg",))
     assert capsys.readouterr().err == ""
+
+
+def test_local_tests_after_training_so_its_figures_stay_at_their_round(tmp_path: Path) -> None:
+    """Local's clients test their personal model after the round's training (pollen.registry:
+    evaluates_received=False): round r's figure describes model r, and the final evaluation
+    (of the model after the last round) takes the last round's place, not a second point."""
+    fedavg = load_run(make_run(tmp_path, "a", "fedavg", 0.5))
+    local = load_run(make_run(tmp_path, "b", "local", 0.5))
+    assert [x for x, _ in metric_series(fedavg, "accuracy")["clients test-accuracy"]] == [
+        0, 1, 2, 3]  # fmt: skip
+    placed = metric_series(local, "accuracy")["clients test-accuracy"]
+    final = local.summary["final"]["eval"]["test-accuracy"]
+    assert placed == [(1, 0.55), (2, 0.60), (3, final)]
+    assert [x for x, _ in metric_series(local, "loss")["clients train-loss"]] == [1, 2, 3]
 
 
 def test_a_directory_named_after_its_algorithm_is_labelled_once(tmp_path: Path) -> None:

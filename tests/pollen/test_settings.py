@@ -63,3 +63,20 @@ def test_model_choices_are_the_registered_models() -> None:
     from models.registry import ALL_MODEL_NAMES
 
     assert set(registry.all_settings()["model"].choices or ()) == set(ALL_MODEL_NAMES)
+
+
+def test_model_round_places_a_clients_metric_at_the_model_it_describes() -> None:
+    """Reports and TensorBoard place round r's client figures by the model they describe:
+    evaluations of the received model at r-1 (FedAvg tests before training; FedSC's kNN
+    accuracy; FedAvg+'s global-test-*), training figures at r, and Local's evaluations, which
+    test the personal model after the round's training, at r."""
+    from pollen.registry import model_round
+
+    assert model_round("fedavg", "test-accuracy", 3) == 2
+    assert model_round("fedavg", "test-accuracy-p10", 3) == 2
+    assert model_round("fedsc", "knn-accuracy", 3) == 2
+    assert model_round("fedavg-plus", "global-test-loss", 3) == 2
+    assert model_round("fedavg", "train-loss", 3) == 3
+    assert model_round("fedavg", "train-accuracy", 3) == 3
+    assert model_round("local", "test-accuracy", 3) == 3
+    assert model_round("an-algorithm-of-a-later-version", "test-accuracy", 3) == 2
