@@ -149,11 +149,13 @@ class State:
         return f"round {rnd}/{self.num_rounds}" if self.num_rounds else f"round {rnd}"
 
     def eta(self, now: float) -> float | None:
-        """Seconds until the last round ends, from the mean of the rounds seen so far (None
-        before one ended, or when the number of rounds is unknown)."""
+        """Seconds until the last round ends, from the mean of the rounds seen so far but the
+        first once there are others (it pays the clients' start-up); None before a round
+        ended, or when the number of rounds is unknown."""
         if not self.round_seconds or not self.num_rounds:
             return None
-        mean = sum(self.round_seconds) / len(self.round_seconds)
+        seen = self.round_seconds[1:] or self.round_seconds
+        mean = sum(seen) / len(seen)
         left = max(0, self.num_rounds - self.done) * mean
         if self.round_started is not None and self.round > self.done:
             left -= now - self.round_started

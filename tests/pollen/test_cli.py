@@ -43,3 +43,12 @@ def test_data_summary_refuses_a_plot_file_it_cannot_write(
         f"pollen: error: --plot {tmp_path / 'partition.gif'}: the file must end in .png, .svg "
         "or .pdf\n"
     )
+
+
+@pytest.mark.parametrize("command", ["simulate", "deploy", "run --superlink 127.0.0.1:9093"])
+def test_every_run_command_takes_plain_and_tensorboard(command: str) -> None:
+    parser = cli.build_parser()
+    given = parser.parse_args([*command.split(), "--plain", "--tensorboard", "tb"])
+    assert cli.Watch.of(given) == cli.Watch(plain=True, tensorboard=Path("tb"))
+    # without --plain the view follows the output: live on a terminal, plain lines elsewhere
+    assert cli.Watch.of(parser.parse_args(command.split())) == cli.Watch(None, None)

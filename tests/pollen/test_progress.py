@@ -169,9 +169,13 @@ def test_the_plain_view_says_what_a_quiet_run_waits_for(tmp_path: Path) -> None:
 def test_eta_is_the_mean_round_times_the_rounds_left() -> None:
     state = State(num_rounds=10)
     assert state.eta(0.0) is None  # no round ended yet
-    state.round_seconds = [10.0, 14.0]
-    state.done, state.round, state.round_started = 2, 3, 100.0
-    assert state.eta(105.0) == 8 * 12.0 - 5.0
+    state.round_seconds = [30.0]
+    state.done, state.round, state.round_started = 1, 2, 100.0
+    assert state.eta(105.0) == 9 * 30.0 - 5.0
+    # the first round paid the clients' start-up: left out once others ended
+    state.round_seconds = [30.0, 10.0, 14.0]
+    state.done, state.round, state.round_started = 3, 4, 100.0
+    assert state.eta(105.0) == 7 * 12.0 - 5.0
     assert state.eta(1000.0) == 0.0
     assert clock_text(95) == "1:35" and clock_text(3725) == "1:02:05"
 
