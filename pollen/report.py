@@ -534,7 +534,9 @@ def _series_style(metric: str) -> tuple[dict[str, Any], str]:
     if key.endswith("-p10"):
         return CLIENT_STYLES[1], f"clients: {key.removesuffix('-p10')} (10th percentile)"
     index = 0 if key.startswith("test-") or len(key.split("-")) == 1 else 2
-    return CLIENT_STYLES[index], f"clients: {key} (mean over clients)"
+    if key.startswith(("test-", "train-")):  # the weighted mean (strategies/aggregate.py)
+        return CLIENT_STYLES[index], f"clients: {key} (mean over clients)"
+    return CLIENT_STYLES[index], f"clients: {key}"  # a strategy's own (a ledger's max)
 
 
 @contextmanager

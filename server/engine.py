@@ -231,9 +231,12 @@ class Engine:
             if answered != reported:
                 reported = answered
                 # the clients the phase still waits for, named when few are left: the
-                # stragglers (not for the hello, which knows nodes, not clients, yet)
-                awaited = sorted(k for mid in pending for k in batches[by_message[mid]])
-                named = not hello and 0 < len(awaited) <= WAITING_NAMED
+                # stragglers (not for the hello, which knows nodes, not clients, yet). Each
+                # pending message holds a client at least, so with more pending than that
+                # nothing is listed: a phase of 10,000 clients costs no sort per reply
+                few = not hello and len(pending) <= WAITING_NAMED
+                awaited = sorted(k for m in pending for k in batches[by_message[m]]) if few else []
+                named = 0 < len(awaited) <= WAITING_NAMED
                 self.results.event(
                     "phase-progress",
                     round=self.server_round,
