@@ -19,6 +19,7 @@ algebra on the CPU. None of them uses mixed precision (the registry refuses amp=
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from functools import partial
 from typing import Any
@@ -145,6 +146,8 @@ def _ae_hyper(adept: AdeptSettings, ae: AdeptAESettings, n: int) -> Any:
         xi=adept.xi,
         prior_scale=ae.prior_scale or 1.0 / max(n, 1),
         mu_gradient=ae.mu_gradient,
+        clip_theta=ae.grad_clip or math.inf,
+        clip_mu=ae.grad_clip or math.inf,
     )
 
 

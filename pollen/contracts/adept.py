@@ -78,6 +78,12 @@ class AdeptAESettings(SettingsGroup):
         choices=("code", "paper"),
     )
     lazy_rounds: int = setting(2, "rounds before sigma starts to move", minimum=0)
+    grad_clip: float = setting(
+        1.0,
+        "l_inf clip of the gradients of theta_i and mu (paper App. F.2, authors' code: 1; 0: "
+        "off, Algorithm 1 as printed)",
+        minimum=0.0,
+    )
 
 
 @dataclass(frozen=True)
