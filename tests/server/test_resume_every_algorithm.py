@@ -43,7 +43,7 @@ def test_resumed_run_ends_where_an_uninterrupted_one_does(
         np.testing.assert_allclose(arrays[key], value, rtol=TOL, atol=TOL, err_msg=key)
 
 
-ADEPT = {
+ADEPT: dict[str, dict[str, Any]] = {
     "adept-pca": {"adept.lr-sigma": 1e-4, "adept.sigma-init": 0.5},
     # momentum kept between rounds (the authors' code): theta_i's optimizer state is on disk
     "adept-ae": {"momentum": 0.9, "persist-momentum": True, "adept-ae.lazy-rounds": 1},
