@@ -8,6 +8,11 @@ Sensitivity: every image contributes (1/n) mean_v z_v z_v^T, a PSD matrix of Fro
 most mu / n. Replacing one image changes R by the difference of two such matrices, whose norm can
 reach sqrt(2) mu / n (two orthogonal rank-one terms), not the paper's mu / n. The default here is
 the sqrt(2) bound (the one the paper's Table 6 noise levels match); 'paper' gives mu / n.
+
+Accounting: a release is the Gaussian mechanism on the H x H matrix (l2 = Frobenius sensitivity
+W above, noise std sigma on every entry, so noise multiplier sigma / W) applied to the whole
+training split (sample rate 1); T releases are accounted by Opacus' RDP accountant
+(models.privacy.gaussian_epsilon), beside the paper's closed-form bound (Prop. 6.6).
 """
 
 from __future__ import annotations
@@ -15,9 +20,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
+from models.privacy import gaussian_epsilon
 from models.spectral import norm_clip
 
 Augment = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
@@ -82,25 +87,16 @@ def closed_form_epsilon(releases: int, sigma: float, w: float, delta: float) -> 
     return r / 2 + math.sqrt(2 * r * math.log(1 / delta))
 
 
-RDP_ORDERS = np.array([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)), dtype=float)
-"""Opacus' RDPAccountant.DEFAULT_ALPHAS."""
-
-
 def rdp_epsilon(releases: int, sigma: float, w: float, delta: float) -> float:
-    """epsilon after `releases` Gaussian releases of sensitivity w, computed as Opacus' RDP
-    accountant does (noise multiplier sigma / w, sample rate 1: the server knows whom it asked,
-    so there is no amplification by sampling). At sample rate 1 the RDP of order a is
-    releases * a / (2 z^2), converted to (epsilon, delta) over Opacus' default orders: the same
-    numbers without importing Opacus, which costs seconds in every ClientApp process."""
+    """epsilon after `releases` Gaussian releases of sensitivity w and noise std sigma, by
+    Opacus' RDP accountant (models.privacy.gaussian_epsilon: noise multiplier sigma / w, sample
+    rate 1, since the server knows whom it asked, so there is no amplification by sampling).
+    At sample rate 1 the RDP of order a after T releases is T a / (2 z^2)."""
     if releases == 0:
         return 0.0
     if sigma <= 0:
         return math.inf
-    z = sigma / w
-    a = RDP_ORDERS
-    rdp = releases * a / (2 * z**2)
-    eps = rdp - (math.log(delta) + np.log(a)) / (a - 1) + np.log((a - 1) / a)
-    return float(np.nanmin(eps))
+    return gaussian_epsilon(releases, sigma / w, delta)
 
 
 def release_epsilon(
@@ -112,9 +108,10 @@ def release_epsilon(
     delta: float,
     convention: str,
 ) -> float:
-    """Epsilon (Opacus RDP) of a client with `num_train` training examples after `releases`
-    DP-CalR releases with clipping mu, noise std and delta, at the sensitivity of `convention`
-    (the run's `fedsc.mu`, `fedsc.noise-std`, `fedsc.delta`, `fedsc.sensitivity`)."""
+    """Epsilon (Opacus' RDP accountant) of a client with `num_train` training examples after
+    `releases` DP-CalR releases with clipping mu, noise std and delta, at the sensitivity of
+    `convention` (the run's `fedsc.mu`, `fedsc.noise-std`, `fedsc.delta`,
+    `fedsc.sensitivity`)."""
     w = sensitivity(mu, max(num_train, 1), convention)
     return rdp_epsilon(releases, noise_std, w, delta)
 

@@ -134,3 +134,23 @@ def test_rdp_epsilon_matches_opacus(releases: int, sigma: float, n: int, delta: 
     assert rdp_epsilon(releases, sigma, w, delta) == pytest.approx(
         accountant.get_epsilon(delta), rel=1e-12
     )
+
+
+@pytest.mark.parametrize(
+    ("releases", "sigma", "n", "delta", "before"),
+    [
+        (1, 0.01, 1000, 1e-5, 0.5458132098177005),
+        (10, 0.01, 1000, 1e-5, 1.9142498748403742),
+        (100, 0.0018, 10_000, 1e-2, 2.015014349781019),
+        (7, 0.3, 50, 1e-3, 0.6863022302309583),
+        (50, 0.05, 600, 1e-5, 1.3862750468052076),
+    ],
+)
+def test_rdp_epsilon_is_unchanged_by_the_move_to_opacus(
+    releases: int, sigma: float, n: int, delta: float, before: float
+) -> None:
+    """The epsilons the hand-written copy of Opacus' formula reported (`before`, printed by
+    that code) are the ones Opacus' analysis now gives."""
+    assert rdp_epsilon(releases, sigma, sensitivity(1.0, n), delta) == pytest.approx(
+        before, rel=1e-12
+    )

@@ -1,0 +1,193 @@
+"""Privacy accounting and DP-compatible models, on Opacus (docs/privacy.md).
+
+Accounting. Every mechanism Pollen accounts is a (sub)sampled Gaussian mechanism: a sum of
+contributions of l2 norm at most C per example, plus N(0, (z C)^2) noise on every coordinate,
+z the noise multiplier, computed on a batch in which each example is present independently
+with probability q (q = 1: the whole data set, as FedSC's DP-CalR releases). A ledger is the
+list of (z, q, steps) its mechanism ran, Opacus' `RDPAccountant.history`; its epsilon at a
+delta is Opacus' Renyi-DP analysis (`opacus.accountants.analysis.rdp`: Mironov et al., 2019,
+for the sampled Gaussian mechanism; conversion to (epsilon, delta) by Balle et al., 2020,
+Thm. 21) over Opacus' default orders, exactly what `RDPAccountant.get_epsilon` returns. The
+neighbouring relation is Opacus': data sets that differ by adding or removing one example
+(replacing one, for a release whose sensitivity is stated for replacement, as FedSC's).
+
+Poisson sampling follows Opacus' `DPDataLoader` built from a loader of batch size B over n
+examples: ceil(n / B) steps per epoch, sample rate q = 1 / ceil(n / B), and the noisy sum is
+divided by the expected batch size int(n q).
+
+Opacus is imported where it is used (`# lazy: opacus`): importing it costs seconds, which a
+process that never accounts (a ClientApp without DP, `pollen --help`) should not pay.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from torch import nn
+
+Entry = tuple[float, float, int]
+"""(noise multiplier z, sample rate q, steps): one entry of Opacus' RDPAccountant.history."""
+
+
+@dataclass(frozen=True)
+class PoissonPlan:
+    """How DP-SGD draws its batches from n examples at batch size B (Opacus' DPDataLoader)."""
+
+    sample_rate: float
+    """q: each example is in a batch independently with this probability."""
+    steps_per_epoch: int
+    """ceil(n / B): the batches of an epoch (0 without examples)."""
+    expected_batch_size: int
+    """int(n q): the noisy sum of clipped gradients is divided by it (Opacus' `mean`)."""
+
+
+def poisson_plan(examples: int, batch_size: int) -> PoissonPlan:
+    """Opacus' DPDataLoader.from_data_loader for a loader of `batch_size` over `examples`."""
+    if batch_size < 1:
+        raise ValueError(f"batch size must be at least 1, got {batch_size}")
+    if examples <= 0:
+        return PoissonPlan(0.0, 0, 0)
+    steps = math.ceil(examples / batch_size)
+    q = 1.0 / steps
+    return PoissonPlan(q, steps, max(int(examples * q), 1))
+
+
+def add_steps(history: Iterable[Sequence[float]], z: float, q: float, steps: int) -> list[Entry]:
+    """`history` with `steps` more steps at (z, q), merged into an entry of the same (z, q)."""
+    out: list[Entry] = [(float(e[0]), float(e[1]), int(e[2])) for e in history]
+    if steps <= 0:
+        return out
+    for i, (z0, q0, n0) in enumerate(out):
+        if z0 == z and q0 == q:
+            out[i] = (z0, q0, n0 + steps)
+            return out
+    out.append((float(z), float(q), int(steps)))
+    return out
+
+
+def _orders() -> np.ndarray:
+    from opacus.accountants import RDPAccountant  # lazy: opacus
+
+    return np.asarray(RDPAccountant.DEFAULT_ALPHAS, dtype=float)
+
+
+@functools.lru_cache(maxsize=4096)
+def _rdp_per_step(z: float, q: float) -> tuple[float, ...]:
+    """RDP of one step of the sampled Gaussian mechanism at Opacus' default orders (RDP adds
+    up over steps, so a ledger's RDP is steps x this). Cached: for q < 1 each value is a
+    series, tens of milliseconds for all orders."""
+    from opacus.accountants.analysis.rdp import compute_rdp  # lazy: opacus
+
+    rdp = compute_rdp(q=q, noise_multiplier=z, steps=1, orders=list(_orders()))
+    return tuple(float(v) for v in np.atleast_1d(rdp))
+
+
+def epsilon(history: Iterable[Sequence[float]], delta: float) -> float:
+    """Epsilon at `delta` after the steps of `history` (entries (z, q, steps)), as Opacus'
+    RDPAccountant computes it; 0 without steps, infinite when a step had no noise (z = 0)."""
+    entries = [(float(e[0]), float(e[1]), int(e[2])) for e in history if int(e[2]) > 0]
+    if not entries:
+        return 0.0
+    if any(z <= 0 for z, _, _ in entries):
+        return math.inf
+    from opacus.accountants.analysis.rdp import get_privacy_spent  # lazy: opacus
+
+    rdp = sum(steps * np.asarray(_rdp_per_step(z, q)) for z, q, steps in entries)
+    with warnings.catch_warnings():
+        # "Optimal order is the largest alpha": the bound holds, a larger order would tighten it
+        warnings.filterwarnings("ignore", message="Optimal order", category=UserWarning)
+        eps, _ = get_privacy_spent(orders=_orders(), rdp=rdp, delta=delta)
+    return float(eps)
+
+
+def gaussian_epsilon(releases: int, noise_multiplier: float, delta: float) -> float:
+    """Epsilon after `releases` Gaussian releases at noise multiplier z = noise std /
+    sensitivity, each over the whole data set (sample rate 1: RDP of order a is
+    releases * a / (2 z^2))."""
+    if releases <= 0:
+        return 0.0
+    return epsilon([(noise_multiplier, 1.0, releases)], delta)
+
+
+@functools.lru_cache(maxsize=1024)
+def noise_for_epsilon(target_epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
+    """The noise multiplier that brings `steps` steps at `sample_rate` to `target_epsilon` at
+    `delta` (Opacus' get_noise_multiplier: a binary search on the RDP accountant, to within
+    0.01 in epsilon, from below). ValueError when no noise level reaches the target."""
+    if target_epsilon <= 0:
+        raise ValueError(f"target epsilon must be positive, got {target_epsilon}")
+    if steps <= 0:
+        return 0.0
+    from opacus.accountants.utils import get_noise_multiplier  # lazy: opacus
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Optimal order", category=UserWarning)
+        try:
+            return float(
+                get_noise_multiplier(
+                    target_epsilon=target_epsilon,
+                    target_delta=delta,
+                    sample_rate=sample_rate,
+                    steps=steps,
+                    accountant="rdp",
+                )
+            )
+        except ValueError as exc:
+            raise ValueError(
+                f"no noise multiplier reaches epsilon {target_epsilon} at delta {delta} after "
+                f"{steps} steps at sample rate {sample_rate:.4g} ({exc})"
+            ) from None
+
+
+def dp_compatible(model: nn.Module) -> nn.Module:
+    """`model` made trainable by Opacus' per-sample gradients: ModuleValidator.fix replaces
+    what it can (BatchNorm by GroupNorm, nn.LSTM by Opacus' DPLSTM, whose state-dict keys are
+    nn.LSTM's); ValueError naming the first module that still cannot be (a trainable module
+    with buffers, say)."""
+    from opacus import GradSampleModule  # lazy: opacus
+    from opacus.validators import ModuleValidator  # lazy: opacus
+
+    training = model.training
+    fixed = ModuleValidator.fix(model).train()
+    errors = [*ModuleValidator.validate(fixed), *GradSampleModule.validate(fixed)]
+    if errors:
+        reason = " ".join(str(errors[0]).split())
+        raise ValueError(f"the model cannot train with DP-SGD (Opacus): {reason}")
+    _keep_renamed_keys(fixed)
+    return fixed.train(training)
+
+
+def _keep_renamed_keys(model: nn.Module) -> None:
+    """Opacus' DPLSTM holds nn.LSTM's parameters under its own names too (`l0.ih.weight` beside
+    `weight_ih_l0`) and hides them only when it is the root module. Inside a model, the model's
+    state dict would carry both; these hooks keep only nn.LSTM's names, so the weights a client
+    sends are the same keys as without DP-SGD."""
+    renamed = [
+        (f"{name}." if name else "", dict(module.old_to_new))
+        for name, module in model.named_modules()
+        if isinstance(getattr(module, "old_to_new", None), dict)
+    ]
+    if not renamed:
+        return
+
+    def drop(_module: nn.Module, state: dict, prefix: str, _meta: object) -> None:
+        for path, names in renamed:
+            for old in names:
+                state.pop(f"{prefix}{path}{old}", None)
+
+    def restore(_module: nn.Module, state: dict, prefix: str, *_args: object) -> None:
+        for path, names in renamed:
+            for old, new in names.items():
+                if f"{prefix}{path}{new}" in state:
+                    state.setdefault(f"{prefix}{path}{old}", state[f"{prefix}{path}{new}"])
+
+    model.register_state_dict_post_hook(drop)
+    model.register_load_state_dict_pre_hook(restore)

@@ -1,0 +1,210 @@
+"""Privacy accounting on Opacus (models.privacy): the Gaussian mechanism's closed forms, Opacus'
+own accountant for the same steps, the noise calibration, Poisson sampling as Opacus' data
+loader does it, and models made trainable by Opacus."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from models import build_model
+from models.privacy import (
+    add_steps,
+    dp_compatible,
+    epsilon,
+    gaussian_epsilon,
+    noise_for_epsilon,
+    poisson_plan,
+)
+from models.weights import get_weights, set_weights
+
+
+def _phi(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2))
+
+
+def exact_delta(eps: float, z: float) -> float:
+    """delta(eps) of the Gaussian mechanism with sensitivity 1 and noise std z, exactly (Balle &
+    Wang, ICML 2018, Thm. 8: the analytic Gaussian mechanism)."""
+    return _phi(1 / (2 * z) - eps * z) - math.exp(eps) * _phi(-1 / (2 * z) - eps * z)
+
+
+def exact_epsilon(z: float, delta: float) -> float:
+    """The smallest eps with exact_delta(eps, z) <= delta (bisection; delta decreases in eps)."""
+    lo, hi = 0.0, 100.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if exact_delta(mid, z) <= delta else (mid, hi)
+    return hi
+
+
+def rdp_closed_form(releases: int, z: float, delta: float) -> float:
+    """T releases of the Gaussian mechanism at sample rate 1: RDP of order a is T a / (2 z^2)
+    (Mironov, 2017, Prop. 7 and composition), converted by Balle et al. (2020, Thm. 21) at
+    Opacus' default orders. This is the formula Pollen computed by hand before using Opacus."""
+    a = np.array([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)), dtype=float)
+    rdp = releases * a / (2 * z**2)
+    return float(np.nanmin(rdp - (math.log(delta) + np.log(a)) / (a - 1) + np.log((a - 1) / a)))
+
+
+@pytest.mark.parametrize(
+    ("releases", "z", "delta"),
+    [(1, 1.0, 1e-5), (1, 5.0, 1e-5), (10, 3.0, 1e-5), (100, 20.0, 1e-3), (1, 0.5, 1e-6)],
+)
+def test_the_gaussian_mechanism_against_its_closed_forms(
+    releases: int, z: float, delta: float
+) -> None:
+    """At sample rate 1 Opacus' RDP is T a / (2 z^2) at every order; the epsilon it gives is an
+    upper bound of the exact one (T releases at noise z are one release at z / sqrt(T)), and
+    not a loose one: within 25 % of it."""
+    from opacus.accountants import RDPAccountant
+    from opacus.accountants.analysis.rdp import compute_rdp
+
+    orders = RDPAccountant.DEFAULT_ALPHAS
+    rdp = compute_rdp(q=1.0, noise_multiplier=z, steps=releases, orders=orders)
+    assert rdp == pytest.approx(releases * np.array(orders) / (2 * z**2), rel=1e-12)
+
+    eps = gaussian_epsilon(releases, z, delta)
+    assert eps == pytest.approx(rdp_closed_form(releases, z, delta), rel=1e-12)
+    exact = exact_epsilon(z / math.sqrt(releases), delta)
+    assert exact_delta(eps, z / math.sqrt(releases)) <= delta  # a valid guarantee
+    assert exact <= eps <= 1.25 * exact
+
+
+@pytest.mark.parametrize(
+    "history",
+    [
+        [(1.0, 1 / 27, 81)],
+        [(0.8, 0.01, 1000)],
+        [(1.1, 0.05, 30), (0.7, 0.02, 200)],  # settings changed along the way
+        [(2.0, 1.0, 5)],
+    ],
+)
+def test_epsilon_is_opacus_accountants_for_the_same_steps(history: list) -> None:
+    from opacus.accountants import RDPAccountant
+
+    accountant = RDPAccountant()
+    accountant.history = list(history)
+    for delta in (1e-5, 1e-3):
+        assert epsilon(history, delta) == pytest.approx(accountant.get_epsilon(delta), rel=1e-12)
+
+
+def test_epsilon_of_steps_taken_one_at_a_time() -> None:
+    """Opacus' accountant stepped as its optimizer hook steps it, against the ledger."""
+    from opacus.accountants import RDPAccountant
+
+    accountant, ledger = RDPAccountant(), []
+    for _ in range(40):
+        accountant.step(noise_multiplier=1.2, sample_rate=0.04)
+        ledger = add_steps(ledger, 1.2, 0.04, 1)
+    assert ledger == [(1.2, 0.04, 40)]
+    assert epsilon(ledger, 1e-5) == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-12)
+
+
+def test_epsilon_edges_and_monotonicity() -> None:
+    assert epsilon([], 1e-5) == 0.0 and epsilon([(1.0, 0.1, 0)], 1e-5) == 0.0
+    assert epsilon([(0.0, 0.1, 3)], 1e-5) == math.inf
+    base = epsilon([(1.0, 0.05, 100)], 1e-5)
+    assert epsilon([(1.0, 0.05, 200)], 1e-5) > base  # more steps
+    assert epsilon([(2.0, 0.05, 100)], 1e-5) < base  # more noise
+    assert epsilon([(1.0, 0.02, 100)], 1e-5) < base  # smaller batches: more amplification
+    assert epsilon([(1.0, 0.05, 100)], 1e-3) < base  # larger delta
+
+
+def test_add_steps_merges_equal_settings_only() -> None:
+    ledger = add_steps([], 1.0, 0.1, 5)
+    ledger = add_steps(ledger, 1.0, 0.1, 7)
+    ledger = add_steps(ledger, 0.9, 0.1, 2)
+    assert ledger == [(1.0, 0.1, 12), (0.9, 0.1, 2)]
+    assert add_steps(ledger, 1.0, 0.1, 0) == ledger
+
+
+@pytest.mark.filterwarnings("ignore:Optimal order is the largest alpha")
+@pytest.mark.parametrize(("target", "q", "steps"), [(1.0, 0.02, 500), (3.0, 1 / 27, 81)])
+def test_calibrated_noise_reaches_the_target_from_below(target: float, q: float, steps: int) -> None:
+    from opacus.accountants.utils import get_noise_multiplier
+
+    z = noise_for_epsilon(target, 1e-5, q, steps)
+    expected = get_noise_multiplier(
+        target_epsilon=target, target_delta=1e-5, sample_rate=q, steps=steps
+    )
+    assert z == expected
+    assert target - 0.01 <= epsilon([(z, q, steps)], 1e-5) <= target
+    with pytest.raises(ValueError, match="no noise multiplier reaches epsilon"):
+        noise_for_epsilon(1e-9, 1e-12, 1.0, 10**6)
+
+
+@pytest.mark.parametrize(("n", "batch"), [(1000, 32), (31, 32), (32, 32), (33, 32), (421, 16)])
+def test_poisson_plan_is_opacus_data_loaders(n: int, batch: int) -> None:
+    """Sample rate, batches per epoch and expected batch size as Opacus' DPDataLoader and
+    PrivacyEngine derive them from a DataLoader of the same batch size."""
+    from opacus.data_loader import DPDataLoader
+    from torch.utils.data import DataLoader, TensorDataset
+
+    loader = DataLoader(TensorDataset(torch.zeros(n, 1)), batch_size=batch)
+    dp_loader = DPDataLoader.from_data_loader(loader)
+    plan = poisson_plan(n, batch)
+    assert plan.sample_rate == dp_loader.sample_rate
+    assert plan.steps_per_epoch == len(dp_loader)
+    assert plan.expected_batch_size == int(n * (1 / len(loader)))
+    assert poisson_plan(0, batch).steps_per_epoch == 0
+
+
+def test_dp_compatible_replaces_batch_norm_by_group_norm() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(  # the shape of the registry's BatchNorm networks, small
+        nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 36, 16),
+        nn.BatchNorm1d(16), nn.Linear(16, 10),
+    )  # fmt: skip
+    fixed = dp_compatible(model)
+    assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in fixed.modules())
+    assert [m.num_channels for m in fixed.modules() if isinstance(m, nn.GroupNorm)] == [8, 16]
+    assert fixed(torch.zeros(2, 3, 8, 8)).shape == (2, 10)
+    # state-dict keys without running statistics, the same on every side that builds it
+    assert not any("running_mean" in k for k in fixed.state_dict())
+
+
+def test_dp_compatible_keeps_the_lstm_state_dict_keys() -> None:
+    torch.manual_seed(0)
+    model = build_model("char-lstm-small", (20,), 30)
+    fixed = dp_compatible(model)
+    assert type(fixed.rnn).__name__ == "DPLSTM"
+    # nn.LSTM's keys only (Opacus' own names of the same tensors are hidden), through a copy too
+    assert set(fixed.state_dict()) == set(model.state_dict())
+    assert set(copy.deepcopy(fixed).state_dict()) == set(model.state_dict())
+    tokens = torch.randint(0, 30, (2, 20))
+    assert torch.allclose(fixed(tokens), model(tokens), atol=1e-5)
+    again = dp_compatible(build_model("char-lstm-small", (20,), 30))
+    set_weights(again, get_weights(fixed))  # strict: every key known, none missing
+    assert torch.equal(again(tokens), fixed(tokens))
+
+
+def test_dp_compatible_leaves_a_supported_model_as_it_computes() -> None:
+    torch.manual_seed(0)
+    model = build_model("mlp", (1, 8, 8), 10)
+    fixed = dp_compatible(model)
+    x = torch.randn(4, 1, 8, 8)
+    assert torch.equal(fixed(x), model(x))
+
+
+class _WithBuffer(nn.Module):
+    """A trainable layer with a buffer no fixer knows: Opacus cannot train it privately."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(3))
+        self.register_buffer("seen", torch.zeros(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight
+
+
+def test_a_model_opacus_cannot_train_is_one_clear_error() -> None:
+    with pytest.raises(ValueError, match=r"cannot train with DP-SGD \(Opacus\)") as info:
+        dp_compatible(nn.Sequential(nn.Linear(3, 3), _WithBuffer()))
+    assert "\n" not in str(info.value)
