@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from flwr.app import RecordDict
 from torch import nn
 
+from client.dp_sgd import train_private
 from client.env import ClientEnv
 from client.training import SGD, ProximalTerm, to_device, train_classifier
 from federated_data import ArrayDataset
 from models import build_model
 from models.evaluation import evaluate_classifier
+from models.privacy import Entry, add_steps, dp_compatible, epsilon
 from pollen import protocol
+from pollen.contracts.dp_sgd import EPSILON, LEDGER, NOISE, STEPS, ClientDP, client_dp, shown
 from pollen.dataspec import class_weights, model_input
+from pollen.settings import DPSettings
 
 
 @dataclass(frozen=True)
@@ -55,8 +61,13 @@ def split_tensors(env: ClientEnv, split: str) -> Tensors:
 
 
 def new_model(env: ClientEnv) -> nn.Module:
+    """The run's model on the client's device; with DP-SGD, as Opacus can train it
+    (models.privacy.dp_compatible: BatchNorm -> GroupNorm), as the server builds it too."""
     shape, classes = model_input(env.settings)
-    return build_model(env.run.model, shape, classes).to(env.device)
+    model = build_model(env.run.model, shape, classes)
+    if DPSettings.of(env.settings).enabled:
+        model = dp_compatible(model)
+    return model.to(env.device)
 
 
 def generator(env: ClientEnv, server_round: int, tag: str) -> torch.Generator:
@@ -130,6 +141,71 @@ def momentum_arrays(opt: SGD, env: ClientEnv, prefix: str = "momentum") -> dict[
     }
 
 
+@dataclass
+class Privacy:
+    """A client's DP-SGD in one round (client.dp_sgd): its noise and Poisson sampling for its
+    data (pollen.contracts.dp_sgd.client_dp) and its privacy ledger, kept in its state."""
+
+    dp: ClientDP
+    history: list[Entry] = field(default_factory=list)
+
+    def generators(
+        self, gen: torch.Generator, device: torch.device
+    ) -> tuple[torch.Generator, torch.Generator]:
+        """(Poisson sampling, noise) generators: seeded by the operating system, which nobody
+        else knows; with `dp.reproducible`, from `gen` (the run's seed: no privacy)."""
+        noise = torch.Generator(device=device)
+        if self.dp.reproducible:
+            derived = np.random.SeedSequence([gen.initial_seed(), 0xD9]).generate_state(1)
+            return gen, noise.manual_seed(int(derived[0]))
+        sampling = torch.Generator().manual_seed(_entropy())
+        return sampling, noise.manual_seed(_entropy())
+
+    def charge(self, steps: int) -> None:
+        """Count `steps` DP-SGD steps at this client's noise multiplier and sample rate."""
+        self.history = add_steps(
+            self.history, self.dp.noise_multiplier, self.dp.plan.sample_rate, steps
+        )
+
+    def epsilon(self) -> float:
+        return epsilon(self.history, self.dp.delta)
+
+    def meta(self) -> dict[str, object]:
+        """The ledger as the client's state stores it."""
+        return {LEDGER: [list(e) for e in self.history]}
+
+    def metrics(self) -> dict[str, int | float]:
+        return {
+            EPSILON: shown(self.epsilon()),
+            STEPS: sum(e[2] for e in self.history),
+            NOISE: self.dp.noise_multiplier,
+        }
+
+
+def _entropy() -> int:
+    return int.from_bytes(os.urandom(8), "little") >> 1
+
+
+def privacy(env: ClientEnv, passes: int = 1) -> Privacy | None:
+    """The client's DP-SGD for this round, its ledger read from its newest state, None without
+    DP-SGD. The newest state, not the one before this round: a round replayed after a restart
+    was computed, and may have been sent, before, so its steps stay counted (docs/privacy.md)."""
+    dp = client_dp(env.settings, len(env.data.train), passes)
+    if dp is None:
+        return None
+    newest = env.state.load(before_round=sys.maxsize)
+    ledger = newest[1].get(LEDGER, []) if newest is not None else []
+    return Privacy(dp, add_steps(ledger, 0.0, 0.0, 0))
+
+
+def privacy_meta(privacy: Privacy | None) -> dict[str, object]:
+    return {} if privacy is None else privacy.meta()
+
+
+def privacy_metrics(privacy: Privacy | None) -> dict[str, int | float]:
+    return {} if privacy is None else privacy.metrics()
+
+
 def train(
     model: nn.Module,
     data: Tensors,
@@ -138,7 +214,33 @@ def train(
     proximal: ProximalTerm | None = None,
     opt: SGD | None = None,
     sample_weights: torch.Tensor | None = None,
+    privacy: Privacy | None = None,
 ) -> float:
+    """`sgd.epochs` of local SGD from `gen`'s batches; with `privacy`, DP-SGD (its steps
+    counted in its ledger). Returns the last epoch's mean training loss."""
+    if privacy is not None:
+        opt = opt or SGD(
+            [p for p in model.parameters() if p.requires_grad], sgd.lr, sgd.momentum,
+            sgd.weight_decay,
+        )  # fmt: skip
+        sampling, noise = privacy.generators(gen, data.x.device)
+        loss, steps = train_private(
+            model,
+            data.x,
+            data.y,
+            epochs=sgd.epochs,
+            plan=privacy.dp.plan,
+            noise_multiplier=privacy.dp.noise_multiplier,
+            max_grad_norm=privacy.dp.max_grad_norm,
+            optimizer=opt,
+            sampling=sampling,
+            noise=noise,
+            proximal=proximal,
+            sample_weights=sample_weights,
+            class_weights=data.class_weights,
+        )
+        privacy.charge(steps)
+        return loss
     return train_classifier(
         model,
         data.x,

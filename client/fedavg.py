@@ -2,7 +2,9 @@
 before evaluation), one handler table each around the same training and evaluation code.
 
 Evaluation rides in the training reply (no separate evaluation exchange per round): the reply's
-test metrics describe the model the client received this round, before training on it.
+test metrics describe the model the client received this round, before training on it. With
+DP-SGD (`dp.*`) the local training is client.dp_sgd's and the client's privacy ledger is kept in
+its state (client.common.Privacy); FedAvg+'s fine-tuned copy is never sent and is tuned without.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from client.common import (
     momentum_arrays,
     new_model,
     optimizer,
+    privacy,
+    privacy_meta,
+    privacy_metrics,
     sgd_for_round,
     split_tensors,
     test_metrics,
@@ -53,8 +58,8 @@ def _model_metrics(
     model: nn.Module, content: RecordDict, env: ClientEnv, adapt: bool, split: str = "test"
 ) -> dict[str, int | float]:
     """Metrics of the client's model on a split. With `adapt` (FedAvg+) that model is a copy of
-    the received one fine-tuned on local data (the copy is then dropped); the received model's
-    figures are kept as global-*."""
+    the received one fine-tuned on local data (the copy is then dropped; it is never sent, and
+    is fine-tuned without DP-SGD); the received model's figures are kept as global-*."""
     data = split_tensors(env, split)
     received = test_metrics(model, data, split)
     if not adapt:
@@ -85,9 +90,13 @@ def _train(
     sgd = sgd_for_round(content, env)
     saved = env.state.load(before_round=rnd) if env.run.persist_momentum else None
     opt = optimizer(model, sgd, env, saved[0] if saved else {})
-    metrics["train-loss"] = train_locally(model, data, sgd, generator(env, rnd, "train"), term, opt)
-    if env.run.persist_momentum:
-        env.state.save(rnd, momentum_arrays(opt, env), {"round": rnd})
+    private = privacy(env)
+    metrics["train-loss"] = train_locally(
+        model, data, sgd, generator(env, rnd, "train"), term, opt, privacy=private
+    )
+    if env.run.persist_momentum or private is not None:
+        env.state.save(rnd, momentum_arrays(opt, env), {"round": rnd, **privacy_meta(private)})
+    metrics.update(privacy_metrics(private))
     metrics[protocol.NUM_EXAMPLES] = len(data)
     return protocol.reply(content, env.cid, metrics, arrays=get_weights(model))
 

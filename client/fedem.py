@@ -2,7 +2,9 @@
 responsibility-weighted epoch of each component (Marfoq et al., 2021, Alg. 1-2).
 
 pi (and, with `persist-momentum`, each component's momentum buffers) lives in the
-client's state store, so it survives restarts. An unseen client fits only pi, by EM with the
+client's state store, so it survives restarts. With DP-SGD (`dp.*`) each component's epoch is
+DP-SGD on the responsibility-weighted losses, and the client's privacy ledger counts every
+component's steps (docs/privacy.md). An unseen client fits only pi, by EM with the
 received components frozen.
 """
 
@@ -19,6 +21,9 @@ from client.common import (
     momentum_arrays,
     new_model,
     optimizer,
+    privacy,
+    privacy_meta,
+    privacy_metrics,
     sgd_for_round,
     split_tensors,
 )
@@ -120,6 +125,7 @@ def train(content: RecordDict, env: ClientEnv) -> RecordDict:
 
     sgd = sgd_for_round(content, env)
     state: dict[str, np.ndarray] = {"pi": pi.numpy()}
+    private = privacy(env, passes=len(models))  # each component's epoch spends privacy
     losses = []
     for m, model in enumerate(models):
         opt = optimizer(model, sgd, env, stored, prefix=f"momentum{m}")
@@ -128,11 +134,13 @@ def train(content: RecordDict, env: ClientEnv) -> RecordDict:
         weights = q[:, m].float().to(data.y.device)
         losses.append(
             train_locally(
-                model, data, sgd, generator(env, rnd, tag), opt=opt, sample_weights=weights
+                model, data, sgd, generator(env, rnd, tag), opt=opt, sample_weights=weights,
+                privacy=private,
             )
         )
         state.update(momentum_arrays(opt, env, prefix=f"momentum{m}"))
-    env.state.save(rnd, state, {"round": rnd})
+    env.state.save(rnd, state, {"round": rnd, **privacy_meta(private)})
+    metrics.update(privacy_metrics(private))
     metrics.update({
         protocol.NUM_EXAMPLES: len(data),
         "train-loss": float(np.sum(losses)),

@@ -12,6 +12,9 @@ from client.common import (
     momentum_arrays,
     new_model,
     optimizer,
+    privacy,
+    privacy_meta,
+    privacy_metrics,
     sgd_for_round,
     split_tensors,
     test_metrics,
@@ -44,11 +47,14 @@ def train(content: RecordDict, env: ClientEnv) -> RecordDict:
     data = split_tensors(env, "train")
     sgd = sgd_for_round(content, env)
     opt = optimizer(model, sgd, env, stored)
-    loss = train_locally(model, data, sgd, generator(env, rnd, "train"), opt=opt)
+    private = privacy(env)
+    loss = train_locally(model, data, sgd, generator(env, rnd, "train"), opt=opt, privacy=private)
     state = {f"model.{k}": v for k, v in get_weights(model).items()}
-    env.state.save(rnd, {**state, **momentum_arrays(opt, env)}, {"round": rnd})
+    meta = {"round": rnd, **privacy_meta(private)}
+    env.state.save(rnd, {**state, **momentum_arrays(opt, env)}, meta)
     metrics = test_metrics(model, split_tensors(env, "test"))
     metrics.update({protocol.NUM_EXAMPLES: len(data), "train-loss": loss})
+    metrics.update(privacy_metrics(private))
     return protocol.reply(content, env.cid, metrics)
 
 

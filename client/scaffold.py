@@ -8,6 +8,8 @@ c_i+ = c_i - c + (x - y_i)/(K eta_l), keeps c_i+ in its state store (zeros befor
 round) and answers delta_y = y_i - x and delta_c = c_i+ - c_i.
 
 As in FedAvg, the reply's test metrics describe the received model, before training on it.
+With DP-SGD (`dp.*`) the K steps are Poisson-sampled DP-SGD steps and the correction is added to
+the noisy gradient, unclipped (client.dp_sgd).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from client.common import (
     momentum_arrays,
     new_model,
     optimizer,
+    privacy,
+    privacy_meta,
+    privacy_metrics,
     sgd_for_round,
     split_tensors,
     test_metrics,
@@ -85,14 +90,18 @@ def train(content: RecordDict, env: ClientEnv) -> RecordDict:
     sgd = sgd_for_round(content, env)
     opt = optimizer(model, sgd, env, stored)
     term = linear_term(model, correction(c, c_local))
-    metrics["train-loss"] = train_locally(model, data, sgd, generator(env, rnd, "train"), term, opt)
+    private = privacy(env)
+    metrics["train-loss"] = train_locally(
+        model, data, sgd, generator(env, rnd, "train"), term, opt, privacy=private
+    )
     y = get_weights(model)
     steps = local_step_count(len(data), sgd.batch_size, sgd.epochs)
     c_new = control_update(c_local, c, x, y, steps, sgd.lr)
 
     state = {STORED_PREFIX + k: v for k, v in c_new.items()}
     state.update(momentum_arrays(opt, env))
-    env.state.save(rnd, state, {"round": rnd, "local-steps": steps})
+    env.state.save(rnd, state, {"round": rnd, "local-steps": steps, **privacy_meta(private)})
+    metrics.update(privacy_metrics(private))
     metrics.update(
         {protocol.NUM_EXAMPLES: len(data), "local-steps": steps, "control-norm": norm(c_new)}
     )

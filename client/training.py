@@ -137,7 +137,9 @@ class SGD:
                 grad = buf
             p.add_(grad, alpha=-self.lr)
 
-    def zero_grad(self) -> None:
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop the gradients (always set to None; the argument is torch.optim's, which
+        Opacus' DPOptimizer passes on)."""
         for p in self.params:
             p.grad = None
 

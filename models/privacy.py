@@ -150,8 +150,8 @@ def noise_for_epsilon(target_epsilon: float, delta: float, sample_rate: float, s
 def dp_compatible(model: nn.Module) -> nn.Module:
     """`model` made trainable by Opacus' per-sample gradients: ModuleValidator.fix replaces
     what it can (BatchNorm by GroupNorm, nn.LSTM by Opacus' DPLSTM, whose state-dict keys are
-    nn.LSTM's); ValueError naming the first module that still cannot be (a trainable module
-    with buffers, say)."""
+    nn.LSTM's) and makes in-place activations out-of-place; ValueError naming the first module
+    that still cannot be (a trainable module with buffers, say)."""
     from opacus import GradSampleModule  # lazy: opacus
     from opacus.validators import ModuleValidator  # lazy: opacus
 
@@ -161,6 +161,9 @@ def dp_compatible(model: nn.Module) -> nn.Module:
     if errors:
         reason = " ".join(str(errors[0]).split())
         raise ValueError(f"the model cannot train with DP-SGD (Opacus): {reason}")
+    for module in fixed.modules():  # an in-place activation would overwrite the output that
+        if getattr(module, "inplace", False):  # Opacus' backward hooks hold (mobilenet-v2's
+            module.inplace = False  # ReLU6 after a GroupNorm): same values, one copy more
     _keep_renamed_keys(fixed)
     return fixed.train(training)
 

@@ -40,7 +40,7 @@ from pollen.launcher import (
     tls_args_superlink,
 )
 from pollen.paths import cache_dir
-from pollen.settings import RunSettings, Scalar, SettingsError
+from pollen.settings import DPSettings, RunSettings, Scalar, SettingsError
 
 
 # ---- settings from the command line ----------------------------------------------------------
@@ -253,7 +253,11 @@ def _check_data(resolved: dict[str, Scalar]) -> None:
         shape, classes = model_input(resolved)
         from models import build_model  # lazy: torch
 
-        build_model(RunSettings.of(resolved).model, shape, classes)  # the model fits the data
+        model = build_model(RunSettings.of(resolved).model, shape, classes)  # it fits the data
+        if DPSettings.of(resolved).enabled:
+            from models.privacy import dp_compatible  # lazy: opacus
+
+            dp_compatible(model)  # Opacus can train it (BatchNorm -> GroupNorm), or one line
         load_client_data(spec, 0, cache_dir(resolved))
     except (DataConfigError, ValueError) as exc:
         raise SettingsError(str(exc)) from None

@@ -25,7 +25,7 @@ from pollen.contracts.fedem import DFedEMSettings, FedEMSettings
 from pollen.contracts.fedlrt import FeDLRTSettings
 from pollen.contracts.fedsc import BYOLSettings, FedSCSettings, SimCLRSettings
 from pollen.contracts.noop import NoOpSettings
-from pollen.settings import COMMON_SETTINGS, Scalar, Setting, SettingsError
+from pollen.settings import COMMON_SETTINGS, DPSettings, Scalar, Setting, SettingsError
 
 if TYPE_CHECKING:
     from client.env import ClientHandler
@@ -54,6 +54,10 @@ class AlgorithmSpec:
     """Its training reply's evaluation metrics (`model_round`) describe the model the client
     received, i.e. the one after the previous round's aggregation; False: the model after the
     client's training in that round (Local's personal model)."""
+    dp: bool = False
+    """Its clients train supervised models with the shared SGD loop, which runs as DP-SGD when
+    the run asks for it (`dp.*`, docs/privacy.md); an algorithm without it refuses DP before
+    anything starts."""
 
     def setting_groups(self) -> set[str]:
         """The prefixes (`fedem` of `fedem.components`) of every setting this algorithm reads."""
@@ -85,6 +89,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             client="client.fedavg",
             message_types=("train", "evaluate"),
             amp=True,
+            dp=True,
         ),
         AlgorithmSpec(
             name="fedavg-plus",
@@ -95,6 +100,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             message_types=("train", "evaluate"),
             settings=FedAvgPlusSettings.declarations(),
             amp=True,
+            dp=True,
         ),
         AlgorithmSpec(
             name="fedprox",
@@ -104,6 +110,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             message_types=("train", "evaluate"),
             settings=FedProxSettings.declarations(),
             amp=True,
+            dp=True,
         ),
         AlgorithmSpec(
             name="fedem",
@@ -114,6 +121,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             message_types=("train", "evaluate"),
             settings=FedEMSettings.declarations(),
             amp=True,
+            dp=True,
         ),
         AlgorithmSpec(
             name="d-fedem",
@@ -125,6 +133,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             uses=("fedem",),
             settings=DFedEMSettings.declarations(),
             amp=True,
+            dp=True,
         ),
         AlgorithmSpec(
             name="clustered",
@@ -135,6 +144,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             message_types=("train", "evaluate"),
             settings=ClusteredSettings.declarations(),
             amp=True,
+            dp=True,
         ),
         AlgorithmSpec(
             name="fedlrt",
@@ -245,6 +255,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             client="client.scaffold",
             message_types=("train", "evaluate"),
             amp=True,
+            dp=True,
         ),
         AlgorithmSpec(
             name="local",
@@ -254,6 +265,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             message_types=("train", "evaluate"),
             amp=True,
             evaluates_received=False,  # it tests its personal model after the round's training
+            dp=True,
         ),
         AlgorithmSpec(
             name="noop",
@@ -339,6 +351,7 @@ def _check_consistency(cfg: Mapping[str, Scalar]) -> None:
             f"amp=true: {spec.name} trains in float32 only (docs/deployment.md#gpu); "
             f"mixed precision is for {supported}"
         )
+    _check_dp(cfg, spec)
     if float(cfg["val-fraction"]) + float(cfg["test-fraction"]) >= 0.95:
         raise SettingsError("val-fraction + test-fraction must leave data to train on (< 0.95)")
     if int(cfg["min-replies"]) > int(cfg["num-clients"]):
@@ -349,6 +362,30 @@ def _check_consistency(cfg: Mapping[str, Scalar]) -> None:
         raise SettingsError(
             f"min-available-clients ({cfg['min-available-clients']}) exceeds "
             f"num-clients ({cfg['num-clients']})"
+        )
+
+
+def _check_dp(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
+    """DP-SGD only where the clients' training supports it, one way of setting its noise, and
+    not with mixed precision."""
+    dp = DPSettings.of(cfg)
+    if not dp.enabled:
+        return
+    if not spec.dp:
+        supported = ", ".join(sorted(n for n, a in ALGORITHMS.items() if a.dp))
+        raise SettingsError(
+            f"dp.noise-multiplier / dp.target-epsilon: {spec.name} has no DP-SGD training "
+            f"(docs/privacy.md); DP-SGD is for {supported}"
+        )
+    if dp.noise_multiplier > 0 and dp.target_epsilon > 0:
+        raise SettingsError(
+            "dp.noise-multiplier and dp.target-epsilon both set: give one (the noise, or the "
+            "epsilon the noise is calibrated to)"
+        )
+    if cfg["amp"]:
+        raise SettingsError(
+            "amp=true with DP-SGD: refused; per-example gradients are clipped and noised in "
+            "float32 (docs/privacy.md)"
         )
 
 

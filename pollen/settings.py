@@ -1,8 +1,8 @@
 """Run settings: what a setting is (key, type, default, range), settings groups (declared once
 as frozen dataclasses, read typed) and the settings every run has, whatever its algorithm
-(RunSettings, SyntheticSettings). Each algorithm declares its own group in its contract module
-and names it in its registry entry; pollen.registry resolves and checks a run's settings against
-all of them.
+(RunSettings, SyntheticSettings, DPSettings). Each algorithm declares its own group in its
+contract module and names it in its registry entry; pollen.registry resolves and checks a run's
+settings against all of them.
 
 Flower only accepts run-config keys that `pyproject.toml` declares, so every key is mirrored
 there; `tests/pollen/test_settings.py` keeps the two identical.
@@ -353,7 +353,48 @@ class SyntheticSettings(SettingsGroup):
     )
 
 
-COMMON_SETTINGS: tuple[Setting, ...] = RunSettings.declarations() + SyntheticSettings.declarations()
+@dataclass(frozen=True)
+class DPSettings(SettingsGroup):
+    """Sample-level differential privacy of the supervised local training (DP-SGD with Opacus,
+    docs/privacy.md), for the algorithms whose registry entry allows it. It is on when
+    `noise-multiplier` or `target-epsilon` is above 0."""
+
+    PREFIX: ClassVar[str] = "dp"
+
+    noise_multiplier: float = setting(
+        0.0,
+        "DP-SGD: Gaussian noise std on each step's sum of clipped per-example gradients, in units "
+        "of max-grad-norm (0 and target-epsilon 0: no DP-SGD)",
+        minimum=0.0,
+    )
+    target_epsilon: float = setting(
+        0.0,
+        "DP-SGD: instead of noise-multiplier, the noise that brings each client to this epsilon "
+        "after num-rounds rounds of local training (Opacus' get_noise_multiplier; 0: off)",
+        minimum=0.0,
+    )
+    max_grad_norm: float = setting(
+        1.0, "DP-SGD: per-example gradients are clipped to this l2 norm", minimum=1e-9
+    )
+    delta: float = setting(
+        1e-5, "DP-SGD: delta of the reported (epsilon, delta)", minimum=1e-12, maximum=0.5
+    )
+    reproducible: bool = setting(
+        False,
+        "DP-SGD: draw the Poisson batches and the noise from the run's seed (reproducible runs, "
+        "for experiments) instead of the operating system's entropy; no privacy against anyone "
+        "who knows the seed",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether local training runs as DP-SGD."""
+        return self.noise_multiplier > 0 or self.target_epsilon > 0
+
+
+COMMON_SETTINGS: tuple[Setting, ...] = (
+    RunSettings.declarations() + SyntheticSettings.declarations() + DPSettings.declarations()
+)
 """Every setting a run has whatever its algorithm; each algorithm declares its own in its
 contract module (a SettingsGroup) named by its registry entry."""
 

@@ -12,17 +12,24 @@ import numpy as np
 from federated_data import ArrayDataset, load_server_test_data
 from pollen.dataspec import class_weights, data_spec, model_input
 from pollen.paths import cache_dir
-from pollen.settings import RunSettings, Scalar
+from pollen.settings import DPSettings, RunSettings, Scalar
 
 if TYPE_CHECKING:
     from torch import nn
 
 
 def _model(settings: Mapping[str, Scalar]) -> nn.Module:
+    """The run's model; with DP-SGD, made trainable by Opacus as the clients make it
+    (models.privacy.dp_compatible: BatchNorm -> GroupNorm)."""
     from models import build_model  # lazy: torch
 
     shape, classes = model_input(settings)
-    return build_model(RunSettings.of(settings).model, shape, classes)
+    model = build_model(RunSettings.of(settings).model, shape, classes)
+    if DPSettings.of(settings).enabled:
+        from models.privacy import dp_compatible  # lazy: torch (models), opacus
+
+        model = dp_compatible(model)
+    return model
 
 
 def initial_weights(settings: Mapping[str, Scalar], seed: int) -> dict[str, np.ndarray]:

@@ -33,6 +33,7 @@ from strategies.aggregate import (
 )
 from strategies.base import ClientInfo, Federation, Strategy
 from strategies.classifier import initial_weights, parameter_keys
+from strategies.privacy import PrivacyLedger
 from strategies.schedule import learning_rate
 
 
@@ -47,6 +48,7 @@ class Clustered(Strategy):
         self.clusters: list[list[int]] = []
         self.models: list[dict[str, np.ndarray]] = []
         self._keys: list[str] | None = None
+        self.privacy = PrivacyLedger(settings)  # with DP-SGD: the clients' ledgers
 
     def initialize(self, seed: int) -> None:
         self.clusters = [[]]
@@ -70,7 +72,9 @@ class Clustered(Strategy):
     def run_round(self, fed: Federation) -> dict[str, float]:
         self.admit(fed.available())
         config = {"lr": learning_rate(self.settings, fed.server_round)}
-        sent = {c.cid: self.models[self.cluster_of(c.cid)] for c in fed.sample()}
+        clients = fed.sample()
+        sent = {c.cid: self.models[self.cluster_of(c.cid)] for c in clients}
+        self.privacy.charge(clients)
         replies = train_from(fed, sent, config)
         trained = {cid: protocol.arrays_of(r) for cid, r in replies.items()}
         updates = {cid: flat_update(sent[cid], m, self.keys()) for cid, m in trained.items()}
@@ -101,6 +105,7 @@ class Clustered(Strategy):
             "mean-update-norm": mean,
             "max-update-norm": largest,
         })  # fmt: skip
+        metrics.update(self.privacy.metrics())
         return metrics
 
     def finalize(self, fed: Federation) -> dict[str, float]:
@@ -126,8 +131,9 @@ class Clustered(Strategy):
         return pack(self.models)
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        return pack(self.models), {"clusters": self.clusters}
+        return pack(self.models), {"clusters": self.clusters, **self.privacy.state()}
 
     def load_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
         self.clusters = [[int(c) for c in members] for members in meta["clusters"]]
         self.models = unpack(dict(arrays), len(self.clusters))
+        self.privacy.load_state(meta)

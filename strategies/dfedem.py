@@ -21,6 +21,7 @@ from strategies.aggregate import aggregate_metrics, train_from
 from strategies.base import Federation, Strategy
 from strategies.classifier import initial_weights
 from strategies.gossip import erdos_renyi, metropolis_hastings
+from strategies.privacy import PrivacyLedger
 from strategies.schedule import learning_rate
 
 
@@ -32,6 +33,7 @@ class DFedEM(Strategy):
         self.edge_probability = DFedEMSettings.of(settings).edge_probability
         self.models: list[dict[str, np.ndarray]] = []  # client t's latest components
         self.mixing = np.eye(self.num_clients)
+        self.privacy = PrivacyLedger(settings, passes=self.num)  # each component spends
 
     def initialize(self, seed: int) -> None:
         start = pack([initial_weights(self.settings, seed + m) for m in range(self.num)])
@@ -52,7 +54,9 @@ class DFedEM(Strategy):
 
     def run_round(self, fed: Federation) -> dict[str, float]:
         config = {"lr": learning_rate(self.settings, fed.server_round)}
-        starts = {c.cid: self.gossip(c.cid) for c in fed.available()}
+        clients = fed.available()
+        starts = {c.cid: self.gossip(c.cid) for c in clients}
+        self.privacy.charge(clients)
         replies = train_from(fed, starts, config)
         for cid, reply in replies.items():
             self.models[cid] = protocol.arrays_of(reply)
@@ -62,6 +66,7 @@ class DFedEM(Strategy):
                 self.models[cid] = start
         metrics = aggregate_metrics(replies)
         metrics["consensus-distance"] = self.consensus_distance()
+        metrics.update(self.privacy.metrics())
         return metrics
 
     def consensus_distance(self) -> float:
@@ -82,10 +87,11 @@ class DFedEM(Strategy):
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         arrays = {f"client{t}/{k}": v for t, m in enumerate(self.models) for k, v in m.items()}
         arrays["mixing"] = self.mixing
-        return arrays, {}
+        return arrays, self.privacy.state()
 
     def load_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
         self.mixing = np.asarray(arrays["mixing"])
+        self.privacy.load_state(meta)
         self.models = [{} for _ in range(self.num_clients)]
         for key, value in arrays.items():
             if key.startswith("client"):

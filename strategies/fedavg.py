@@ -27,6 +27,7 @@ class FedAvg(GlobalClassifierStrategy):
         def fold(_cid: int, reply: RecordDict) -> None:
             mean.add(protocol.arrays_of(reply), num_examples(reply))
 
+        self.privacy.charge(clients)
         replies = fed.exchange("train", payloads, self.validate, fold=fold)
         self.weights = mean.result()
-        return aggregate_metrics(replies)
+        return {**aggregate_metrics(replies), **self.privacy.metrics()}

@@ -30,6 +30,7 @@ from strategies.aggregate import (
 from strategies.base import Federation
 from strategies.classifier import initial_weights
 from strategies.global_model import GlobalModelStrategy
+from strategies.privacy import PrivacyLedger
 from strategies.schedule import learning_rate
 
 
@@ -38,6 +39,7 @@ class FedEM(GlobalModelStrategy):
         super().__init__(settings)
         self.fedem = FedEMSettings.of(settings)
         self.num = self.fedem.components
+        self.privacy = PrivacyLedger(settings, passes=self.num)  # each component spends
 
     def initialize(self, seed: int) -> None:
         # components must differ, or the E-step can never tell them apart
@@ -60,6 +62,7 @@ class FedEM(GlobalModelStrategy):
         def fold(_cid: int, reply: RecordDict) -> None:
             mean.add(protocol.arrays_of(reply), num_examples(reply))
 
+        self.privacy.charge(clients)
         replies = fed.exchange("train", payloads, self.validate, fold=fold)
         counts = [num_examples(r) for r in replies.values()]
         if self.fedem.aggregation == "renormalize":
@@ -67,7 +70,7 @@ class FedEM(GlobalModelStrategy):
         elif counts:
             self.weights = stale_mix(self.weights, mean.result(), counts,
                                      total=sum(c.num_train for c in pool))  # fmt: skip
-        return aggregate_metrics(replies)
+        return {**aggregate_metrics(replies), **self.privacy.metrics()}
 
     def finalize(self, fed: Federation) -> dict[str, float]:
         model = protocol.to_record(self.weights)

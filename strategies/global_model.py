@@ -12,15 +12,19 @@ from pollen import protocol
 from pollen.settings import Scalar
 from strategies.aggregate import expect_arrays
 from strategies.base import Strategy
+from strategies.privacy import PrivacyLedger
 
 
 class GlobalModelStrategy(Strategy):
     """A strategy whose whole state is one flat dict of global arrays (FedAvg's model, FedEM's
-    packed components): it is what the clients train, checkpoints and final model."""
+    packed components): it is what the clients train, checkpoints and final model. With
+    DP-SGD, `privacy` holds the server's copy of the clients' privacy ledgers, checkpointed
+    beside the weights."""
 
     def __init__(self, settings: Mapping[str, Scalar]) -> None:
         super().__init__(settings)
         self.weights: dict[str, np.ndarray] = {}
+        self.privacy = PrivacyLedger(settings)
 
     def validate(self, _cid: int, content: RecordDict) -> None:
         """A training reply must carry exactly the global arrays' keys, shapes and dtypes."""
@@ -30,7 +34,8 @@ class GlobalModelStrategy(Strategy):
         return self.weights
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        return dict(self.weights), {}
+        return dict(self.weights), self.privacy.state()
 
     def load_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
         self.weights = dict(arrays)
+        self.privacy.load_state(meta)

@@ -2,21 +2,40 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
 from pollen import protocol
+from pollen.settings import Scalar
 from strategies.aggregate import aggregate_metrics
 from strategies.base import Federation, Strategy
+from strategies.privacy import PrivacyLedger
 
 
 class LocalOnly(Strategy):
+    def __init__(self, settings: Mapping[str, Scalar]) -> None:
+        super().__init__(settings)
+        self.privacy = PrivacyLedger(settings)  # with DP-SGD: the clients' ledgers
+
     def initialize(self, seed: int) -> None:
         """Nothing global to create."""
 
     def run_round(self, fed: Federation) -> dict[str, float]:
-        payloads = {c.cid: protocol.instruction(fed.server_round, "train") for c in fed.sample()}
-        return aggregate_metrics(fed.exchange("train", payloads))
+        clients = fed.sample()
+        payloads = {c.cid: protocol.instruction(fed.server_round, "train") for c in clients}
+        self.privacy.charge(clients)
+        return {**aggregate_metrics(fed.exchange("train", payloads)), **self.privacy.metrics()}
 
     def finalize(self, fed: Federation) -> dict[str, float]:
         payloads = {
             c.cid: protocol.instruction(fed.server_round, "evaluate") for c in fed.available()
         }
         return aggregate_metrics(fed.exchange("evaluate", payloads))
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        return {}, self.privacy.state()
+
+    def load_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
+        self.privacy.load_state(meta)

@@ -60,6 +60,7 @@ class Scaffold(GlobalClassifierStrategy):
             )
             for c in clients
         }
+        self.privacy.charge(clients)
         replies = fed.exchange("train", payloads, self.validate)
         delta_ys = [protocol.arrays_of(r) for r in replies.values()]
         delta_cs = [protocol.arrays_of(r, CONTROL_DELTA) for r in replies.values()]
@@ -73,15 +74,17 @@ class Scaffold(GlobalClassifierStrategy):
         )
         metrics = aggregate_metrics(replies)
         metrics["server-control-norm"] = norm(self.control)
+        metrics.update(self.privacy.metrics())
         return metrics
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         arrays = dict(self.weights)
         arrays.update({f"{_STATE}{k}": v for k, v in self.control.items()})
-        return arrays, {}
+        return arrays, self.privacy.state()
 
     def load_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
         self.weights = {k: v for k, v in arrays.items() if not k.startswith(_STATE)}
         self.control = {
             k.removeprefix(_STATE): v for k, v in arrays.items() if k.startswith(_STATE)
         }
+        self.privacy.load_state(meta)

@@ -98,7 +98,7 @@ def test_epsilon_of_steps_taken_one_at_a_time() -> None:
     """Opacus' accountant stepped as its optimizer hook steps it, against the ledger."""
     from opacus.accountants import RDPAccountant
 
-    accountant, ledger = RDPAccountant(), []
+    accountant, ledger = RDPAccountant(), list[tuple[float, float, int]]()
     for _ in range(40):
         accountant.step(noise_multiplier=1.2, sample_rate=0.04)
         ledger = add_steps(ledger, 1.2, 0.04, 1)
@@ -126,7 +126,9 @@ def test_add_steps_merges_equal_settings_only() -> None:
 
 @pytest.mark.filterwarnings("ignore:Optimal order is the largest alpha")
 @pytest.mark.parametrize(("target", "q", "steps"), [(1.0, 0.02, 500), (3.0, 1 / 27, 81)])
-def test_calibrated_noise_reaches_the_target_from_below(target: float, q: float, steps: int) -> None:
+def test_calibrated_noise_reaches_the_target_from_below(
+    target: float, q: float, steps: int
+) -> None:
     from opacus.accountants.utils import get_noise_multiplier
 
     z = noise_for_epsilon(target, 1e-5, q, steps)
@@ -155,16 +157,26 @@ def test_poisson_plan_is_opacus_data_loaders(n: int, batch: int) -> None:
     assert poisson_plan(0, batch).steps_per_epoch == 0
 
 
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 def test_dp_compatible_replaces_batch_norm_by_group_norm() -> None:
     torch.manual_seed(0)
-    model = nn.Sequential(  # the shape of the registry's BatchNorm networks, small
-        nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 36, 16),
-        nn.BatchNorm1d(16), nn.Linear(16, 10),
+    model = nn.Sequential(  # the shape of the registry's BatchNorm networks (mobilenet-v2's
+        # in-place ReLU6 after a norm too), small
+        nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU6(inplace=True), nn.Flatten(),
+        nn.Linear(8 * 36, 16), nn.BatchNorm1d(16), nn.Linear(16, 10),
     )  # fmt: skip
     fixed = dp_compatible(model)
     assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in fixed.modules())
     assert [m.num_channels for m in fixed.modules() if isinstance(m, nn.GroupNorm)] == [8, 16]
     assert fixed(torch.zeros(2, 3, 8, 8)).shape == (2, 10)
+    # Opacus computes every parameter's per-example gradients (an in-place activation after a
+    # hooked module would make autograd refuse the backward pass)
+    from opacus import GradSampleModule
+
+    private = GradSampleModule(fixed)
+    private(torch.randn(5, 3, 8, 8)).sum().backward()
+    assert all(p.grad_sample.shape == (5, *p.shape) for p in fixed.parameters())  # type: ignore[attr-defined]
+    private._close()
     # state-dict keys without running statistics, the same on every side that builds it
     assert not any("running_mean" in k for k in fixed.state_dict())
 

@@ -80,3 +80,22 @@ def test_model_round_places_a_clients_metric_at_the_model_it_describes() -> None
     assert model_round("fedavg", "train-accuracy", 3) == 3
     assert model_round("local", "test-accuracy", 3) == 3
     assert model_round("an-algorithm-of-a-later-version", "test-accuracy", 3) == 2
+
+
+def test_dp_sgd_is_for_the_algorithms_that_declare_it() -> None:
+    expected = {
+        "fedavg", "fedavg-plus", "fedprox", "fedem", "d-fedem", "clustered", "scaffold", "local",
+    }  # fmt: skip
+    for name, spec in registry.ALGORITHMS.items():
+        asked = {"algorithm": name, "dp.noise-multiplier": 1.0}
+        if name in expected:
+            assert spec.dp and registry.resolve(asked)["dp.noise-multiplier"] == 1.0
+            continue
+        assert not spec.dp
+        with pytest.raises(SettingsError, match=f"{name} has no DP-SGD training"):
+            registry.resolve(asked)
+        registry.resolve({**asked, "dp.noise-multiplier": 0.0})  # off: nothing to refuse
+    with pytest.raises(SettingsError, match="both set: give one"):
+        registry.resolve({"dp.noise-multiplier": 1.0, "dp.target-epsilon": 3.0})
+    with pytest.raises(SettingsError, match="amp=true with DP-SGD: refused"):
+        registry.resolve({"dp.target-epsilon": 3.0, "amp": True})

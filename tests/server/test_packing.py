@@ -92,6 +92,29 @@ def test_a_packed_run_ends_bitwise_where_one_node_per_client_ends(
     assert summary["final"]["eval"] == ref_summary["final"]["eval"]
 
 
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedem", "local"])
+def test_a_packed_dp_sgd_run_ends_bitwise_where_one_node_per_client_ends(
+    run_config: dict[str, Any], algorithm: str
+) -> None:
+    """DP-SGD with reproducible randomness (`dp.reproducible`: batches and noise from the run's
+    seed, per client) packed and unpacked: the same models, the same ledgers."""
+    dp = {"dp.noise-multiplier": 1.0, "dp.reproducible": True}
+    one = _settings(run_config, algorithm, "dp-one", **dp)
+    packed = _settings(run_config, algorithm, "dp-packed", **{"simulation-nodes": NODES, **dp})
+    ref, _, ref_summary = _run(one, CLIENTS)
+    engine, _, summary = _run(packed, NODES)
+    assert summary["status"] == ref_summary["status"] == "completed"
+    arrays, meta = engine.strategy.state()
+    ref_arrays, ref_meta = ref.strategy.state()
+    assert meta == ref_meta and meta["dp-steps"] and set(arrays) == set(ref_arrays)
+    for key, value in ref_arrays.items():
+        np.testing.assert_array_equal(arrays[key], value, err_msg=key)
+    rounds, clients = _results(packed)
+    assert (rounds, clients) == _results(one)
+    assert rounds[-1]["train"]["epsilon"] > rounds[0]["train"]["epsilon"] > 0
+    assert {c["client-id"] for c in clients if "epsilon" in c["metrics"]} == set(range(CLIENTS))
+
+
 def _packed_train(msg: Message) -> bool:
     return protocol.is_packed(msg.content) and msg.metadata.message_type == "train"
 
