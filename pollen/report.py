@@ -950,6 +950,12 @@ def _rounds_table(run: Run) -> list[str]:
             "Clients' test figures of round r evaluate the model they received at "
             "the start of that round (after round r-1's aggregation).",
         ]
+    if any(name == "epsilon" for name, _, _ in columns):
+        lines += [
+            "",
+            "epsilon: the largest over clients so far, at the run's delta (`dp.delta`; FedSC: "
+            "`fedsc.delta`); -1: no guarantee (docs/privacy.md).",
+        ]
     return lines
 
 

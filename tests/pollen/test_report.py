@@ -415,3 +415,18 @@ def test_a_partition_plot_draws_every_client_and_label_count(tmp_path: Path) -> 
     assert {"0", "1", "2"} <= set(texts) and "label" in texts
     plot_partition(summary, tmp_path / "p.png")
     assert_png(tmp_path / "p.png")
+
+
+def test_a_private_runs_epsilon_is_a_column_of_the_rounds_table(tmp_path: Path) -> None:
+    run = make_run(tmp_path, "dp", "fedavg", 0.5, rounds=2)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for row, eps in zip(rows, (1.25, 2.5), strict=True):
+        row["train"]["epsilon"] = eps
+    _write_jsonl(run / "metrics.jsonl", rows)
+    text = (write_report([run]) / "report.md").read_text()
+    header = next(line for line in text.splitlines() if line.startswith("| round"))
+    assert "| epsilon |" in header
+    assert "| 1.250 |" in text and "| 2.500 |" in text
+    assert "epsilon: the largest over clients so far" in text
+    plain = make_run(tmp_path, "plain", "fedavg", 0.5)
+    assert "| epsilon |" not in (write_report([plain]) / "report.md").read_text()
