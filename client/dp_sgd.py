@@ -47,7 +47,7 @@ def train_private(
     class_weights: torch.Tensor | None = None,
 ) -> tuple[float, int]:
     """`epochs` x `plan.steps_per_epoch` DP-SGD steps on the negative log-likelihood; returns
-    (the last epoch's mean training loss over the examples drawn, the steps taken). `sampling`
+    (the last epoch's mean training loss over the examples drawn, 0 if none, the steps taken). `sampling`
     draws the Poisson batches (a CPU generator), `noise` the Gaussian noise (a generator on
     the parameters' device); for the guarantee nobody else may know either. `model` is
     trained in place; Opacus' hooks are removed before returning."""
@@ -57,7 +57,7 @@ def train_private(
 
     n = len(y)
     if n == 0 or plan.steps_per_epoch == 0:
-        return float("nan"), 0
+        return 0.0, 0  # as the plain loop reports an empty split
     model.train()
     private = GradSampleModule(model, batch_first=True, loss_reduction="mean")
     dp = DPOptimizer(
@@ -72,7 +72,7 @@ def train_private(
         num_samples=n, sample_rate=plan.sample_rate, generator=sampling, steps=plan.steps_per_epoch
     )
     params = list(dp.params)
-    steps, last = 0, float("nan")
+    steps, last = 0, 0.0
     quiet = warnings.catch_warnings()
     quiet.__enter__()
     # the first layer's input needs no gradient, so PyTorch warns that Opacus' backward hook
@@ -102,7 +102,7 @@ def train_private(
                             p.grad.add_(g)
                 optimizer.step()
                 steps += 1
-            last = total / count if count else float("nan")
+            last = total / max(count, 1)
     finally:
         dp.zero_grad()
         private._close()

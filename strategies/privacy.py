@@ -12,66 +12,72 @@ rounds replayed after a restart) is in clients.jsonl. The ledger goes into the c
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pollen.contracts.dp_sgd import EPSILON, ClientDP, client_dp, shown
+from pollen.contracts.dp_sgd import EPSILON, client_dp, shown
 from pollen.settings import DPSettings, Scalar
 from strategies.base import ClientInfo
 
+if TYPE_CHECKING:
+    from models.privacy import Entry
+
 
 class PrivacyLedger:
-    """Per-client DP-SGD steps, charged when the server asks for training; inactive (no
-    metrics, nothing checkpointed) in a run without DP-SGD. `passes`: models each client trains
-    on its data per round (FedEM: its components)."""
+    """Per-client DP-SGD ledgers ([(noise multiplier, sample rate, steps)], as the clients keep
+    theirs), charged when the server asks for training; inactive (no metrics, nothing
+    checkpointed) in a run without DP-SGD. `passes`: models each client trains on its data per
+    round (FedEM: its components)."""
 
     def __init__(self, settings: Mapping[str, Scalar], passes: int = 1) -> None:
         self.settings = settings
         self.passes = passes
         self.delta = DPSettings.of(settings).delta
         self.active = DPSettings.of(settings).enabled
-        self.steps: dict[int, int] = {}
-        self.sizes: dict[int, int] = {}
-
-    def _dp(self, cid: int) -> ClientDP:
-        dp = client_dp(self.settings, self.sizes.get(cid, 0), self.passes)
-        assert dp is not None  # active
-        return dp
+        self.ledgers: dict[int, list[Entry]] = {}
 
     def charge(self, clients: Iterable[ClientInfo]) -> None:
-        """One round of local training for each of `clients`."""
+        """One round of local training for each of `clients`, at the noise and sample rate of
+        its number of examples (a resumed run with more rounds and `dp.target-epsilon`
+        calibrates anew: its new rounds are a new entry)."""
         if not self.active:
             return
+        from models.privacy import add_steps  # lazy: torch (models)
+
         for c in clients:
-            self.sizes[c.cid] = c.num_train
-            self.steps[c.cid] = self.steps.get(c.cid, 0) + self._dp(c.cid).steps_per_round
+            dp = client_dp(self.settings, c.num_train, self.passes)
+            assert dp is not None  # active
+            self.ledgers[c.cid] = add_steps(
+                self.ledgers.get(c.cid, []), dp.noise_multiplier, dp.plan.sample_rate,
+                dp.steps_per_round,
+            )  # fmt: skip
+
+    def steps(self, cid: int) -> int:
+        return sum(e[2] for e in self.ledgers.get(cid, []))
 
     def epsilon(self, cid: int) -> float:
         from models.privacy import epsilon  # lazy: torch (models), opacus
 
-        dp = self._dp(cid)
-        return epsilon([(dp.noise_multiplier, dp.plan.sample_rate, self.steps.get(cid, 0))],
-                       self.delta)  # fmt: skip
+        return epsilon(self.ledgers.get(cid, []), self.delta)
 
     def metrics(self) -> dict[str, float]:
         """The largest epsilon over clients so far (-1: no guarantee) and the most steps."""
         if not self.active:
             return {}
-        if not self.steps:
+        if not self.ledgers:
             return {EPSILON: 0.0, "dp-steps-max": 0.0}
         return {
-            EPSILON: shown(max(self.epsilon(cid) for cid in self.steps)),
-            "dp-steps-max": float(max(self.steps.values())),
+            EPSILON: shown(max(self.epsilon(cid) for cid in self.ledgers)),
+            "dp-steps-max": float(max(self.steps(cid) for cid in self.ledgers)),
         }
 
     def state(self) -> dict[str, Any]:
-        """The ledger for the checkpoint's meta (empty without DP-SGD)."""
+        """The ledgers for the checkpoint's meta (empty without DP-SGD)."""
         if not self.active:
             return {}
-        return {
-            "dp-steps": {str(k): v for k, v in self.steps.items()},
-            "dp-sizes": {str(k): v for k, v in self.sizes.items()},
-        }
+        return {"dp-ledgers": {str(k): [list(e) for e in v] for k, v in self.ledgers.items()}}
 
     def load_state(self, meta: Mapping[str, Any]) -> None:
-        self.steps = {int(k): int(v) for k, v in meta.get("dp-steps", {}).items()}
-        self.sizes = {int(k): int(v) for k, v in meta.get("dp-sizes", {}).items()}
+        self.ledgers = {
+            int(k): [(float(z), float(q), int(n)) for z, q, n in v]
+            for k, v in meta.get("dp-ledgers", {}).items()
+        }

@@ -106,7 +106,7 @@ def test_a_packed_dp_sgd_run_ends_bitwise_where_one_node_per_client_ends(
     assert summary["status"] == ref_summary["status"] == "completed"
     arrays, meta = engine.strategy.state()
     ref_arrays, ref_meta = ref.strategy.state()
-    assert meta == ref_meta and meta["dp-steps"] and set(arrays) == set(ref_arrays)
+    assert meta == ref_meta and meta["dp-ledgers"] and set(arrays) == set(ref_arrays)
     for key, value in ref_arrays.items():
         np.testing.assert_array_equal(arrays[key], value, err_msg=key)
     rounds, clients = _results(packed)

@@ -73,7 +73,7 @@ def test_the_ledgers_survive_a_restart(run_config: dict[str, Any]) -> None:
     part = settings_of({**whole, "out-dir": run_config["out-dir"] + "-b", "run-name": "b",
                         "num-rounds": 2})  # fmt: skip
     _run(part)
-    assert checkpoint.load(Path(part["out-dir"])).strategy_meta["dp-steps"]
+    assert checkpoint.load(Path(part["out-dir"])).strategy_meta["dp-ledgers"]
     b, b_clients, _ = _run(settings_of({**part, "num-rounds": 3, "resume": True}))
     assert [r["train"]["epsilon"] for r in b] == [r["train"]["epsilon"] for r in a]
     assert [r["train"]["dp-steps-max"] for r in b] == [r["train"]["dp-steps-max"] for r in a]

@@ -26,10 +26,10 @@ def test_charges_each_asked_client_a_round_of_poisson_steps() -> None:
         ledger.charge([_client(0, 1000), _client(1, 100)])
     ledger.charge([_client(1, 100)])  # client 1 sampled once more
     # ceil(1000 / 32) = 32 steps an epoch at q = 1/32; ceil(100 / 32) = 4 at q = 1/4
-    assert ledger.steps == {0: 3 * 2 * 32, 1: 4 * 2 * 4}
+    assert ledger.ledgers == {0: [(1.1, 1 / 32, 3 * 2 * 32)], 1: [(1.1, 1 / 4, 4 * 2 * 4)]}
     for cid, q in ((0, 1 / 32), (1, 1 / 4)):
         accountant = RDPAccountant()
-        accountant.history = [(1.1, q, ledger.steps[cid])]
+        accountant.history = [(1.1, q, ledger.steps(cid))]
         assert ledger.epsilon(cid) == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-12)
     metrics = ledger.metrics()
     assert metrics["epsilon"] == max(ledger.epsilon(0), ledger.epsilon(1))
@@ -41,7 +41,7 @@ def test_fedem_components_each_spend_privacy() -> None:
     one, three = PrivacyLedger(settings), PrivacyLedger(settings, passes=3)
     one.charge([_client(0, 95)])
     three.charge([_client(0, 95)])
-    assert three.steps[0] == 3 * one.steps[0] == 30
+    assert three.steps(0) == 3 * one.steps(0) == 30
 
 
 @pytest.mark.filterwarnings("ignore:Optimal order is the largest alpha")
@@ -51,6 +51,14 @@ def test_target_epsilon_is_reached_after_the_planned_rounds() -> None:
     for _ in range(4):
         ledger.charge([_client(0, 421)])
     assert 1.99 <= ledger.epsilon(0) <= 2.0
+    # resumed for 6 rounds: the new rounds' noise is calibrated for 6, the first 4 keep theirs
+    (z4, q, _), = ledger.ledgers[0]
+    longer = PrivacyLedger({**settings, "num-rounds": 6})
+    longer.load_state(ledger.state())
+    longer.charge([_client(0, 421)])
+    (_, _, _), (z6, q6, steps) = longer.ledgers[0]
+    assert z6 > z4 and q6 == q and steps == 27
+    assert longer.epsilon(0) > ledger.epsilon(0)
 
 
 def test_the_ledger_round_trips_through_the_checkpoint_meta() -> None:
@@ -59,13 +67,13 @@ def test_the_ledger_round_trips_through_the_checkpoint_meta() -> None:
     ledger.charge([_client(0, 50), _client(3, 70)])
     again = PrivacyLedger(settings)
     again.load_state(ledger.state())
-    assert again.steps == ledger.steps and again.metrics() == ledger.metrics()
+    assert again.ledgers == ledger.ledgers and again.metrics() == ledger.metrics()
 
 
 def test_without_dp_sgd_it_is_silent() -> None:
     ledger = PrivacyLedger(resolve({}))
     ledger.charge([_client(0, 50)])
-    assert ledger.metrics() == {} and ledger.state() == {} and ledger.steps == {}
+    assert ledger.metrics() == {} and ledger.state() == {} and ledger.ledgers == {}
 
 
 def test_a_client_without_examples_spends_nothing() -> None:
