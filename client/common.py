@@ -195,7 +195,7 @@ def privacy(env: ClientEnv, passes: int = 1) -> Privacy | None:
         return None
     newest = env.state.load(before_round=sys.maxsize)
     ledger = newest[1].get(LEDGER, []) if newest is not None else []
-    return Privacy(dp, add_steps(ledger, 0.0, 0.0, 0))
+    return Privacy(dp, add_steps(ledger, 0.0, 0.0, 0))  # (adds nothing: entries as tuples)
 
 
 def privacy_meta(privacy: Privacy | None) -> dict[str, object]:

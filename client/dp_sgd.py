@@ -47,10 +47,10 @@ def train_private(
     class_weights: torch.Tensor | None = None,
 ) -> tuple[float, int]:
     """`epochs` x `plan.steps_per_epoch` DP-SGD steps on the negative log-likelihood; returns
-    (the last epoch's mean training loss over the examples drawn, 0 if none, the steps taken). `sampling`
-    draws the Poisson batches (a CPU generator), `noise` the Gaussian noise (a generator on
-    the parameters' device); for the guarantee nobody else may know either. `model` is
-    trained in place; Opacus' hooks are removed before returning."""
+    (the last epoch's mean training loss over the examples drawn, 0 if none; the steps taken).
+    `sampling` draws the Poisson batches (a CPU generator), `noise` the Gaussian noise (a
+    generator on the parameters' device); for the guarantee nobody else may know either.
+    `model` is trained in place; Opacus' hooks are removed before returning."""
     from opacus import GradSampleModule  # lazy: opacus
     from opacus.optimizers import DPOptimizer  # lazy: opacus
     from opacus.utils.uniform_sampler import UniformWithReplacementSampler  # lazy: opacus
@@ -73,38 +73,37 @@ def train_private(
     )
     params = list(dp.params)
     steps, last = 0, 0.0
-    quiet = warnings.catch_warnings()
-    quiet.__enter__()
-    # the first layer's input needs no gradient, so PyTorch warns that Opacus' backward hook
-    # fires on its output only: that is all the hook needs
-    warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
-    try:
-        for _ in range(epochs):
-            total, count = 0.0, 0
-            for drawn in sampler:
-                dp.zero_grad()
-                if drawn:
-                    idx = torch.tensor(drawn, dtype=torch.long, device=y.device)
-                    losses = per_sample_loss(private(x[idx]).float(), y[idx], class_weights)
-                    if sample_weights is not None:
-                        losses = losses * sample_weights[idx]
-                    losses.mean().backward()
-                    total += float(losses.detach().sum())
-                    count += len(drawn)
-                else:  # an empty batch still takes its step: noise only, as Opacus does
-                    for p in params:
-                        p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
-                dp.pre_step()  # clip, sum, add noise, divide by the expected batch size
-                if proximal is not None:
-                    extra = torch.autograd.grad(proximal(model), params, allow_unused=True)
-                    for p, g in zip(params, extra, strict=True):
-                        if g is not None and p.grad is not None:
-                            p.grad.add_(g)
-                optimizer.step()
-                steps += 1
-            last = total / max(count, 1)
-    finally:
-        dp.zero_grad()
-        private._close()
-        quiet.__exit__(None, None, None)
+    with warnings.catch_warnings():
+        # the first layer's input needs no gradient, so PyTorch warns that Opacus' backward hook
+        # fires on its output only: that is all the hook needs
+        warnings.filterwarnings("ignore", "Full backward hook is firing", UserWarning)
+        try:
+            for _ in range(epochs):
+                total, count = 0.0, 0
+                for drawn in sampler:
+                    dp.zero_grad()
+                    if drawn:
+                        idx = torch.tensor(drawn, dtype=torch.long, device=y.device)
+                        losses = per_sample_loss(private(x[idx]).float(), y[idx], class_weights)
+                        if sample_weights is not None:
+                            losses = losses * sample_weights[idx]
+                        losses.mean().backward()
+                        total += float(losses.detach().sum())
+                        count += len(drawn)
+                    else:  # an empty batch still takes its step: noise only, as Opacus does
+                        for p in params:
+                            p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype,
+                                                        device=p.device)  # fmt: skip
+                    dp.pre_step()  # clip, sum, add noise, divide by the expected batch size
+                    if proximal is not None:
+                        extra = torch.autograd.grad(proximal(model), params, allow_unused=True)
+                        for p, g in zip(params, extra, strict=True):
+                            if g is not None and p.grad is not None:
+                                p.grad.add_(g)
+                    optimizer.step()
+                    steps += 1
+                last = total / max(count, 1)
+        finally:
+            dp.zero_grad()
+            private._close()
     return last, steps

@@ -61,7 +61,8 @@ class AlgorithmSpec:
 
     def setting_groups(self) -> set[str]:
         """The prefixes (`fedem` of `fedem.components`) of every setting this algorithm reads."""
-        return {s.key.split(".")[0] for s in self.settings if "." in s.key} | set(self.uses)
+        groups = {s.key.split(".")[0] for s in self.settings if "." in s.key} | set(self.uses)
+        return groups | ({DPSettings.PREFIX} if self.dp else set())
 
     def strategy_class(self) -> type[Strategy]:
         module, _, attr = self.strategy.partition(":")
@@ -414,12 +415,14 @@ def model_round(algorithm: str, key: str, rnd: int) -> int:
 
 def foreign_settings(algorithm: str, keys: Iterable[str]) -> dict[str, list[str]]:
     """The keys among `keys` that `algorithm` does not read, each with the algorithms that do
-    (`fedprox.mu` for `fedavg`: ['fedprox']). Common settings belong to every algorithm."""
+    (`fedprox.mu` for `fedavg`: ['fedprox']). Common settings belong to every algorithm, except
+    `dp.*`: to the algorithms with DP-SGD."""
     spec = ALGORITHMS.get(algorithm)
     if spec is None:
         return {}
     mine = spec.setting_groups()
-    common = {s.key for s in COMMON_SETTINGS}  # synthetic.* too, though it has a prefix
+    # synthetic.* too, though it has a prefix
+    common = {s.key for s in COMMON_SETTINGS} - {s.key for s in DPSettings.declarations()}
     out: dict[str, list[str]] = {}
     for key in keys:
         group = key.split(".")[0] if "." in key else None

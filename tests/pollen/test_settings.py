@@ -90,8 +90,11 @@ def test_dp_sgd_is_for_the_algorithms_that_declare_it() -> None:
         asked = {"algorithm": name, "dp.noise-multiplier": 1.0}
         if name in expected:
             assert spec.dp and registry.resolve(asked)["dp.noise-multiplier"] == 1.0
+            assert registry.foreign_settings(name, ["dp.delta"]) == {}
             continue
         assert not spec.dp
+        # `pollen settings` does not list dp.* for it, and the command line calls them foreign
+        assert registry.foreign_settings(name, ["dp.delta"]) == {"dp.delta": sorted(expected)}
         with pytest.raises(SettingsError, match=f"{name} has no DP-SGD training"):
             registry.resolve(asked)
         registry.resolve({**asked, "dp.noise-multiplier": 0.0})  # off: nothing to refuse

@@ -40,17 +40,19 @@ def _opacus_epsilon(z: float, q: float, steps: int, delta: float) -> float:
     return float(accountant.get_epsilon(delta))
 
 
+@pytest.mark.slow
 def test_a_dp_fedavg_run_learns_and_reports_opacus_epsilon(run_config: dict[str, Any]) -> None:
-    """Noise multiplier 1, clipping 1, delta 1e-5, private randomness (the default): three
-    rounds of one epoch on digits end with epsilon below 3 and test accuracy more than
-    MARGIN above chance."""
-    cfg = settings_of({**run_config, "dp.noise-multiplier": 1.0})
+    """Noise multiplier 1, clipping 1, delta 1e-5, private randomness (the default): five
+    rounds of one epoch on digits end with epsilon 3.41 and test accuracy more than MARGIN
+    above chance (six such runs ended at 0.68-0.83; six runs of three rounds at 0.55-0.76:
+    docs/results/baselines.md)."""
+    cfg = settings_of({**run_config, "dp.noise-multiplier": 1.0, "num-rounds": 5})
     rows, clients, summary = _run(cfg)
     assert summary["status"] == "completed"
     assert summary["final"]["eval"]["test-accuracy"] > CHANCE + MARGIN
     assert rows[-1]["server-eval"]["test-accuracy"] > CHANCE + MARGIN
     eps = [r["train"]["epsilon"] for r in rows]
-    assert 0 < eps[0] < eps[1] < eps[2] < 3.0
+    assert eps == sorted(set(eps)) and eps[0] > 0 and eps[-1] < 3.5  # growing every round
     for row in rows:
         rnd = row["round"]
         mine = [c["metrics"] for c in clients if c["round"] == rnd and c["phase"] == "train"]
@@ -65,6 +67,7 @@ def test_a_dp_fedavg_run_learns_and_reports_opacus_epsilon(run_config: dict[str,
         assert row["train"]["dp-steps-max"] == max(m["dp-steps"] for m in mine)
 
 
+@pytest.mark.slow
 def test_the_ledgers_survive_a_restart(run_config: dict[str, Any]) -> None:
     dp = {"dp.noise-multiplier": 1.0, "dp.reproducible": True, "algorithm": "local"}
     whole = settings_of({**run_config, **dp, "out-dir": run_config["out-dir"] + "-a",
