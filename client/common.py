@@ -238,6 +238,7 @@ def train(
             proximal=proximal,
             sample_weights=sample_weights,
             class_weights=data.class_weights,
+            hflip=sgd.hflip,
         )
         privacy.charge(steps)
         return loss

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from client.training import SGD, ProximalTerm
+from models.augment import random_hflip
 from models.losses import per_sample_loss
 from models.privacy import PoissonPlan
 
@@ -45,12 +46,14 @@ def train_private(
     proximal: ProximalTerm | None = None,
     sample_weights: torch.Tensor | None = None,
     class_weights: torch.Tensor | None = None,
+    hflip: bool = False,
 ) -> tuple[float, int]:
     """`epochs` x `plan.steps_per_epoch` DP-SGD steps on the negative log-likelihood; returns
     (the last epoch's mean training loss over the examples drawn, 0 if none; the steps taken).
     `sampling` draws the Poisson batches (a CPU generator), `noise` the Gaussian noise (a
     generator on the parameters' device); for the guarantee nobody else may know either.
-    `model` is trained in place; Opacus' hooks are removed before returning."""
+    `model` is trained in place; Opacus' hooks are removed before returning. `hflip`: each
+    drawn image mirrored with probability 1/2 (models.augment.random_hflip, from `sampling`)."""
     from opacus import GradSampleModule  # lazy: opacus
     from opacus.optimizers import DPOptimizer  # lazy: opacus
     from opacus.utils.uniform_sampler import UniformWithReplacementSampler  # lazy: opacus
@@ -84,7 +87,8 @@ def train_private(
                     dp.zero_grad()
                     if drawn:
                         idx = torch.tensor(drawn, dtype=torch.long, device=y.device)
-                        losses = per_sample_loss(private(x[idx]).float(), y[idx], class_weights)
+                        inputs = random_hflip(x[idx], sampling) if hflip else x[idx]
+                        losses = per_sample_loss(private(inputs).float(), y[idx], class_weights)
                         if sample_weights is not None:
                             losses = losses * sample_weights[idx]
                         losses.mean().backward()

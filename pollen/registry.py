@@ -388,6 +388,11 @@ def _check_dp(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
             "amp=true with DP-SGD: refused; per-example gradients are clipped and noised in "
             "float32 (docs/privacy.md)"
         )
+    if cfg["drop-last"]:
+        raise SettingsError(
+            "drop-last=true with DP-SGD: refused; Poisson-sampled batches have no last batch to "
+            "drop (docs/privacy.md)"
+        )
 
 
 def _closest(name: str, known: Iterable[str]) -> str:

@@ -153,3 +153,27 @@ def test_an_empty_batch_still_takes_a_noisy_step() -> None:
     _, steps = _private(model, SGD(list(model.parameters()), 1.0), plan, 1.0, 1.0)
     assert steps == 3
     assert all(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+
+
+def test_random_flip_mirrors_drawn_images() -> None:
+    x = torch.randn(N, 1, 2, 3, generator=torch.Generator().manual_seed(4))
+    y = torch.randint(0, C, (N,), generator=torch.Generator().manual_seed(5))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(6, C))
+    seen: list[torch.Tensor] = []
+    model.register_forward_hook(lambda _m, inputs, _o: seen.append(inputs[0].detach().clone()))
+    train_private(model, x, y, epochs=2, plan=poisson_plan(N, 32), noise_multiplier=0.0,
+                  max_grad_norm=1.0, optimizer=SGD(list(model.parameters()), 0.1),
+                  sampling=torch.Generator().manual_seed(0),
+                  noise=torch.Generator().manual_seed(1), hflip=True)  # fmt: skip
+    assert len(seen) == 2  # q = 1: every image drawn at each of the 2 steps
+    flipped = [
+        [torch.equal(batch[i], x[i].flip(-1)) and not torch.equal(batch[i], x[i]) for i in range(N)]
+        for batch in seen
+    ]
+    assert all(
+        torch.equal(batch[i], x[i]) or torch.equal(batch[i], x[i].flip(-1))
+        for batch in seen
+        for i in range(N)
+    )
+    assert 0 < sum(map(sum, flipped)) < 2 * N

@@ -102,3 +102,6 @@ def test_dp_sgd_is_for_the_algorithms_that_declare_it() -> None:
         registry.resolve({"dp.noise-multiplier": 1.0, "dp.target-epsilon": 3.0})
     with pytest.raises(SettingsError, match="amp=true with DP-SGD: refused"):
         registry.resolve({"dp.target-epsilon": 3.0, "amp": True})
+    with pytest.raises(SettingsError, match="drop-last=true with DP-SGD: refused"):
+        registry.resolve({"dp.noise-multiplier": 1.0, "drop-last": True})
+    assert registry.resolve({"dp.noise-multiplier": 1.0, "random-flip": True})["random-flip"]
