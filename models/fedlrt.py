@@ -43,10 +43,13 @@ def factorize(W: np.ndarray, rank: int) -> Factors:
 
 
 def max_rank(m: int, n: int, cap: int = 0) -> int:
-    """Largest rank a layer may keep so that augmentation (doubling) still fits: floor(min/2),
-    lowered to `cap` when cap > 0."""
-    top = min(m, n) // 2
-    return max(1, min(top, cap) if cap > 0 else top)
+    """Largest rank an m×n layer may keep: floor(min/2) by default, so that augmentation can
+    always double it; `cap` > 0 replaces it, up to full rank min(m, n) (above min/2 the
+    augmentation adds only the columns that fit, `augmentation_width`; at full rank none, and
+    the coefficient step is the dense step in rotated coordinates)."""
+    if cap > 0:
+        return max(1, min(cap, m, n))
+    return max(1, min(m, n) // 2)
 
 
 def augmentation_width(rank: int, m: int, n: int) -> int:

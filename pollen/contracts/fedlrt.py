@@ -32,7 +32,10 @@ class FeDLRTSettings(SettingsGroup):
     )
     rank: int = setting(0, "initial rank of every factorized layer (0: the cap)", minimum=0)
     max_rank: int = setting(
-        0, "rank cap of every factorized layer (0: floor(min(m, n)/2))", minimum=0
+        0,
+        "rank cap of every factorized layer (0: floor(min(m, n)/2), which augmentation can "
+        "always double; up to min(m, n), full rank)",
+        minimum=0,
     )
     min_rank: int = setting(1, "smallest rank truncation may leave", minimum=1)
     layers: str = setting(

@@ -57,6 +57,7 @@ def test_augmentation_width_fills_but_never_exceeds_the_space() -> None:
     assert augmentation_width(10, 10, 10) == 0
     assert augmentation_width(4, 20, 6) == 2
     assert max_rank(784, 200) == 100 and max_rank(784, 200, cap=30) == 30
+    assert max_rank(784, 200, cap=150) == 150 and max_rank(784, 200, cap=1000) == 200
 
 
 def _brute_force_rank(sigma: np.ndarray, theta: float | np.floating) -> int:
