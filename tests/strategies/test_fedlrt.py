@@ -15,6 +15,7 @@ from flwr.app import Message, RecordDict
 from client.app import app as client_app
 from models.fedlrt import factorize, orthonormality_error
 from pollen import protocol
+from pollen.registry import get_algorithm
 from server.engine import Engine
 from server.results import ResultsWriter, read_jsonl
 from strategies.base import Strategy
@@ -323,7 +324,53 @@ def test_full_rank_fedlrt_is_fedlin_with_full_correction_and_fedavg_without(
     moved = max(np.abs(want[k] - v).max() for k, v in start.weights.items())
     worst = max(np.abs(got[k] - want[k].astype(np.float64)).max() for k in want)
     print(f"{var_cor} vs {dense_algorithm}: max |diff| {worst:.1e}, weights moved {moved:.1e}")
-    if equal:  # float32 on the wire and in the client, summed in another order
-        assert worst < 1e-4 * moved
+    if equal:
+        # float32 on the wire and in the client, summed in another order: 2e-7 here; a ReLU
+        # whose input sits within rounding of 0 for one example may flip in one run and not in
+        # the other, which has cost up to 2e-5 (seen with other corrections)
+        assert worst < 1e-3 * moved
     else:
-        assert worst > 1e-2 * moved
+        assert worst > 5e-2 * moved
+
+
+def test_identical_client_data_makes_the_corrections_vanish(
+    run_config: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Schotthöfer & Laiu (2024), eqs. 8-9: the corrections V_c = G − G_c vanish when every
+    client holds the same data (G_c = G), so FeDLRT without, with simplified and with full
+    correction take the same steps, and FedLin (Algorithm 4) those of FedAvg (Algorithm 3).
+    Through the torch client and the strategies, every client loading client 0's partition
+    (each still draws its own batches)."""
+    import federated_data
+
+    load = federated_data.load_client_data
+    monkeypatch.setattr(federated_data, "load_client_data",
+                        lambda spec, _cid, cache: load(spec, 0, cache))  # fmt: skip
+    base = {**run_config, "num-rounds": 2, "lr": 0.05, "final-eval": False,
+            "server-eval": False, "fedlrt.tau": 0.05, "fedlrt.rank": 20}  # fmt: skip
+
+    def run(algorithm: str, **extra: Any) -> dict[str, np.ndarray]:
+        tag = "-".join([algorithm, *map(str, extra.values())])
+        cfg = settings_of({**base, "algorithm": algorithm, "out-dir": f"{base['out-dir']}-{tag}",
+                           **extra})  # fmt: skip
+        strategy = get_algorithm(algorithm).strategy_class()(cfg)
+        _run(cfg, strategy)
+        if isinstance(strategy, FeDLRT):
+            return _dense_of(strategy)
+        return {k: v.astype(np.float64) for k, v in strategy.state()[0].items()}
+
+    lrt = {v: run("fedlrt", **{"fedlrt.var-cor": v}) for v in ("none", "simplified", "full")}
+    fedavg, fedlin = run("fedavg"), run("fedlin")
+    start = FedAvg(settings_of({**base}))
+    start.initialize(int(base["seed"]))
+    moved = max(np.abs(fedavg[k] - v).max() for k, v in start.weights.items())
+
+    def gap(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+        assert a.keys() == b.keys()
+        return max(float(np.abs(a[k] - b[k]).max()) for k in a)
+
+    gaps = [gap(lrt["none"], lrt["simplified"]), gap(lrt["none"], lrt["full"]),
+            gap(fedavg, fedlin)]  # fmt: skip
+    print(f"largest differences {gaps}, the runs moved the weights {moved:.1e}")
+    assert max(gaps) < 1e-5 * moved
+    assert gap(lrt["none"], fedavg) > 1e-2 * moved  # the rank-20 bases do restrict the steps

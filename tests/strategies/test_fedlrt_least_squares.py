@@ -285,33 +285,41 @@ def test_drift_ordering_full_simplified_none_and_the_true_rank(run_config: dict[
     assert min(ranks["none"][-1], ranks["simplified"][-1]) > 2
 
 
-def test_the_rank_dead_zone_of_relative_truncation(run_config: dict[str, Any]) -> None:
+def test_the_rank_dead_zone_of_relative_truncation(
+    run_config: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Schotthöfer & Laiu (2024), Sec. 3.1 (truncation: keep the smallest r₁ with
     ‖[σ_{r₁+1}, …, σ_{2r}]‖ < ϑ, ϑ = τ‖S̃*‖): the r new directions of a round enter S̃* with
     coefficients of order λs*‖∇L‖, so with relative τ they are cut whenever that is below
     τ‖S̃*‖. On the homogeneous problem H1 (rank-2 target) started at rank 1 with the paper's
-    λ = 1e-3, s* = 20: τ = 0.1 keeps rank 1 for every round (each round discards the new
-    directions, below ϑ) and the loss stalls, τ = 1e-3 lets the rank grow in the first round.
-    Exactly at the threshold: τ just above the first round's tail ratio keeps rank 1, just
-    below gives rank 2."""
+    λ = 1e-3, s* = 20: with τ = 0.1 every round's S̃* has its new directions below ϑ, the rank
+    stays 1 and the loss stalls; τ = 1e-3 lets the rank grow in the first round. Exactly at
+    the threshold: with τ just above round 1's ‖σ₂‖/‖σ‖ the rank stays 1, just below it is 2."""
     clients, _ = homogeneous_problem(n=8, rank=2, points=2000, clients=4, seed=0)
     start = initial_factors(8, 1, 0)
     rounds, steps, lr = 12, 20, 1e-3
 
-    def run(tau: float, tag: str, rounds: int = rounds) -> tuple[float, list[dict[str, Any]]]:
+    def run(tau: float, tag: str, rounds: int = rounds) -> tuple[float, list[int]]:
         strategy, rows = _run(run_config, clients, start, "simplified", lr=lr, steps=steps,
                               rounds=rounds, tau=tau, tag=tag)  # fmt: skip
-        return global_loss(clients, strategy.factors[LAYER].dense()), rows
+        ranks = [int(r["train"][f"rank-{LAYER}"]) for r in rows]
+        return global_loss(clients, strategy.factors[LAYER].dense()), ranks
 
-    stuck, rows = run(0.1, "dead")
-    ratios = [r["train"][f"truncation-ratio-{LAYER}"] for r in rows]
-    assert [r["train"][f"rank-{LAYER}"] for r in rows] == [1] * rounds
-    assert all(0 < x < 1 for x in ratios)
-    grown, rows = run(1e-3, "alive")
-    assert rows[0]["train"][f"rank-{LAYER}"] == 2
+    calls: list[tuple[np.ndarray, np.ndarray, np.ndarray, Truncation]] = []
+    monkeypatch.setattr(strategies.fedlrt, "truncate", _recording(calls))
+    stuck, ranks = run(0.1, "dead")
+    assert ranks == [1] * rounds
+    tails = []
+    for _, S, _, _ in calls:
+        sigma = np.linalg.svd(S, compute_uv=False)
+        assert len(sigma) == 2 and sigma[1] > 0  # the new direction was trained, then cut
+        tails.append(sigma[1] / np.linalg.norm(sigma))
+    print(f"new direction / ‖S̃*‖ per round: {np.round(tails, 4)}")
+    assert max(tails) < 0.1
+    grown, ranks = run(1e-3, "alive")
+    assert ranks[0] == 2
     assert grown < 0.9 * stuck
-    # round 1 does not depend on τ until its truncation: the tail ‖σ₂‖ is ratio · 0.1 ‖S̃*‖
-    critical = ratios[0] * 0.1
-    for tau, rank in ((1.01 * critical, 1), (0.99 * critical, 2)):
-        _, rows = run(tau, f"edge-{rank}", rounds=1)
-        assert rows[0]["train"][f"rank-{LAYER}"] == rank
+    # round 1 does not depend on τ until its truncation
+    for tau, rank in ((1.01 * tails[0], 1), (0.99 * tails[0], 2)):
+        _, ranks = run(tau, f"edge-{rank}", rounds=1)
+        assert ranks == [rank]
