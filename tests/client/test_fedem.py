@@ -1,12 +1,20 @@
-"""FedEM's personalised predictor on sequences: per-token probabilities mixed with pi."""
+"""FedEM's client: the personalised predictor on sequences (per-token probabilities mixed
+with pi), and its E- and M-steps against the paper's surrogate of the likelihood."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
+from torch import nn
 
 from client.common import Tensors
-from client.fedem import mixture_metrics
+from client.fedem import _losses, mixture_metrics
+from client.training import train_classifier
+from models.linear import LinearModel
+from models.losses import per_sample_loss
+from models.mixture import log_weights, mixture_nll, mixture_weights, responsibilities
 from tests.fakes import FixedLogits
 
 
@@ -28,3 +36,64 @@ def test_sequence_mixture_metrics_mix_each_token(weighted: bool) -> None:
     assert metrics["test-examples"] == 7
     assert metrics["test-accuracy"] == pytest.approx(float((mixed.argmax(1) == y).double().mean()))
     assert metrics["test-loss"] == pytest.approx(float(nll.mean(1).mean()))
+
+
+def _surrogate(
+    q: torch.Tensor, pi: torch.Tensor, losses: torch.Tensor
+) -> torch.Tensor:
+    """g(Θ, π) = (1/n) Σ_i Σ_m q_im (l(θ_m; s_i) − log π_m + log q_im) (Marfoq et al., 2021,
+    eq. 182, without the constants −log p_m(x) − c that f carries as well)."""
+    return (q * (losses - log_weights(pi) + q.log())).sum(1).mean()
+
+
+def test_the_m_step_objective_is_a_first_order_surrogate_of_the_mixture_likelihood() -> None:
+    """Marfoq et al. (2021), App. G.1: with q the E-step's posterior p(z | s, Θ₀, π₀) (eq. 8),
+    g of eq. (182) is a partial first-order surrogate of the client's negative log-likelihood
+    f(Θ, π) = −(1/n) Σ_i log Σ_m π_m exp(−l(θ_m; s_i)) near (Θ₀, π₀) (Definition 1): g − f is
+    the mean KL(q_i ‖ p(z | s_i, Θ, π)) ≥ 0 (Lemma G.4), zero at (Θ₀, π₀) with zero gradient
+    in Θ there (Lemma G.5), and g(Θ, π) − g(Θ, π₁) = KL(π₁ ‖ π) for the M-step's π₁ = mean_i q_i
+    (Lemma G.6). Through the client's own pieces: its per-example losses and E-step, and its
+    training loop, whose full-batch step on the q-weighted loss moves each component by
+    −η ∇_θm g = −η ∇_θm f."""
+    n, dim, classes, components, lr = 40, 6, 3, 3, 0.1
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(n, dim, generator=gen)
+    data = Tensors(x, torch.randint(0, classes, (n,), generator=gen))
+    torch.manual_seed(5)
+    models: list[nn.Module] = [LinearModel((dim,), classes) for _ in range(components)]
+    pi0 = torch.distributions.Dirichlet(torch.ones(components)).sample().double()
+    losses0 = _losses(models, data)
+    q = responsibilities(log_weights(pi0), losses0)
+
+    # tight at the current point; a majorant elsewhere, the gap being the mean KL
+    f0 = mixture_nll(pi0, losses0)
+    assert abs(float(_surrogate(q, pi0, losses0) - f0)) < 1e-12
+    for trial in range(20):
+        moved = [copy.deepcopy(m) for m in models]
+        with torch.no_grad():
+            for m in moved:
+                for p in m.parameters():
+                    p.add_(torch.randn(p.shape, generator=gen) * (0.1 + trial / 10))
+        pi = torch.distributions.Dirichlet(torch.ones(components)).sample().double()
+        losses = _losses(moved, data)
+        gap = _surrogate(q, pi, losses) - mixture_nll(pi, losses)
+        posterior = responsibilities(log_weights(pi), losses)
+        kl = (q * (q.log() - posterior.log())).sum(1).mean()
+        assert float(gap) > 0 and abs(float(gap - kl)) < 1e-10
+        # the M-step for pi minimises g: what any other pi costs more is KL(pi1 || pi)
+        pi1 = mixture_weights(q)
+        extra = _surrogate(q, pi, losses) - _surrogate(q, pi1, losses)
+        assert abs(float(extra - (pi1 * (pi1.log() - pi.log())).sum())) < 1e-10
+
+    # matching gradients: ∇_Θ f at (Θ₀, π₀) by autograd, against the client's weighted step
+    objective = mixture_nll(
+        pi0, torch.stack([per_sample_loss(m(data.x), data.y) for m in models], 1).double()
+    )
+    objective.backward()  # type: ignore[no-untyped-call]
+    for k, model in enumerate(models):
+        stepped = copy.deepcopy(model)
+        train_classifier(stepped, data.x, data.y, epochs=1, batch_size=n, lr=lr,
+                         sample_weights=q[:, k].float())  # fmt: skip
+        for p, p1 in zip(model.parameters(), stepped.parameters(), strict=True):
+            assert p.grad is not None and float(p.grad.abs().max()) > 1e-3
+            torch.testing.assert_close(p1 - p, -lr * p.grad, rtol=1e-4, atol=1e-7)

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from client.training import SGD, train_classifier, train_two_views
+from client.training import SGD, batches, train_classifier, train_two_views
 from models.evaluation import evaluate_classifier
 from models.weights import get_weights, set_weights
 from tests.fakes import FixedLogits
@@ -171,3 +171,40 @@ def test_random_flip_mirrors_about_half_the_images_and_nothing_else() -> None:
     mirrored = (seen == original.flip(-1)).flatten(1).all(1)
     assert bool((same ^ mirrored).all())  # every image either as it was or mirrored
     assert 0.4 < float(mirrored.float().mean()) < 0.6
+
+
+class PerExampleLogits(nn.Module):
+    """One free row of logits per example; its input is the examples' indices."""
+
+    def __init__(self, rows: torch.Tensor) -> None:
+        super().__init__()
+        self.rows = nn.Parameter(rows.clone())
+
+    def forward(self, index: torch.Tensor) -> torch.Tensor:
+        return self.rows[index]
+
+
+def test_sample_weights_follow_their_examples_through_shuffled_batches() -> None:
+    """FedEM's M-step (Marfoq et al., 2021, Alg. 2, LocalSolver): each minibatch I minimises
+    (1/|I|) Σ_{i∈I} q_i l(θ; s_i), q_i looked up by the sample's index. With one free logit row
+    per example and plain SGD, one shuffled epoch moves row i exactly once, by
+    −η q_i/|B(i)| ∇l_i, B(i) the batch that held example i (the last batch is short); a zero
+    weight leaves its row alone."""
+    n, classes, batch, lr = 50, 3, 16, 0.5
+    gen = torch.Generator().manual_seed(4)
+    rows = torch.randn(n, classes, generator=gen)
+    y = torch.randint(0, classes, (n,), generator=gen)
+    weights = torch.rand(n, generator=gen) * 2
+    weights[::7] = 0.0
+    model = PerExampleLogits(rows)
+    shuffle = torch.Generator().manual_seed(11)
+    train_classifier(model, torch.arange(n), y, epochs=1, batch_size=batch, lr=lr,
+                     generator=shuffle, sample_weights=weights)  # fmt: skip
+    size = torch.empty(n)
+    for idx in batches(n, batch, torch.Generator().manual_seed(11)):  # the same shuffle
+        size[idx] = len(idx)
+    assert sorted(set(size.tolist())) == [2.0, 16.0]
+    grad = torch.softmax(rows, dim=1) - nn.functional.one_hot(y, classes)  # ∇ of CE per row
+    expected = rows - lr * (weights / size)[:, None] * grad
+    torch.testing.assert_close(model.rows.detach(), expected)
+    assert torch.equal(model.rows.detach()[::7], rows[::7])

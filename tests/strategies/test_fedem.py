@@ -3,6 +3,7 @@ unseen clients."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from client.state import StateStore
 from server.engine import Engine
 from server.results import ResultsWriter, read_jsonl
 from strategies.base import Strategy
+from strategies.dfedem import DFedEM
 from strategies.fedavg import FedAvg
 from strategies.fedem import FedEM, stale_average
 from tests.fakes import FakeClock, FakeGrid, settings_of
@@ -167,3 +169,58 @@ def test_fedavg_serves_unseen_clients_the_global_model(run_config: dict[str, Any
     assert final["clients"] == 3.0 and final["unseen-clients"] == 1.0
     assert "unseen-global-test-accuracy" in final and "unseen-test-accuracy" in final
     assert "unseen-train-accuracy" in final
+
+
+def test_d_fedem_rounds_without_local_steps_are_gossip_averaging_to_consensus(
+    run_config: dict[str, Any],
+) -> None:
+    """Marfoq et al. (2021), Alg. 4 and Assumption 9: a D-FedEM round sets each client's
+    components to Σ_s w_st θ_s over its neighbourhood, with a symmetric doubly stochastic mixing
+    matrix W. With no local progress (learning rate 0) the rounds through the strategy and the
+    real client are repeated averaging Ξ ← ΞW: the mean over clients never moves, the consensus
+    distance Σ_t ‖θ_t − θ̄‖² shrinks every round by at least λ₂(W)² (λ₂ the second largest
+    eigenvalue modulus, Assumption 9 with τ = 1) and the clients reach the mean."""
+    clients, rounds = 6, 12
+
+    class Spread(DFedEM):
+        """Clients start from different components (seeded per client)."""
+
+        def initialize(self, seed: int) -> None:
+            super().initialize(seed)
+            rng = np.random.default_rng(seed)
+            self.models = [
+                {k: (v + rng.normal(size=v.shape)).astype(v.dtype) for k, v in m.items()}
+                for m in self.models
+            ]
+            self.start = [dict(m) for m in self.models]
+
+    cfg = settings_of({
+        **run_config, "algorithm": "d-fedem", "num-clients": clients, "num-rounds": rounds,
+        "dataset": "fedem-synthetic", "partitioner": "natural", "model": "linear",
+        "synthetic.dimension": 10, "synthetic.components": 2, "synthetic.train-size": 20,
+        "synthetic.test-size": 20, "val-fraction": 0.0, "fedem.components": 2, "lr": 0.0,
+        "server-eval": False, "final-eval": False, "d-fedem.edge-probability": 0.7,
+    })  # fmt: skip
+    strategy = Spread(cfg)
+    _run(cfg, strategy, nodes=clients)
+
+    def flat(models: list[dict[str, np.ndarray]]) -> np.ndarray:
+        keys = sorted(models[0])
+        return np.stack([np.concatenate([m[k].ravel() for k in keys]) for m in models])
+
+    start, end = flat(strategy.start).astype(np.float64), flat(strategy.models)
+    mixing = strategy.mixing
+    np.testing.assert_allclose(mixing, mixing.T, atol=0)
+    np.testing.assert_allclose(mixing.sum(0), 1.0, atol=1e-12)
+    second = np.sort(np.abs(np.linalg.eigvalsh(mixing)))[-2]
+    assert 0 < second < 1
+    mean = start.mean(0)
+    np.testing.assert_allclose(end.mean(0), mean, atol=1e-5)
+    rows = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")
+    distances = [float(((start - mean) ** 2).sum(1).mean())]
+    distances += [r["train"]["consensus-distance"] for r in rows]
+    for before, after in itertools.pairwise(distances):
+        assert after <= second**2 * before * (1 + 1e-4) + 1e-10
+    print(f"λ₂ = {second:.3f}; consensus distance {distances[0]:.2e} -> {distances[-1]:.2e}")
+    assert distances[-1] < 1e-4 * distances[0]
+    np.testing.assert_allclose(end, np.broadcast_to(mean, end.shape), atol=0.05)
