@@ -253,3 +253,28 @@ def test_warm_start_steps_are_minibatch_sgd_steps_across_passes() -> None:
     for a, b in zip(ours.parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(a, b)
     assert loss == pytest.approx(sum(losses) / 4)
+
+
+@pytest.mark.parametrize("algorithm", ["fedlrt", "fedlin", "fedavg"])
+def test_local_work_counted_in_steps_takes_that_many_steps(
+    run_config: dict[str, Any], monkeypatch: pytest.MonkeyPatch, algorithm: str
+) -> None:
+    """The paper's budget of s* local iterations (`local-steps`) reaches each method's local
+    loop: every client takes exactly s* mini-batch steps a round, whatever local-epochs says."""
+    from client.training import SGD
+    from strategies.fedavg import FedAvg
+
+    taken = 0
+    step = SGD.step
+
+    def counted(self: SGD) -> None:
+        nonlocal taken
+        taken += 1
+        step(self)
+
+    monkeypatch.setattr(SGD, "step", counted)
+    cfg = _cfg(run_config, **{"algorithm": algorithm, "num-rounds": 2, "local-epochs": 2,
+                              "local-steps": 5, "final-eval": False})  # fmt: skip
+    strategy: Strategy = {"fedlrt": FeDLRT, "fedlin": FedLin, "fedavg": FedAvg}[algorithm](cfg)
+    _run(cfg, strategy)
+    assert taken == 5 * 3 * 2  # s* steps x 3 clients x 2 rounds
