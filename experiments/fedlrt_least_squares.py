@@ -13,6 +13,8 @@ models.fedlrt:
 
     python -m experiments.fedlrt_least_squares --out results/fedlrt-least-squares
     python -m experiments.fedlrt_least_squares --paper --out results/fedlrt-figure4
+    python -m experiments.fedlrt_least_squares --paper --tabulate A/figure4.json B/figure4.json \
+        --out DIR      # one table and figure from runs made in parts
 
 write results.md (tables), results.json (per-round histories) and h1.png, h2.png; with
 --paper, figure4.md, figure4.json (median histories, per-initialisation summaries) and
@@ -178,6 +180,22 @@ def figure4_report(results: list[dict[str, Any]]) -> str:
                 f"{len(res['runs'])}" if hits else f"none of {len(res['runs'])}"
             )
         lines.append(f"| {res['clients']} | {cells[0]} | {cells[1]} |")
+    lines += [
+        "",
+        "How much faster FeDLRT gets where FedLin ends: the round at which FeDLRT's median loss "
+        "(distance) first falls below FedLin's median after the last round:",
+        "",
+    ]
+    lines += ["| C | FedLin's last median loss | FeDLRT below it from round | FedLin's last median "
+              "‖W − W_r‖ | FeDLRT below it from round |", "|---|---|---|---|---|"]  # fmt: skip
+    for res in results:
+        med = res["median"]
+        loss, dist = med["fedlin"]["loss"][-1], med["fedlin"]["distance"][-1]
+        lines.append(
+            f"| {res['clients']} | {loss:.1e} | "
+            f"{_first(med['fedlrt']['loss'], lambda v, t=loss: v < t) or 'never'} | {dist:.2f} | "
+            f"{_first(med['fedlrt']['distance'], lambda v, t=dist: v < t) or 'never'} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -296,16 +314,20 @@ def main() -> None:
     parser.add_argument("--clients", type=int, nargs="+", default=list(PAPER_CLIENTS))
     parser.add_argument("--inits", type=int, default=20)
     parser.add_argument("--paper-rounds", type=int, default=1500)
+    parser.add_argument("--tabulate", type=Path, nargs="+", default=[],
+                        help="with --paper: tabulate and plot these figure4.json files together "
+                        "instead of running")  # fmt: skip
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.paper:
-        results = []
-        for count in args.clients:
+        results = [r for path in args.tabulate for r in json.loads(path.read_text())]
+        for count in [] if args.tabulate else args.clients:
             results.append(figure4(count, args.inits, args.paper_rounds))
             print(f"C = {count}: " + ", ".join(
                 f"{m} median ‖W − W_r‖ {results[-1]['median'][m]['distance'][-1]:.1e}"
                 for m in PAPER_METHODS), flush=True)  # fmt: skip
             (args.out / "figure4.json").write_text(json.dumps(results) + "\n")
+        results.sort(key=lambda r: r["clients"])
         text = figure4_report(results)
         (args.out / "figure4.md").write_text(text)
         figure4_plot(results, args.out)
