@@ -413,6 +413,12 @@ def _check_dp(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
             "drop-last=true with DP-SGD: refused; Poisson-sampled batches have no last batch to "
             "drop (docs/privacy.md)"
         )
+    if int(cfg["local-steps"]) > 0:
+        raise SettingsError(
+            f"local-steps={cfg['local-steps']} with DP-SGD: refused; DP-SGD's steps are "
+            "local-epochs passes of Poisson-sampled batches, which its privacy accounting counts "
+            "(docs/privacy.md)"
+        )
 
 
 def _closest(name: str, known: Iterable[str]) -> str:

@@ -134,6 +134,8 @@ CASES: list[tuple[str, list[str], str]] = [
      "fedlrt has no DP-SGD training"),
     ("dp-with-amp", [*SIM, "--set", "dp.noise-multiplier=1", "--set", "amp=true"],
      "amp=true with DP-SGD: refused"),
+    ("dp-with-local-steps", [*SIM, "--set", "dp.noise-multiplier=1", "--set", "local-steps=20"],
+     "local-steps=20 with DP-SGD: refused"),
     ("local-steps-refused", [*SIM, "--algorithm", "fedsc", "--set", "local-steps=20"],
      "local-steps=20: fedsc counts its local work in local-epochs only"),
     ("resume-corrupt-checkpoint", ["simulate", "--out", "{w}/corrupt", "--resume"],
