@@ -87,6 +87,9 @@ class SGDSettings:
     """Skip each epoch's last, incomplete batch (the run's `drop-last`; client.training.batches)."""
     hflip: bool = False
     """Mirror training images at random (the run's `random-flip`; models.augment.random_hflip)."""
+    steps: int = 0
+    """Local SGD steps (batches) per round in place of `epochs` (the run's `local-steps`; 0:
+    count in epochs)."""
 
 
 def sgd_settings(env: ClientEnv) -> SGDSettings:
@@ -100,6 +103,7 @@ def sgd_settings(env: ClientEnv) -> SGDSettings:
         amp=run.amp,
         drop_last=run.drop_last,
         hflip=run.random_flip,
+        steps=run.local_steps,
     )
 
 
@@ -259,6 +263,7 @@ def train(
         amp=sgd.amp,
         drop_last=sgd.drop_last,
         hflip=sgd.hflip,
+        steps=sgd.steps,
     )
 
 

@@ -65,8 +65,11 @@ def _model_metrics(
     if not adapt:
         return received
     tuned = copy.deepcopy(model)
+    # tuning is counted in epochs (FedAvg+: one pass over the local data), whatever local-steps
     sgd = dataclasses.replace(
-        sgd_for_round(content, env), epochs=FedAvgPlusSettings.of(env.settings).adapt_epochs
+        sgd_for_round(content, env),
+        epochs=FedAvgPlusSettings.of(env.settings).adapt_epochs,
+        steps=0,
     )
     if protocol.config_of(content).get("unseen"):
         # A newcomer's own schedule has not started: the reference code counts each client's own

@@ -5,7 +5,9 @@ pi (and, with `persist-momentum`, each component's momentum buffers) lives in th
 client's state store, so it survives restarts. With DP-SGD (`dp.*`) each component's epoch is
 DP-SGD on the responsibility-weighted losses, and the client's privacy ledger counts every
 component's steps (docs/privacy.md). An unseen client fits only pi, by EM with the
-received components frozen.
+received components frozen: to convergence from uniform weights (`fedem.unseen-protocol=converge`),
+or one iteration per evaluation warm-started from the pi it stored at the previous one
+(`one-step`, the reference code's protocol), which it stores in turn.
 """
 
 from __future__ import annotations
@@ -150,7 +152,9 @@ def train(content: RecordDict, env: ClientEnv) -> RecordDict:
 
 
 def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
-    """A training client mixes with its stored pi; an unseen one first fits pi by EM."""
+    """A training client mixes with its stored pi; an unseen one first fits pi by EM: to
+    convergence from uniform weights, or (one-step) one iteration from its stored pi, which it
+    then stores for the next evaluation."""
     torch.set_num_threads(1)
     rnd = protocol.round_of(content)
     models = _components(content, env)
@@ -158,9 +162,12 @@ def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
     metrics: dict[str, int | float] = {protocol.NUM_EXAMPLES: len(train_data)}
     if protocol.config_of(content).get("unseen"):
         fedem = FedEMSettings.of(env.settings)
-        pi, iterations = fit_mixture_weights(
-            _losses(models, train_data), fedem.em_iterations, fedem.em_tolerance
-        )
+        losses = _losses(models, train_data)
+        if fedem.unseen_protocol == "one-step":
+            pi, iterations = fit_mixture_weights(losses, 1, pi=_stored(env, rnd)[0])
+            env.state.save(rnd, {"pi": pi.numpy()}, {"round": rnd})
+        else:
+            pi, iterations = fit_mixture_weights(losses, fedem.em_iterations, fedem.em_tolerance)
         metrics["em-iterations"] = iterations
         metrics.update(mixture_metrics(models, pi, train_data, split="train"))
     else:

@@ -69,8 +69,11 @@ def linear_term(model: nn.Module, corr: dict[str, np.ndarray]) -> ProximalTerm:
     return term
 
 
-def local_step_count(examples: int, batch_size: int, epochs: int) -> int:
-    """K: the SGD steps of the local training loop (one per batch and epoch)."""
+def local_step_count(examples: int, batch_size: int, epochs: int, steps: int = 0) -> int:
+    """K: the SGD steps of the local training loop (one per batch and epoch, or `steps` when
+    the run counts local work in steps; none without examples)."""
+    if steps > 0:
+        return steps if examples > 0 else 0
     return epochs * math.ceil(examples / batch_size)
 
 
@@ -95,7 +98,7 @@ def train(content: RecordDict, env: ClientEnv) -> RecordDict:
         model, data, sgd, generator(env, rnd, "train"), term, opt, privacy=private
     )
     y = get_weights(model)
-    steps = local_step_count(len(data), sgd.batch_size, sgd.epochs)
+    steps = local_step_count(len(data), sgd.batch_size, sgd.epochs, sgd.steps)
     c_new = control_update(c_local, c, x, y, steps, sgd.lr)
 
     state = {STORED_PREFIX + k: v for k, v in c_new.items()}

@@ -12,6 +12,7 @@ correction terms, the SGD step) in float32; see docs/deployment.md#gpu.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -100,6 +101,29 @@ def batches(
         yield order[start : start + batch_size]
 
 
+def local_passes(
+    n: int,
+    batch_size: int,
+    generator: torch.Generator | None,
+    epochs: int,
+    steps: int = 0,
+    drop_last: bool = False,
+) -> Iterator[Iterator[torch.Tensor]]:
+    """The batches of a round's local training, pass by pass (each pass as `batches` makes it):
+    `epochs` shuffled passes over the n examples, or with `steps` > 0 exactly `steps` batches
+    whatever the epochs (local work counted in iterations, as FeDLRT's s*: Schotthöfer & Laiu,
+    2024, Sec. 4.2) — passes follow one another, each reshuffled, the last cut short."""
+    if steps <= 0:
+        for _ in range(epochs):
+            yield batches(n, batch_size, generator, drop_last)
+        return
+    left = steps
+    while left > 0 and n > 0:
+        part = list(itertools.islice(batches(n, batch_size, generator, drop_last), left))
+        left -= len(part)
+        yield iter(part)
+
+
 class SGD:
     """SGD with momentum and L2 weight decay; momentum buffers are kept for the state store."""
 
@@ -162,11 +186,13 @@ def train_classifier(
     amp: bool = False,
     drop_last: bool = False,
     hflip: bool = False,
+    steps: int = 0,
 ) -> float:
-    """SGD on the negative log-likelihood for `epochs` passes; returns the last epoch's mean
-    training loss. With `sample_weights` each batch minimises mean_i(w_i * loss_i), weights looked
-    up by example index (FedEM's responsibility-weighted M-step). Pass `optimizer` to keep its
-    momentum buffers across calls. Sequence targets (n, T) and `class_weights`: see
+    """SGD on the negative log-likelihood for `epochs` passes, or with `steps` > 0 for exactly
+    `steps` batches (`local_passes`); returns the last pass's mean training loss. With
+    `sample_weights` each batch minimises mean_i(w_i * loss_i), weights looked up by example
+    index (FedEM's responsibility-weighted M-step). Pass `optimizer` to keep its momentum
+    buffers across calls. Sequence targets (n, T) and `class_weights`: see
     models.losses. `amp`: the forward pass under autocast (MixedPrecision), the loss, the
     `proximal` term and the step in float32. `drop_last`: see `batches`; `hflip`: each image of
     a batch mirrored with probability 1/2 (models.augment.random_hflip; needs `generator`)."""
@@ -176,9 +202,9 @@ def train_classifier(
     )
     precision = MixedPrecision(amp, x.device)
     last = float("nan")
-    for _ in range(epochs):
+    for local_pass in local_passes(len(y), batch_size, generator, epochs, steps, drop_last):
         total, count = 0.0, 0
-        for idx in batches(len(y), batch_size, generator, drop_last):
+        for idx in local_pass:
             opt.zero_grad()
             inputs = x[idx]
             if hflip and generator is not None:

@@ -58,6 +58,10 @@ class AlgorithmSpec:
     """Its clients train supervised models with the shared SGD loop, which runs as DP-SGD when
     the run asks for it (`dp.*`, docs/privacy.md); an algorithm without it refuses DP before
     anything starts."""
+    local_steps: bool = False
+    """Its local training can count its work in SGD steps (`local-steps` > 0; the shared
+    classifier loop of client.training); an algorithm without it refuses local-steps > 0
+    before anything starts: its loops count epochs of their own (FedSC's two views, ADEPT's)."""
 
     def setting_groups(self) -> set[str]:
         """The prefixes (`fedem` of `fedem.components`) of every setting this algorithm reads."""
@@ -91,6 +95,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             message_types=("train", "evaluate"),
             amp=True,
             dp=True,
+            local_steps=True,
         ),
         AlgorithmSpec(
             name="fedavg-plus",
@@ -102,6 +107,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             settings=FedAvgPlusSettings.declarations(),
             amp=True,
             dp=True,
+            local_steps=True,
         ),
         AlgorithmSpec(
             name="fedprox",
@@ -112,6 +118,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             settings=FedProxSettings.declarations(),
             amp=True,
             dp=True,
+            local_steps=True,
         ),
         AlgorithmSpec(
             name="fedem",
@@ -123,6 +130,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             settings=FedEMSettings.declarations(),
             amp=True,
             dp=True,
+            local_steps=True,
         ),
         AlgorithmSpec(
             name="d-fedem",
@@ -135,6 +143,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             settings=DFedEMSettings.declarations(),
             amp=True,
             dp=True,
+            local_steps=True,
         ),
         AlgorithmSpec(
             name="clustered",
@@ -146,6 +155,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             settings=ClusteredSettings.declarations(),
             amp=True,
             dp=True,
+            local_steps=True,
         ),
         AlgorithmSpec(
             name="fedlrt",
@@ -162,6 +172,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
                 "evaluate",
             ),
             settings=FeDLRTSettings.declarations(),
+            local_steps=True,
         ),
         AlgorithmSpec(
             name="fedlin",
@@ -176,6 +187,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
                 "evaluate",
             ),
             uses=("fedlrt",),
+            local_steps=True,
         ),
         AlgorithmSpec(
             name="fedsc",
@@ -257,6 +269,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             message_types=("train", "evaluate"),
             amp=True,
             dp=True,
+            local_steps=True,
         ),
         AlgorithmSpec(
             name="local",
@@ -267,6 +280,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             amp=True,
             evaluates_received=False,  # it tests its personal model after the round's training
             dp=True,
+            local_steps=True,
         ),
         AlgorithmSpec(
             name="noop",
@@ -353,6 +367,12 @@ def _check_consistency(cfg: Mapping[str, Scalar]) -> None:
             f"mixed precision is for {supported}"
         )
     _check_dp(cfg, spec)
+    if int(cfg["local-steps"]) > 0 and not spec.local_steps:
+        supported = ", ".join(sorted(n for n, a in ALGORITHMS.items() if a.local_steps))
+        raise SettingsError(
+            f"local-steps={cfg['local-steps']}: {spec.name} counts its local work in "
+            f"local-epochs only; local-steps is for {supported}"
+        )
     if float(cfg["val-fraction"]) + float(cfg["test-fraction"]) >= 0.95:
         raise SettingsError("val-fraction + test-fraction must leave data to train on (< 0.95)")
     if int(cfg["min-replies"]) > int(cfg["num-clients"]):
@@ -392,6 +412,12 @@ def _check_dp(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
         raise SettingsError(
             "drop-last=true with DP-SGD: refused; Poisson-sampled batches have no last batch to "
             "drop (docs/privacy.md)"
+        )
+    if int(cfg["local-steps"]) > 0:
+        raise SettingsError(
+            f"local-steps={cfg['local-steps']} with DP-SGD: refused; DP-SGD's steps are "
+            "local-epochs passes of Poisson-sampled batches, which its privacy accounting counts "
+            "(docs/privacy.md)"
         )
 
 

@@ -216,6 +216,12 @@ class RunSettings(SettingsGroup):
     momentum: float = setting(0.0, "client SGD momentum", minimum=0.0, maximum=1.0)
     weight_decay: float = setting(0.0, "client L2 weight decay", minimum=0.0)
     local_epochs: int = setting(1, "local epochs per round", minimum=1)
+    local_steps: int = setting(
+        0,
+        "local SGD steps (mini-batches) per round in place of local-epochs, passes over the data "
+        "reshuffled as each ends (FeDLRT's s* local iterations); 0: count in local-epochs",
+        minimum=0,
+    )
     batch_size: int = setting(32, "client mini-batch size", minimum=1)
     drop_last: bool = setting(
         False,

@@ -6,8 +6,13 @@ Under client sampling two behaviours exist: 'renormalize' averages the sampled c
 counts and unsampled ones contribute their copy of the previous model, so that
 theta^k = theta^{k-1} + sum_{t in S_k} (n_t/n) (theta_t^k - theta^{k-1}).
 
-Unseen clients (`unseen-fraction`) never train: after the last round they receive the
-components, fit their own mixture weights by EM and are reported apart.
+Unseen clients (`unseen-fraction`) never train and are reported apart (`unseen-*`). With
+`fedem.unseen-protocol=converge` they are evaluated once, after the last round: they receive the
+components and run EM on their mixture weights to convergence. With `one-step` (the reference
+code's protocol) they are evaluated before round 1, every `fedem.unseen-every` rounds and after
+the last round, each time with the newest components and one EM iteration warm-started from the
+pi they stored at the previous evaluation; the round's metrics carry that evaluation (of the
+components the round starts from) as `unseen-*`.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ class FedEM(GlobalModelStrategy):
         return unpack(self.weights, self.num)
 
     def run_round(self, fed: Federation) -> dict[str, float]:
+        unseen = self.evaluate_unseen(fed) if self.unseen_evaluation(fed.server_round) else {}
         pool = fed.available()
         clients = fed.sample(pool)
         config = {"lr": learning_rate(self.settings, fed.server_round)}
@@ -70,7 +76,30 @@ class FedEM(GlobalModelStrategy):
         elif counts:
             self.weights = stale_mix(self.weights, mean.result(), counts,
                                      total=sum(c.num_train for c in pool))  # fmt: skip
-        return {**aggregate_metrics(replies), **self.privacy.metrics()}
+        return {**aggregate_metrics(replies), **self.privacy.metrics()} | unseen
+
+    def unseen_evaluation(self, server_round: int) -> bool:
+        """Whether the unseen clients are evaluated before this round's training: under the
+        one-step protocol before round 1 and every `unseen-every` rounds after it."""
+        return (
+            self.fedem.unseen_protocol == "one-step"
+            and (server_round - 1) % self.fedem.unseen_every == 0
+        )
+
+    def evaluate_unseen(self, fed: Federation) -> dict[str, float]:
+        """The unseen clients evaluated on the current components (each first takes one EM
+        step on its pi), as `unseen-<metric>`; {} when there are none."""
+        clients = fed.unseen()
+        if not clients:
+            return {}
+        model = protocol.to_record(self.weights)
+        config = {"unseen": True}
+        payloads = {
+            c.cid: protocol.instruction(fed.server_round, "evaluate", config, arrays=model)
+            for c in clients
+        }
+        replies = fed.exchange("evaluate", payloads)
+        return {f"unseen-{k}": v for k, v in aggregate_metrics(replies).items()}
 
     def finalize(self, fed: Federation) -> dict[str, float]:
         model = protocol.to_record(self.weights)

@@ -31,6 +31,21 @@ class FedEMSettings(SettingsGroup):
     em_tolerance: float = setting(
         1e-6, "stop an unseen client's EM when pi changes less than this (L1)", minimum=0.0
     )
+    unseen_protocol: str = setting(
+        "converge",
+        "how an unseen client fits pi: 'converge' runs EM to convergence at the final "
+        "evaluation (em-iterations, em-tolerance); 'one-step' is the reference code's protocol, "
+        "one EM iteration at each evaluation (before round 1, every unseen-every rounds and at "
+        "the final evaluation) warm-started from the pi the client stored at the last one",
+        choices=("converge", "one-step"),
+    )
+    unseen_every: int = setting(
+        1,
+        "with unseen-protocol=one-step: unseen clients are evaluated (one EM iteration each) "
+        "before rounds 1, 1 + unseen-every, 1 + 2 unseen-every, ... (the reference code's "
+        "log_freq)",
+        minimum=1,
+    )
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ def test_fedavg_plus_tunes_newcomers_at_the_initial_rate(
     unseen: bool,
     expected_lr: float,
 ) -> None:
-    settings = {**run_config, "algorithm": "fedavg-plus", "lr": 0.1}
+    # local-steps counts the rounds' training; the tuning stays one epoch (FedAvg+'s protocol)
+    settings = {**run_config, "algorithm": "fedavg-plus", "lr": 0.1, "local-steps": 7}
     env = ClientEnv(0, settings, tmp_path, "run", Path(str(settings["cache-dir"])), None)
     model = fedavg.new_model(env)
     rates: list[float] = []
@@ -30,6 +31,7 @@ def test_fedavg_plus_tunes_newcomers_at_the_initial_rate(
         sgd = args[2]
         assert isinstance(sgd, SGDSettings)
         rates.append(sgd.lr)
+        assert (sgd.epochs, sgd.steps) == (1, 0)
         return 0.0
 
     monkeypatch.setattr(fedavg, "train_locally", record)

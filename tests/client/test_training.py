@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from client.training import SGD, batches, train_classifier, train_two_views
+from client.training import SGD, batches, local_passes, train_classifier, train_two_views
 from models.evaluation import evaluate_classifier
 from models.weights import get_weights, set_weights
 from tests.fakes import FixedLogits
@@ -208,3 +208,48 @@ def test_sample_weights_follow_their_examples_through_shuffled_batches() -> None
     expected = rows - lr * (weights / size)[:, None] * grad
     torch.testing.assert_close(model.rows.detach(), expected)
     assert torch.equal(model.rows.detach()[::7], rows[::7])
+def test_local_passes_count_batches_in_epochs_or_in_steps() -> None:
+    def flat(epochs: int, steps: int, n: int = 10) -> list[list[int]]:
+        gen = torch.Generator().manual_seed(0)
+        return [[len(idx) for idx in p] for p in local_passes(n, 4, gen, epochs, steps)]
+
+    assert flat(2, 0) == [[4, 4, 2], [4, 4, 2]]  # epochs: whole passes
+    assert flat(2, 7) == [[4, 4, 2], [4, 4, 2], [4]]  # 7 steps whatever the epochs
+    assert flat(5, 2) == [[4, 4]]  # a budget shorter than a pass cuts it short
+    assert flat(1, 3, n=0) == []  # nothing to step on
+    gen = torch.Generator().manual_seed(0)
+    passes = [torch.cat(list(p)) for p in local_passes(10, 4, gen, 1, 25)]
+    for p in passes[:-1]:  # every full pass is a fresh permutation of the examples
+        assert sorted(p.tolist()) == list(range(10))
+    assert not torch.equal(passes[0], passes[1])
+
+
+def _fit(steps: int, epochs: int) -> tuple[nn.Module, int]:
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(50, 2, generator=gen)
+    y = (x[:, 0] > 0).long()
+    torch.manual_seed(0)
+    model = nn.Linear(2, 2)
+    opt = SGD(list(model.parameters()), 0.1)
+    taken = 0
+    step = opt.step
+
+    def counted() -> None:
+        nonlocal taken
+        taken += 1
+        step()
+
+    opt.step = counted  # type: ignore[method-assign]
+    train_classifier(model, x, y, epochs=epochs, batch_size=16, lr=0.1, optimizer=opt,
+                     generator=torch.Generator().manual_seed(1), steps=steps)  # fmt: skip
+    return model, taken
+
+
+def test_a_step_budget_takes_exactly_that_many_steps() -> None:
+    assert _fit(steps=0, epochs=2)[1] == 8  # 2 epochs of ceil(50/16) = 4 batches
+    assert _fit(steps=3, epochs=2)[1] == 3
+    assert _fit(steps=11, epochs=1)[1] == 11
+    # a budget of whole epochs draws the same batches as those epochs: the same model, bit for bit
+    by_epochs, by_steps = _fit(steps=0, epochs=2)[0], _fit(steps=8, epochs=1)[0]
+    for k, v in get_weights(by_epochs).items():
+        np.testing.assert_array_equal(v, get_weights(by_steps)[k])

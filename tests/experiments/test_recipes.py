@@ -143,6 +143,7 @@ PAPER_SETTINGS: dict[tuple[str, str], dict[str, Any]] = {
         "model": "resnet18-cifar", "batch-size": 128, "lr": 1e-3, "lr-min": 5e-4,
         "lr-schedule": "cosine", "momentum": 0.9, "weight-decay": 1e-3, "fedlrt.tau": 0.01,
         "num-rounds": 200, "fedlrt.warm-start": 5, "random-flip": True, "test-fraction": 0.0,
+        "local-steps": 30,
     },
     ("fedsc_cifar10.toml", "fedsc"): {
         "fedsc.encoder": "fixup-resnet20", "fedsc.dim": 512, "fedsc.hidden": 1024,

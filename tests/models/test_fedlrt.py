@@ -19,6 +19,7 @@ from models.fedlrt import (
     truncation_rank,
 )
 from models.least_squares import (
+    GramClient,
     fedlrt_round,
     global_loss,
     heterogeneous_problem,
@@ -234,3 +235,32 @@ def test_rounds_equal_the_rules_written_out(var_cor: str) -> None:
         U, s, V = _written_out_round(clients, U, s, V, var_cor, lr=1e-2, steps=20, tau=0.1)
         assert F.rank == len(s)
         np.testing.assert_allclose(F.dense(), (U * s) @ V.T, rtol=0, atol=1e-10)
+
+
+def test_normal_equation_gradients_are_the_data_gradients() -> None:
+    """GramClient (gradients from H = K^T K / N) computes what LeastSquaresClient does, so runs
+    on either give the same iterates, ranks and losses."""
+    clients, target = homogeneous_problem(n=8, rank=2, points=600, clients=3, seed=1)
+    gram = [GramClient.of(c) for c in clients]
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((8, 8))
+    F = initial_factors(8, 3, 0)
+    U, V, S = _orthonormal(rng, 8, 4), _orthonormal(rng, 8, 4), rng.standard_normal((4, 4))
+    for data, fast in zip(clients, gram, strict=True):
+        np.testing.assert_allclose(fast.grad(W), data.grad(W), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(
+            fast.coefficient_grad(U, V)(S), data.coefficient_grad(U, V)(S), rtol=1e-10, atol=1e-12
+        )
+        for a, b in zip(fast.factor_grads(F), data.factor_grads(F), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+        assert fast.loss(W) == data.loss(W)
+    slow = run_fedlrt(clients, F, "simplified", lr=1e-2, steps=5, rounds=15, tau=0.1,
+                      target=target)  # fmt: skip
+    quick = run_fedlrt(gram, F, "simplified", lr=1e-2, steps=5, rounds=15, tau=0.1, target=target)
+    assert quick.rank == slow.rank
+    np.testing.assert_allclose(quick.W, slow.W, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(quick.distance, slow.distance, rtol=1e-8)
+    lin = run_dense(gram, F.dense(), lr=1e-2, steps=5, rounds=15, corrected=True, target=target)
+    ref = run_dense(clients, F.dense(), lr=1e-2, steps=5, rounds=15, corrected=True)
+    np.testing.assert_allclose(lin.W, ref.W, rtol=1e-9, atol=1e-12)
+    assert lin.distance[-1] == float(np.linalg.norm(lin.W - target))

@@ -4,6 +4,7 @@ unseen clients."""
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -224,3 +225,66 @@ def test_d_fedem_rounds_without_local_steps_are_gossip_averaging_to_consensus(
     print(f"λ₂ = {second:.3f}; consensus distance {distances[0]:.2e} -> {distances[-1]:.2e}")
     assert distances[-1] < 1e-4 * distances[0]
     np.testing.assert_allclose(end, np.broadcast_to(mean, end.shape), atol=0.05)
+def test_one_step_unseen_clients_take_one_em_step_at_each_evaluation(
+    run_config: dict[str, Any],
+) -> None:
+    """fedem.unseen-protocol=one-step, unseen-every=2, 3 rounds: the unseen client is evaluated
+    before rounds 1 and 3 and at the end (never trained), one EM iteration each time, each
+    from the pi it stored the time before, with the components of that moment."""
+    from flwr.app import Message, RecordDict
+
+    from client.common import split_tensors
+    from client.env import ClientEnv
+    from client.fedem import _losses, packed_models
+    from models.mixture import fit_mixture_weights
+    from pollen import protocol
+
+    cfg = settings_of({
+        **run_config, "algorithm": "fedem", "num-clients": 4, "num-rounds": 3,
+        "fedem.components": 2, "unseen-fraction": 0.25, "lr": 0.05,
+        "fedem.unseen-protocol": "one-step", "fedem.unseen-every": 2,
+    })  # fmt: skip
+    grid = FakeGrid(client_app, 4, cfg)
+    sent: list[tuple[int, RecordDict]] = []  # (round, components) of every evaluation of 103
+
+    def record(node: int, msg: Message, _reply: RecordDict | None) -> None:
+        if node == 103 and msg.metadata.message_type == "evaluate":
+            sent.append((protocol.round_of(msg.content), msg.content))
+
+    grid.faults.append(record)
+    clock = FakeClock()
+    strategy = FedEM(cfg)
+    Engine(grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock=clock, sleep=clock.sleep).run()
+    assert (103, "train") not in grid.sent
+    assert [rnd for rnd, _ in sent] == [1, 3, 4]  # before rounds 1 and 3, and the final one
+    rows = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")
+    assert [r["train"].get("unseen-em-iterations") for r in rows] == [1.0, None, 1.0]
+    assert rows[0]["train"]["unseen-clients"] == 1.0 and "unseen-test-accuracy" in rows[2]["train"]
+    summary = json.loads((Path(cfg["out-dir"]) / "summary.json").read_text())
+    assert summary["final"]["eval"]["unseen-em-iterations"] == 1.0
+
+    # the stored pi is the chain of single warm-started steps with each evaluation's components
+    env = ClientEnv(3, cfg, Path(cfg["out-dir"]) / "client-state", "test",
+                    Path(str(cfg["cache-dir"])), None)  # fmt: skip
+    data = split_tensors(env, "train")
+    pi = None
+    for _, content in sent:
+        pi, _ = fit_mixture_weights(_losses(packed_models(content, 2, env), data), 1, pi=pi)
+    saved = env.state.load(before_round=10)
+    assert saved is not None and saved[1]["round"] == 4
+    assert pi is not None
+    np.testing.assert_allclose(saved[0]["pi"], pi.numpy(), rtol=1e-12)
+    # which differs from one step from uniform weights with the final components
+    fresh, _ = fit_mixture_weights(_losses(packed_models(sent[-1][1], 2, env), data), 1)
+    assert np.abs(saved[0]["pi"] - fresh.numpy()).sum() > 1e-6
+
+
+def test_converge_unseen_clients_are_evaluated_only_at_the_end(run_config: dict[str, Any]) -> None:
+    cfg = settings_of({
+        **run_config, "algorithm": "fedem", "num-clients": 4, "num-rounds": 2,
+        "fedem.components": 2, "unseen-fraction": 0.25,
+    })  # fmt: skip
+    grid = _run(cfg, FedEM(cfg), nodes=4)
+    assert [t for n, t in grid.sent if n == 103 and t != "query.hello"] == ["evaluate"]
+    rows = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")
+    assert not any(k.startswith("unseen-") for r in rows for k in r["train"])

@@ -374,3 +374,26 @@ def test_identical_client_data_makes_the_corrections_vanish(
     print(f"largest differences {gaps}, the runs moved the weights {moved:.1e}")
     assert max(gaps) < 1e-5 * moved
     assert gap(lrt["none"], fedavg) > 1e-2 * moved  # the rank-20 bases do restrict the steps
+@pytest.mark.parametrize("algorithm", ["fedlrt", "fedlin", "fedavg"])
+def test_local_work_counted_in_steps_takes_that_many_steps(
+    run_config: dict[str, Any], monkeypatch: pytest.MonkeyPatch, algorithm: str
+) -> None:
+    """The paper's budget of s* local iterations (`local-steps`) reaches each method's local
+    loop: every client takes exactly s* mini-batch steps a round, whatever local-epochs says."""
+    from client.training import SGD
+    from strategies.fedavg import FedAvg
+
+    taken = 0
+    step = SGD.step
+
+    def counted(self: SGD) -> None:
+        nonlocal taken
+        taken += 1
+        step(self)
+
+    monkeypatch.setattr(SGD, "step", counted)
+    cfg = _cfg(run_config, **{"algorithm": algorithm, "num-rounds": 2, "local-epochs": 2,
+                              "local-steps": 5, "final-eval": False})  # fmt: skip
+    strategy: Strategy = {"fedlrt": FeDLRT, "fedlin": FedLin, "fedavg": FedAvg}[algorithm](cfg)
+    _run(cfg, strategy)
+    assert taken == 5 * 3 * 2  # s* steps x 3 clients x 2 rounds

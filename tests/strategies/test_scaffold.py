@@ -54,13 +54,14 @@ def _controls(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     }
 
 
+@pytest.mark.parametrize("budget", [{"local-epochs": 3}, {"local-epochs": 1, "local-steps": 3}])
 def test_the_client_takes_the_corrected_steps_and_updates_its_control_variate(
-    run_config: dict[str, Any], tmp_path: Path
+    run_config: dict[str, Any], tmp_path: Path, budget: dict[str, int]
 ) -> None:
-    """Full-batch local training (batch-size above the split): the client's K = local-epochs
-    steps are models.scaffold.local_steps with the exact gradient, and its delta_c is
-    control_update's, starting from the c_i it had stored."""
-    settings = {**run_config, "algorithm": "scaffold", "batch-size": 10_000, "local-epochs": 3}
+    """Full-batch local training (batch-size above the split): the client's K = 3 steps (three
+    epochs, or a budget of three steps) are models.scaffold.local_steps with the exact
+    gradient, and its delta_c is control_update's, starting from the c_i it had stored."""
+    settings = {**run_config, "algorithm": "scaffold", "batch-size": 10_000, **budget}
     env = ClientEnv(1, settings, tmp_path, "run", Path(str(settings["cache-dir"])), None)
     model = client_scaffold.new_model(env)
     x = get_weights(model)
