@@ -28,10 +28,11 @@ import numpy as np
 import torch
 from flwr.app import RecordDict
 
-from client.adept_dgm import adam, adam_arrays, sample_report
+from client.adept_dgm import MU_ADAM, adam, adam_arrays, sample_report
 from client.common import generator, momentum_arrays, optimizer, sgd_for_round
 from client.env import ClientEnv, ClientHandler
 from client.training import batches, to_device
+from federated_data.synthetic_ae import training_decoders
 from federated_data.synthetic_pca import true_subspaces
 from models.adept_ae import AEHyper, local_round, theta_network
 from models.adept_pca import PCAHyper, client_round, data_step, error_ratio, reconstruction_error
@@ -64,6 +65,15 @@ def _vectors(env: ClientEnv, split: str) -> np.ndarray:
     return x.reshape(len(x), -1).astype(np.float64)
 
 
+def _global_rate(content: RecordDict, adept: AdeptSettings) -> float:
+    """eta2 of this round: the server's `lr-global` (adept.lr-global under the run's
+    lr-schedule), or adept.lr-global itself."""
+    rate = protocol.config_of(content).get("lr-global")
+    if isinstance(rate, int | float) and not isinstance(rate, bool):
+        return float(rate)
+    return adept.lr_global
+
+
 def _phase(content: RecordDict, env: ClientEnv, adept: AdeptSettings) -> tuple[int, bool, str]:
     """(round, whether mu and sigma go back, this round's role of the personal model)."""
     rnd = protocol.round_of(content)
@@ -75,10 +85,12 @@ def _phase(content: RecordDict, env: ClientEnv, adept: AdeptSettings) -> tuple[i
 # --- ADEPT-PCA --------------------------------------------------------------------------------
 
 
-def _pca_hyper(env: ClientEnv, adept: AdeptSettings, pca: AdeptPCASettings, d: int) -> Any:
+def _pca_hyper(
+    content: RecordDict, env: ClientEnv, adept: AdeptSettings, pca: AdeptPCASettings, d: int
+) -> Any:
     return PCAHyper(
-        eta1=env.run.lr,
-        eta2=adept.lr_global,
+        eta1=sgd_for_round(content, env).lr,
+        eta2=_global_rate(content, adept),
         eta3=adept.lr_sigma,
         xi=adept.xi,
         noise=pca.noise,
@@ -105,7 +117,7 @@ def _pca_train(content: RecordDict, env: ClientEnv) -> RecordDict:
     x = _vectors(env, "train")
     n, d = x.shape
     s = x.T @ x / max(n, 1)
-    hp = _pca_hyper(env, adept, AdeptPCASettings.of(env.settings), d)
+    hp = _pca_hyper(content, env, adept, AdeptPCASettings.of(env.settings), d)
     v = protocol.arrays_of(content, MU)["V"]
     sigma = float(protocol.arrays_of(content, SIGMA)["V"][0])
     stored, meta = env.state.load(before_round=rnd) or ({}, {})
@@ -139,9 +151,9 @@ def _pca_evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
 # --- ADEPT-AE ---------------------------------------------------------------------------------
 
 
-def _ae_hyper(adept: AdeptSettings, ae: AdeptAESettings, n: int) -> Any:
+def _ae_hyper(content: RecordDict, adept: AdeptSettings, ae: AdeptAESettings, n: int) -> Any:
     return AEHyper(
-        eta2=adept.lr_global,
+        eta2=_global_rate(content, adept),
         eta3=adept.lr_sigma,
         xi=adept.xi,
         prior_scale=ae.prior_scale or 1.0 / max(n, 1),
@@ -159,7 +171,8 @@ def _ae_model(
     dgm: AdeptDGMSettings,
 ) -> Any:
     """The autoencoder (with `denoiser`: the UNet denoiser) with `weights`, or this client's own
-    random initialisation (clients start from different points, as in the authors' code)."""
+    random initialisation (clients start from different points, as in the authors' code), its
+    decoder at the client's true generator with adept-ae.init-decoder=truth."""
     torch.set_num_threads(1)
     torch.manual_seed(env.seed(0, "init"))
     model = theta_network(
@@ -172,7 +185,17 @@ def _ae_model(
     ).to(env.device)
     if weights is not None:
         set_weights(model, weights)
+    elif ae.init_decoder == "truth":
+        set_weights(model, {**get_weights(model), **_true_decoder(env)})
     return model
+
+
+def _true_decoder(env: ClientEnv) -> dict[str, np.ndarray]:
+    """The client's true decoder on ae-synthetic, scaled like its training split (the paper's
+    Table 1 'Baseline' starts from it)."""
+    params = {**dict(env.data_spec.dataset_params), "num_clients": env.data_spec.num_clients}
+    weight, bias = training_decoders(params)[env.cid]
+    return {"decoder.weight": weight.astype(np.float32), "decoder.bias": bias.astype(np.float32)}
 
 
 def _ae_metrics(env: ClientEnv, model: Any) -> dict[str, int | float]:
@@ -191,13 +214,26 @@ def _theta_optimizer(
     sgd = sgd_for_round(content, env)
     if not denoiser:
         return optimizer(model, sgd, env, stored)
-    return adam(model, sgd.lr, stored)
+    return adam([p for p in model.parameters() if p.requires_grad], sgd.lr, stored)
 
 
 def _optimizer_arrays(opt: Any, env: ClientEnv) -> dict[str, np.ndarray]:
     if isinstance(opt, torch.optim.Adam):
         return adam_arrays(opt)
     return momentum_arrays(opt, env)
+
+
+def _mu_optimizer(
+    tensors: list[torch.Tensor],
+    content: RecordDict,
+    adept: AdeptSettings,
+    stored: Mapping[str, np.ndarray],
+    adam_mu: bool,
+) -> Any:
+    """With `adam_mu` (adept-dgm.mu-optimizer=adam), Adam over the client's copy of mu at this
+    round's eta2, resuming its moments from the state store (the authors' DGM code keeps this
+    optimizer across rounds); otherwise None (plain SGD steps)."""
+    return adam(tensors, _global_rate(content, adept), stored, MU_ADAM) if adam_mu else None
 
 
 def _data_term(env: ClientEnv, rnd: int, denoiser: bool, dgm: AdeptDGMSettings) -> Any:
@@ -230,17 +266,22 @@ def _ae_train(content: RecordDict, env: ClientEnv, *, denoiser: bool) -> RecordD
     chunks = [x[idx] for _, idx in zip(range(steps), order, strict=False)]
     opt = _theta_optimizer(model, content, env, stored, denoiser)
     errors = _data_term(env, rnd, denoiser, dgm)
-    hp = _ae_hyper(adept, ae, n)
+    hp = _ae_hyper(content, adept, ae, n)
     names = [name for name, _ in model.named_parameters()]
     mu_out: dict[str, np.ndarray] = mu
     sigma_out = protocol.arrays_of(content, SIGMA)
+    mu_state: dict[str, np.ndarray] = {}
     if role == "adept":
         tensors = [to_device(torch.tensor(mu[k]), env.device) for k in names]
         sigmas = [to_device(torch.tensor(sigma_out[k]), env.device) for k in names]
         lazy = rnd <= ae.lazy_rounds
+        adam_mu = denoiser and dgm.mu_optimizer == "adam"
+        mu_opt = _mu_optimizer(tensors, content, adept, stored, adam_mu)
         new_mu, new_sigma, loss = local_round(
-            model, chunks, opt, hp, tensors, sigmas, not lazy, errors
+            model, chunks, opt, hp, tensors, sigmas, not lazy, errors, mu_opt
         )
+        if mu_opt is not None:
+            mu_state = adam_arrays(mu_opt, MU_ADAM)
         assert new_mu is not None and new_sigma is not None
         mu_out = {k: t.cpu().numpy() for k, t in zip(names, new_mu, strict=True)}
         sigma_out = {k: t.cpu().numpy() for k, t in zip(names, new_sigma, strict=True)}
@@ -251,7 +292,9 @@ def _ae_train(content: RecordDict, env: ClientEnv, *, denoiser: bool) -> RecordD
     theta = {f"theta.{k}": v for k, v in get_weights(model).items()}
     sig_state = {f"sigma.{k}": v for k, v in sigma_out.items()} if role == "adept" else {}
     env.state.save(
-        rnd, {**theta, **sig_state, **_optimizer_arrays(opt, env)}, {"round": rnd, "role": role}
+        rnd,
+        {**theta, **sig_state, **_optimizer_arrays(opt, env), **mu_state},
+        {"round": rnd, "role": role},
     )
     if role != "global":
         metrics = _ae_metrics(env, model)

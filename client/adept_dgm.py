@@ -1,5 +1,6 @@
 """ADEPT-DGM's client pieces beside the shared ADEPT loop (client.adept): Adam for the denoiser
-with its moments in the state store, and the final evaluation's samples: a PNG grid and a JSON
+(and, with adept-dgm.mu-optimizer=adam, for the client's copy of mu) with its moments in the
+state store, and the final evaluation's samples: a PNG grid and a JSON
 line per client in the run's `samples/` directory, and the KID of the samples against the
 client's test images in the features of a small CNN trained inside the project (models.kid; not
 Inception, so the values do not compare with the paper's)."""
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +27,21 @@ from models.kid import features, kid, train_feature_net
 from pollen.contracts.adept import AdeptDGMSettings
 
 ADAM = "adam"
+MU_ADAM = "mu-adam"
+"""Key prefixes of the stored Adam moments: theta_i's and (adept-dgm.mu-optimizer=adam) those
+of the client's copy of mu."""
 
 
-def adam(model: nn.Module, lr: float, stored: Mapping[str, np.ndarray]) -> torch.optim.Adam:
-    """Adam over the model's parameters, resuming the moments saved by `adam_arrays`."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.Adam(params, lr=lr)
+def adam(
+    params: Sequence[torch.Tensor], lr: float, stored: Mapping[str, np.ndarray], prefix: str = ADAM
+) -> torch.optim.Adam:
+    """Adam over `params`, resuming the moments `adam_arrays` saved under `prefix` (their step
+    count included, so bias correction continues across rounds and restarts)."""
+    opt = torch.optim.Adam(list(params), lr=lr)
     state = {
-        i: {k: torch.from_numpy(np.array(stored[f"{ADAM}.{i}.{k}"])) for k in _ADAM_KEYS}
+        i: {k: torch.from_numpy(np.array(stored[f"{prefix}.{i}.{k}"])) for k in _ADAM_KEYS}
         for i in range(len(params))
-        if all(f"{ADAM}.{i}.{k}" in stored for k in _ADAM_KEYS)
+        if all(f"{prefix}.{i}.{k}" in stored for k in _ADAM_KEYS)
     }
     if state:
         saved = opt.state_dict()
@@ -47,9 +53,9 @@ def adam(model: nn.Module, lr: float, stored: Mapping[str, np.ndarray]) -> torch
 _ADAM_KEYS = ("step", "exp_avg", "exp_avg_sq")
 
 
-def adam_arrays(opt: torch.optim.Adam) -> dict[str, np.ndarray]:
+def adam_arrays(opt: torch.optim.Adam, prefix: str = ADAM) -> dict[str, np.ndarray]:
     return {
-        f"{ADAM}.{i}.{k}": state[k].detach().cpu().numpy()
+        f"{prefix}.{i}.{k}": state[k].detach().cpu().numpy()
         for i, state in opt.state_dict()["state"].items()
         for k in _ADAM_KEYS
     }

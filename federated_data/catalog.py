@@ -8,6 +8,8 @@ from typing import Any
 
 from federated_data.errors import DataConfigError
 from federated_data.shakespeare import SEQUENCE_LENGTH, VOCABULARY, reference_class_weights
+from federated_data.synthetic_ae import PARAM_DEFAULTS as _AE_SYNTHETIC
+from federated_data.synthetic_ae import check_params as _check_ae_synthetic
 from federated_data.synthetic_fedem import PARAM_DEFAULTS as _FEDEM_SYNTHETIC
 from federated_data.synthetic_fedem import resolve_params as _resolve_fedem_synthetic
 from federated_data.synthetic_pca import PARAM_DEFAULTS as _PCA_SYNTHETIC
@@ -34,10 +36,15 @@ def _pca_synthetic_info(params: Mapping[str, Any]) -> DatasetInfo:
     return DatasetInfo((_check_pca_synthetic({**_PCA_SYNTHETIC, **params})["dimension"],), 1)
 
 
+def _ae_synthetic_info(params: Mapping[str, Any]) -> DatasetInfo:
+    return DatasetInfo((_check_ae_synthetic({**_AE_SYNTHETIC, **params})["dimension"],), 1)
+
+
 # Datasets whose shapes depend on their parameters; CATALOG lists them with their defaults.
 _SHAPED_BY_PARAMS: dict[str, Callable[[Mapping[str, Any]], DatasetInfo]] = {
     "fedem-synthetic": _fedem_synthetic_info,
     "pca-synthetic": _pca_synthetic_info,
+    "ae-synthetic": _ae_synthetic_info,
 }
 
 CATALOG: dict[str, DatasetInfo] = {
@@ -55,6 +62,7 @@ CATALOG: dict[str, DatasetInfo] = {
         (SEQUENCE_LENGTH,), len(VOCABULARY), tokens=True, class_weights=reference_class_weights()
     ),
     "pca-synthetic": DatasetInfo((int(_PCA_SYNTHETIC["dimension"]),), 1),
+    "ae-synthetic": DatasetInfo((int(_AE_SYNTHETIC["dimension"]),), 1),
 }
 
 

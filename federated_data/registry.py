@@ -27,6 +27,9 @@ from federated_data.errors import DataConfigError, DatasetNotFoundError
 from federated_data.femnist import load_leaf_femnist
 from federated_data.partition import CIFAR100_COARSE_OF_FINE
 from federated_data.shakespeare import load_leaf_shakespeare
+from federated_data.synthetic_ae import PARAM_DEFAULTS as AE_SYNTHETIC_PARAMS
+from federated_data.synthetic_ae import check_params as check_ae_synthetic_params
+from federated_data.synthetic_ae import generate_ae_synthetic
 from federated_data.synthetic_fedem import PARAM_DEFAULTS as FEDEM_SYNTHETIC_PARAMS
 from federated_data.synthetic_fedem import FedEMSynthetic
 from federated_data.synthetic_fedem import check_params as check_fedem_synthetic_params
@@ -371,6 +374,16 @@ def _load_pca_synthetic(data_dir: str | None, download: bool, **params: Any) -> 
     """ADEPT-PCA's unlabelled synthetic data (label 0 everywhere), keyed by client and marked
     train/test like fedem-synthetic."""
     clients, _, _ = generate_pca_synthetic(params)
+    return _keyed_unlabelled(clients)
+
+
+def _load_ae_synthetic(data_dir: str | None, download: bool, **params: Any) -> SourceData:
+    """ADEPT-AE's unlabelled synthetic data (Table 1), keyed by client and marked train/test."""
+    return _keyed_unlabelled(generate_ae_synthetic(params))
+
+
+def _keyed_unlabelled(clients: list[tuple[np.ndarray, np.ndarray]]) -> SourceData:
+    """Every client's generated (train, test) rows with label 0, keyed by client."""
     xs, keys, marks = [], [], []
     for cid, (x_train, x_test) in enumerate(clients):
         for x, is_test in ((x_train, False), (x_test, True)):
@@ -549,6 +562,14 @@ register_dataset(
     _load_pca_synthetic,
     params=PCA_SYNTHETIC_PARAMS,
     check_params=check_pca_synthetic_params,
+    predefined_split=True,
+)
+
+register_dataset(
+    "ae-synthetic",
+    _load_ae_synthetic,
+    params=AE_SYNTHETIC_PARAMS,
+    check_params=check_ae_synthetic_params,
     predefined_split=True,
 )
 

@@ -7,7 +7,7 @@ the authors: sigma is updated once per round, at the first local iteration (so f
 previous round's theta_i and the received mu), only after `lazy` rounds, its gradient
 l_inf-clipped per tensor and sigma clamped to [sigma_min, sigma_max]; theta_i takes SGD-momentum
 steps on the reconstruction loss plus `prior_scale` times the prior; mu moves at every local
-iteration.
+iteration (plain SGD, or an optimizer such as the authors' Adam for ADEPT-DGM).
 """
 
 from __future__ import annotations
@@ -107,18 +107,30 @@ def sigma_step(
     return out
 
 
+def mu_gradient(
+    theta: Sequence[torch.Tensor],
+    mu: Sequence[torch.Tensor],
+    sigma: Sequence[torch.Tensor],
+    hp: AEHyper,
+) -> list[torch.Tensor]:
+    """The clipped gradient of the client's copy of mu: 2 (mu - theta) (`mu_gradient` "code",
+    the authors' loss sum ||mu - theta||^2) or c (mu - theta) / sigma^2 ("paper")."""
+    if hp.mu_gradient == "code":
+        grads = [2 * (m - t) for t, m in zip(theta, mu, strict=True)]
+    else:
+        grads = [hp.prior_scale * (m - t) / s**2 for t, m, s in zip(theta, mu, sigma, strict=True)]
+    return clip_linf(grads, hp.clip_mu)
+
+
 def mu_step(
     theta: Sequence[torch.Tensor],
     mu: Sequence[torch.Tensor],
     sigma: Sequence[torch.Tensor],
     hp: AEHyper,
 ) -> list[torch.Tensor]:
-    """One clipped gradient step of the client's copy of mu towards theta_i."""
-    if hp.mu_gradient == "code":
-        grads = [2 * (m - t) for t, m in zip(theta, mu, strict=True)]
-    else:
-        grads = [hp.prior_scale * (m - t) / s**2 for t, m, s in zip(theta, mu, sigma, strict=True)]
-    return [m - hp.eta2 * g for m, g in zip(mu, clip_linf(grads, hp.clip_mu), strict=True)]
+    """One clipped plain-SGD step of the client's copy of mu towards theta_i (step eta2)."""
+    grads = mu_gradient(theta, mu, sigma, hp)
+    return [m - hp.eta2 * g for m, g in zip(mu, grads, strict=True)]
 
 
 def local_round(
@@ -130,16 +142,23 @@ def local_round(
     sigma: Sequence[torch.Tensor] | None = None,
     update_sigma: bool = False,
     errors: Callable[[nn.Module, torch.Tensor], torch.Tensor] = squared_errors,
+    mu_optimizer: Optimizer | None = None,
 ) -> tuple[list[torch.Tensor] | None, list[torch.Tensor] | None, float]:
     """One round of local iterations on `model` (theta_i, updated in place).
 
     With mu and sigma given this is ADEPT (returns the drifted mu and sigma to send); without
     them, plain training on the data term (local and FedAvg baselines). The data term is the
     per-sample mean of `errors(model, batch)`: the reconstruction error (ADEPT-AE) or the
-    denoising error (ADEPT-DGM, models.diffusion). Returns (mu, sigma, mean training loss)."""
+    denoising error (ADEPT-DGM, models.diffusion). The client's copy of mu takes plain SGD
+    steps of size eta2 on a copy of `mu`, or, given `mu_optimizer` (an optimizer over the
+    tensors of `mu` themselves, e.g. the authors' Adam for ADEPT-DGM), that optimizer's steps
+    on the clipped gradient, in place. Returns (mu, sigma, mean training loss)."""
     params = [p for p in model.parameters() if p.requires_grad]
     prior = mu is not None and sigma is not None
-    mu_loc = [m.detach().clone() for m in mu] if mu is not None else None
+    if mu_optimizer is not None and mu is not None:
+        mu_loc: list[torch.Tensor] | None = list(mu)
+    else:
+        mu_loc = [m.detach().clone() for m in mu] if mu is not None else None
     sig_loc = [s.detach().clone() for s in sigma] if sigma is not None else None
     losses = []
     model.train()
@@ -160,8 +179,17 @@ def local_round(
         opt.step()
         if prior:
             assert mu_loc is not None and sig_loc is not None
-            mu_loc = mu_step([p.detach() for p in params], mu_loc, sig_loc, hp)
+            theta = [p.detach() for p in params]
+            if mu_optimizer is None:
+                mu_loc = mu_step(theta, mu_loc, sig_loc, hp)
+            else:
+                steps = mu_gradient(theta, [m.detach() for m in mu_loc], sig_loc, hp)
+                for m, g in zip(mu_loc, steps, strict=True):
+                    m.grad = g
+                mu_optimizer.step()
         losses.append(float(loss.detach()))
+    if mu_loc is not None and mu_optimizer is not None:
+        mu_loc = [m.detach().clone() for m in mu_loc]
     return mu_loc, sig_loc, float(np.mean(losses)) if losses else float("nan")
 
 

@@ -25,7 +25,15 @@ from pollen.contracts.fedem import DFedEMSettings, FedEMSettings
 from pollen.contracts.fedlrt import FeDLRTSettings
 from pollen.contracts.fedsc import BYOLSettings, FedSCSettings, SimCLRSettings
 from pollen.contracts.noop import NoOpSettings
-from pollen.settings import COMMON_SETTINGS, DPSettings, Scalar, Setting, SettingsError
+from pollen.settings import (
+    COMMON_SETTINGS,
+    DPSettings,
+    RunSettings,
+    Scalar,
+    Setting,
+    SettingsError,
+    SyntheticSettings,
+)
 
 if TYPE_CHECKING:
     from client.env import ClientHandler
@@ -373,6 +381,7 @@ def _check_consistency(cfg: Mapping[str, Scalar]) -> None:
             f"local-steps={cfg['local-steps']}: {spec.name} counts its local work in "
             f"local-epochs only; local-steps is for {supported}"
         )
+    _check_true_decoder(cfg)
     if float(cfg["val-fraction"]) + float(cfg["test-fraction"]) >= 0.95:
         raise SettingsError("val-fraction + test-fraction must leave data to train on (< 0.95)")
     if int(cfg["min-replies"]) > int(cfg["num-clients"]):
@@ -418,6 +427,24 @@ def _check_dp(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
             f"local-steps={cfg['local-steps']} with DP-SGD: refused; DP-SGD's steps are "
             "local-epochs passes of Poisson-sampled batches, which its privacy accounting counts "
             "(docs/privacy.md)"
+        )
+
+
+def _check_true_decoder(cfg: Mapping[str, Scalar]) -> None:
+    """adept-ae.init-decoder=truth needs the generator's decoders: dataset ae-synthetic, and a
+    latent size equal to theirs."""
+    if AdeptAESettings.of(cfg).init_decoder != "truth":
+        return
+    run, synthetic = RunSettings.of(cfg), SyntheticSettings.of(cfg)
+    if run.dataset != "ae-synthetic":
+        raise SettingsError(
+            f"adept-ae.init-decoder=truth starts each decoder at the client's true generator, "
+            f"which only dataset 'ae-synthetic' has (dataset is {run.dataset!r})"
+        )
+    if AdeptAESettings.of(cfg).latent != synthetic.rank:
+        raise SettingsError(
+            f"adept-ae.init-decoder=truth: adept-ae.latent ({AdeptAESettings.of(cfg).latent}) "
+            f"must equal the generator's latent size synthetic.rank ({synthetic.rank})"
         )
 
 

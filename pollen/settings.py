@@ -247,9 +247,10 @@ class RunSettings(SettingsGroup):
     lr_schedule: str = setting(
         "constant",
         "'multistep' multiplies lr by 0.1 at round num-rounds//2 and again at 3*(num-rounds//4); "
+        "'late-drop' multiplies it by 0.1 once, at round 3*num-rounds//4; "
         "'cosine' anneals it to lr-min over the rounds, lr-min + (lr - lr-min)(1 + cos(pi "
         "(t-1)/num-rounds))/2",
-        choices=("constant", "multistep", "cosine"),
+        choices=("constant", "multistep", "late-drop", "cosine"),
     )
     lr_min: float = setting(0.0, "the learning rate 'cosine' anneals to", minimum=0.0)
     # orchestration
@@ -324,9 +325,11 @@ class RunSettings(SettingsGroup):
 
 @dataclass(frozen=True)
 class SyntheticSettings(SettingsGroup):
-    """The generated datasets' settings: FedEM's (dataset=fedem-synthetic, partitioner=natural)
-    and ADEPT-PCA's (dataset=pca-synthetic, partitioner=natural; it reads dimension, noise as
-    sigma_eps, seed, train-size, test-size, rank and heterogeneity)."""
+    """The generated datasets' settings: FedEM's (dataset=fedem-synthetic, partitioner=natural),
+    ADEPT-PCA's (dataset=pca-synthetic, partitioner=natural; it reads dimension, noise as
+    sigma_eps, seed, train-size, test-size, rank and heterogeneity) and ADEPT-AE's
+    (dataset=ae-synthetic, partitioner=natural; the same settings, rank being the decoders'
+    latent size and heterogeneity the std of their perturbation)."""
 
     PREFIX: ClassVar[str] = "synthetic"
 
@@ -346,15 +349,21 @@ class SyntheticSettings(SettingsGroup):
     train_size: int = setting(
         0,
         "fixed training examples per client (0: fedem-synthetic's lognormal draw, pca-synthetic's "
-        "20)",
+        "20, ae-synthetic's 10)",
         minimum=0,
     )
-    # ADEPT-PCA's synthetic dataset (dataset=pca-synthetic, partitioner=natural); it also
-    # reads synthetic.dimension, noise (sigma_eps), seed, train-size and test-size
-    rank: int = setting(20, "rank r of the clients' principal subspaces", minimum=1)
+    # ADEPT-PCA's and ADEPT-AE's synthetic datasets (dataset=pca-synthetic or ae-synthetic,
+    # partitioner=natural); they also read synthetic.dimension, noise (sigma_eps; ae-synthetic:
+    # additive noise), seed, train-size and test-size
+    rank: int = setting(
+        20,
+        "rank r of the clients' principal subspaces (ae-synthetic: latent size of their decoders)",
+        minimum=1,
+    )
     heterogeneity: float = setting(
         0.1,
-        "std of the perturbation scattering the clients' subspaces around the shared one",
+        "std of the perturbation scattering the clients' subspaces (ae-synthetic: decoders) "
+        "around the shared one",
         minimum=0.0,
     )
 

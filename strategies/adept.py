@@ -38,6 +38,7 @@ from pollen.contracts.adept import (
 from pollen.dataspec import model_input
 from strategies.aggregate import aggregate_metrics, expect_arrays, final_evaluation
 from strategies.base import Federation, InvalidReply, Strategy
+from strategies.schedule import learning_rate
 
 
 def initial_global_model(
@@ -107,8 +108,17 @@ class ADEPT(Strategy):
             sigma=self.sigma,
         )
 
+    def rates(self, server_round: int) -> dict[str, float]:
+        """This round's learning rates under the run's `lr-schedule`: eta1 (`lr`) and eta2
+        (`lr-global`, scaled by the same factor, as the authors' ADEPT-DGM schedule scales both
+        of their Adams); eta3 (sigma) stays constant."""
+        lr = learning_rate(self.settings, server_round)
+        factor = lr / self.run.lr if self.run.lr > 0 else 1.0
+        return {"lr": lr, "lr-global": self.adept.lr_global * factor}
+
     def run_round(self, fed: Federation) -> dict[str, float]:
-        payloads = {c.cid: self._instruction(fed.server_round, "train") for c in fed.sample()}
+        rnd = fed.server_round
+        payloads = {c.cid: self._instruction(rnd, "train", **self.rates(rnd)) for c in fed.sample()}
         replies = fed.exchange("train", payloads, self.validate)
         if replies and self._shares(fed.server_round):
             mus = [protocol.arrays_of(r, MU) for r in replies.values()]

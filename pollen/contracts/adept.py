@@ -84,6 +84,12 @@ class AdeptAESettings(SettingsGroup):
         "off, Algorithm 1 as printed)",
         minimum=0.0,
     )
+    init_decoder: str = setting(
+        "random",
+        "'random': each client's own random initialisation; 'truth' (dataset ae-synthetic): the "
+        "decoder starts at the client's true generator (the paper's Table 1 'Baseline')",
+        choices=("random", "truth"),
+    )
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,12 @@ class AdeptDGMSettings(SettingsGroup):
     sample_steps: int = setting(500, "sampler steps (authors: 500)", minimum=1)
     kid_subsets: int = setting(100, "random subsets the KID is averaged over", minimum=1)
     feature_epochs: int = setting(10, "epochs of the KID feature network's training", minimum=1)
+    mu_optimizer: str = setting(
+        "sgd",
+        "optimizer of the client's copy of mu: 'sgd' (ADEPT-AE's plain step), 'adam' (the "
+        "authors' DGM code: Adam at adept.lr-global, its moments kept in the client state)",
+        choices=("sgd", "adam"),
+    )
 
 
 def shares(adept: AdeptSettings, server_round: int, num_rounds: int) -> bool:

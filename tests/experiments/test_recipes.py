@@ -169,6 +169,7 @@ PAPER_SETTINGS: dict[tuple[str, str], dict[str, Any]] = {
     ("adept_dgm_mnist_table3.toml", "adept-high"): {
         "adept-dgm.channels": 32, "adept-dgm.kernel": 5, "num-rounds": 100, "lr": 1e-3,
         "adept.sigma-init": 0.8, "adept-dgm.samples": 200, "adept-dgm.sample-steps": 500,
+        "adept-dgm.mu-optimizer": "adam", "lr-schedule": "late-drop",
     },
 }  # fmt: skip
 

@@ -33,6 +33,7 @@ def test_builtin_names_and_catalog_agree() -> None:
         "shakespeare",
         "femnist",
         "pca-synthetic",
+        "ae-synthetic",
         *TORCHVISION_NAMES,
     }
     assert set(DATASET_NAMES) == set(CATALOG)

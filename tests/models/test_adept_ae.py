@@ -114,6 +114,42 @@ def test_huge_fixed_sigma_reduces_to_local_training() -> None:
     assert all(torch.equal(s, torch.full_like(s, 100.0)) for s in sig_out)
 
 
+def test_mu_optimizer_takes_the_steps_of_the_plain_path_or_adams_in_place() -> None:
+    """A given optimizer over mu's tensors replaces the plain step: torch's SGD at eta2 gives
+    exactly the plain path; Adam gives Adam's steps on the same clipped gradient 2(mu - theta)
+    (theta frozen by lr 0, so every step sees the same theta), and moves mu's tensors in place."""
+    model, batches = _model_and_data()
+    params = list(model.parameters())
+    start = [p.detach() + 0.3 for p in params]
+    sigma = [torch.full_like(p, 1.0) for p in params]
+    hp = AEHyper(eta2=0.05, eta3=0.0)
+    plain, _, _ = local_round(model, batches, SGD(params, 0.0), hp, start, sigma)
+    mu = [m.clone() for m in start]
+    sgd, _, _ = local_round(model, batches, SGD(params, 0.0), hp, mu, sigma, False,
+                            mu_optimizer=torch.optim.SGD(mu, lr=0.05))  # fmt: skip
+    assert plain is not None and sgd is not None
+    for a, b in zip(plain, sgd, strict=True):
+        torch.testing.assert_close(a, b)
+    mu = [m.clone() for m in start]
+    adam = torch.optim.Adam(mu, lr=0.05)
+    out, _, _ = local_round(model, batches, SGD(params, 0.0), hp, mu, sigma, False,
+                            mu_optimizer=adam)  # fmt: skip
+    ref = [m.clone().requires_grad_() for m in start]
+    ref_opt = torch.optim.Adam(ref, lr=0.05)
+    theta = [p.detach() for p in params]
+    for _ in batches:
+        grads = clip_linf([2 * (m.detach() - t) for m, t in zip(ref, theta, strict=True)], 1.0)
+        for m, g in zip(ref, grads, strict=True):
+            m.grad = g
+        ref_opt.step()
+    assert out is not None
+    for got, want, moved in zip(out, ref, mu, strict=True):
+        torch.testing.assert_close(got, want.detach())
+        torch.testing.assert_close(moved, want.detach())  # the optimizer's own tensors moved
+    assert int(adam.state[mu[0]]["step"]) == len(batches)
+    assert not torch.allclose(out[0], plain[0])  # Adam's steps are not SGD's
+
+
 def test_sigma_moves_once_per_round_and_only_when_not_lazy() -> None:
     model, batches = _model_and_data()
     params = list(model.parameters())

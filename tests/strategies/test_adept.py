@@ -4,12 +4,13 @@ averaging, and malformed replies rejected while the run continues."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import Message, RecordDict
+from flwr.app import ConfigRecord, Message, RecordDict
 
 from client.app import app as client_app
 from client.state import StateStore
@@ -242,3 +243,172 @@ def test_dgm_baselines_sample_from_their_own_models(
     _run(cfg, 3)
     line = json.loads((Path(cfg["out-dir"]) / "samples" / "client-0.json").read_text())
     assert line["role"] == method and np.isfinite(line["sample-kid"])
+
+
+def test_late_drop_scales_both_learning_rates_from_three_quarters_of_the_rounds(
+    run_config: dict[str, Any],
+) -> None:
+    """The server sends each round's eta1 and eta2 under lr-schedule=late-drop: x0.1 after
+    round 3 of 4 (3 * 4 // 4), eta3 untouched (it is not sent)."""
+    cfg = _ae(run_config, **{"num-rounds": 4, "lr-schedule": "late-drop", "adept.lr-global":
+                             0.02, "final-eval": False})  # fmt: skip
+    sent: dict[int, dict[str, Any]] = {}
+
+    def record(node: int, msg: Message, _: RecordDict | None) -> None:
+        if msg.metadata.message_type == "train" and node == 100:
+            sent[protocol.round_of(msg.content)] = dict(protocol.config_of(msg.content))
+
+    strategy = ADEPT(cfg)
+    grid = FakeGrid(client_app, 3, cfg)
+    grid.faults.append(record)
+    clock = FakeClock()
+    Engine(grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock=clock, sleep=clock.sleep).run()
+    assert [sent[r]["lr"] for r in range(1, 5)] == pytest.approx([0.01, 0.01, 0.01, 0.001])
+    assert [sent[r]["lr-global"] for r in range(1, 5)] == pytest.approx([0.02] * 3 + [0.002])
+
+
+def _dgm_adam(run_config: dict[str, Any], tag: str, **extra: Any) -> dict[str, Any]:
+    return _dgm(run_config, **{"adept-dgm.mu-optimizer": "adam", "adept.lr-global": 0.01,
+        "final-eval": False, "out-dir": f"{run_config['out-dir']}-{tag}", "run-name": tag,
+        **extra})  # fmt: skip
+
+
+def test_dgm_adam_on_mu_keeps_its_moments_in_the_client_state(run_config: dict[str, Any]) -> None:
+    cfg = _dgm_adam(run_config, "adam")
+    strategy, _ = _run(cfg, 3)
+    root = Path(cfg["out-dir"]) / "client-state" / "adam"
+    saved = StateStore(root / "client-0").load(99)
+    assert saved is not None
+    arrays = saved[0]
+    tensors = len(strategy.mu)
+    assert {f"mu-adam.{i}.step" for i in range(tensors)} <= set(arrays)
+    # 3 rounds x 4 local steps, one Adam step of mu each: the count runs on across rounds
+    assert [float(arrays[f"mu-adam.{i}.step"]) for i in range(tensors)] == [12.0] * tensors
+    assert float(np.abs(arrays["mu-adam.0.exp_avg"]).max()) > 0
+    default = _dgm(run_config, **{"final-eval": False, "out-dir": f"{run_config['out-dir']}-sgd",
+                                  "run-name": "sgd"})  # fmt: skip
+    _run(default, 3)
+    plain = StateStore(Path(default["out-dir"]) / "client-state" / "sgd" / "client-0").load(99)
+    assert plain is not None and not any(k.startswith("mu-adam.") for k in plain[0])
+
+
+def test_dgm_client_steps_mu_at_the_rounds_global_rate(run_config: dict[str, Any]) -> None:
+    """A client takes eta2 from its instruction: told lr-global = 0, its Adam leaves mu where
+    it was; the untouched client moves it."""
+    cfg = _dgm_adam(run_config, "rate", **{"num-rounds": 1})
+    seen: dict[int, tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = {}
+
+    def tamper(node: int, msg: Message, _: RecordDict | None) -> Any:
+        if msg.metadata.message_type != "train":
+            return None
+        if node == 100:
+            config = protocol.config_of(msg.content)
+            msg.content[protocol.CONFIG] = ConfigRecord({**config, "lr-global": 0.0})
+        sent = protocol.arrays_of(msg.content, "mu")
+
+        def keep(content: RecordDict) -> RecordDict:
+            seen[node] = (sent, protocol.arrays_of(content, "mu"))
+            return content
+
+        return keep
+
+    strategy = get_algorithm("adept-dgm").strategy_class()(cfg)
+    grid = FakeGrid(client_app, 3, cfg)
+    grid.faults.append(tamper)
+    clock = FakeClock()
+    Engine(grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock=clock, sleep=clock.sleep).run()
+    for key, value in seen[100][0].items():
+        np.testing.assert_array_equal(seen[100][1][key], value)
+    assert any(not np.array_equal(seen[101][1][k], v) for k, v in seen[101][0].items())
+
+
+def test_dgm_adam_state_survives_a_restart(run_config: dict[str, Any]) -> None:
+    """2 rounds, stop, resume for the third: the same mu as 3 rounds in one go, because the
+    clients' Adam moments of mu come back from their state store; with those moments wiped
+    before the resume, mu ends elsewhere."""
+    from tests.server.test_bad_replies import TOL
+
+    def run(tag: str, rounds: int, **extra: Any) -> ADEPT:
+        cfg = _dgm_adam(run_config, tag, **{"num-rounds": rounds, **extra})
+        strategy = get_algorithm("adept-dgm").strategy_class()(cfg)
+        assert isinstance(strategy, ADEPT)
+        grid = FakeGrid(client_app, 3, cfg)
+        clock = FakeClock()
+        Engine(grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock=clock,
+               sleep=clock.sleep).run()  # fmt: skip
+        return strategy
+
+    whole = run("whole", 3)
+    run("part", 2)
+    wiped_dir = Path(f"{run_config['out-dir']}-wiped")
+    shutil.copytree(f"{run_config['out-dir']}-part", wiped_dir)
+    for cid in range(3):
+        store = StateStore(wiped_dir / "client-state" / "part" / f"client-{cid}")
+        saved = store.load(3)
+        assert saved is not None and any(k.startswith("mu-adam.") for k in saved[0])
+        kept = {k: v for k, v in saved[0].items() if not k.startswith("mu-adam.")}
+        store.save(int(saved[1]["round"]), kept, saved[1])
+    resumed = run("part", 3, resume=True)
+    wiped = run("wiped", 3, resume=True, **{"run-name": "part"})
+    gaps = []
+    for key, value in whole.mu.items():
+        np.testing.assert_allclose(resumed.mu[key], value, rtol=TOL, atol=TOL, err_msg=key)
+        gaps.append(float(np.abs(wiped.mu[key] - value).max()))
+    assert max(gaps) > 10 * TOL
+
+
+def _ae_synthetic(run_config: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return settings_of({
+        **run_config, "algorithm": "adept-ae", "dataset": "ae-synthetic",
+        "partitioner": "natural", "val-fraction": 0.0, "num-clients": 3, "num-rounds": 2,
+        "synthetic.dimension": 16, "synthetic.rank": 3, "synthetic.noise": 0.0,
+        "synthetic.heterogeneity": 0.05, "synthetic.train-size": 10, "synthetic.test-size": 20,
+        "adept-ae.latent": 3, "adept-ae.local-steps": 1, "adept.sigma-init": 0.4,
+        "momentum": 0.9, "persist-momentum": True, "server-eval": False, **extra,
+    })  # fmt: skip
+
+
+def test_true_decoder_init_starts_each_client_at_its_generator(run_config: dict[str, Any]) -> None:
+    """adept-ae.init-decoder=truth (Table 1's Baseline): with lr 0 the personal decoders stay
+    where they started, at each client's own generator scaled like its training data."""
+    from federated_data.synthetic_ae import training_decoders
+
+    cfg = _ae_synthetic(run_config, **{"adept-ae.init-decoder": "truth", "lr": 0.0})
+    _run(cfg, 3)
+    params = {"num_clients": 3, "dimension": 16, "rank": 3, "noise": 0.0,
+              "heterogeneity": 0.05, "train_size": 10, "test_size": 20,
+              "seed": cfg["synthetic.seed"]}  # fmt: skip
+    truth = training_decoders(params)
+    root = Path(cfg["out-dir"]) / "client-state" / "test"
+    for cid in range(3):
+        saved = StateStore(root / f"client-{cid}").load(99)
+        assert saved is not None
+        np.testing.assert_allclose(saved[0]["theta.decoder.weight"], truth[cid][0], rtol=1e-6)
+        np.testing.assert_allclose(saved[0]["theta.decoder.bias"], truth[cid][1], rtol=1e-6)
+    assert not np.allclose(truth[0][0], truth[1][0])  # each client its own decoder
+
+
+def test_adept_ae_learns_the_synthetic_decoders(run_config: dict[str, Any]) -> None:
+    cfg = _ae_synthetic(run_config, **{"num-rounds": 30, "lr": 0.05})
+    _run(cfg, 3)
+    first = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")[0]["train"]["test-energy"]
+    assert _final(cfg)["test-energy"] > max(first, 0.0) + 0.2
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"dataset": "digits"}, "only dataset 'ae-synthetic' has"),
+        ({"dataset": "ae-synthetic", "adept-ae.latent": 4}, "must equal the generator's latent"),
+    ],
+)
+def test_true_decoder_init_is_refused_where_there_is_no_true_decoder(
+    extra: dict[str, Any], message: str
+) -> None:
+    from pollen.registry import resolve
+    from pollen.settings import SettingsError
+
+    base = {"algorithm": "adept-ae", "adept-ae.init-decoder": "truth", "synthetic.rank": 5,
+            "adept-ae.latent": 5}  # fmt: skip
+    with pytest.raises(SettingsError, match=message):
+        resolve({**base, **extra})
