@@ -901,6 +901,7 @@ def run_configtoml_value(settings: Mapping[str, Scalar]) -> str:
 # ---- following a run -------------------------------------------------------------------------
 STATUS_POLL_MIN = 3.0
 STATUS_POLL_MAX = 15.0
+STATUS_POLL_ENDING = 1.0  # once the summary is written: the ServerApp is exiting
 
 
 def _mtime(path: Path) -> float:
@@ -926,7 +927,9 @@ def follow(
     Each status query is a `flwr ls` process (about a CPU-second of imports), so the run's
     status is asked at once when the server writes its summary.json (at the end of a run, also a
     failed one) and otherwise at intervals growing from STATUS_POLL_MIN to STATUS_POLL_MAX
-    seconds: a ServerApp that dies without writing a summary is still noticed. `plain`: the
+    seconds: a ServerApp that dies without writing a summary is still noticed. Flower marks the
+    run finished only once the ServerApp process has exited, a second or so after the summary,
+    so from the summary on the status is asked every STATUS_POLL_ENDING seconds. `plain`: the
     view (pollen.progress; None: plain unless `stream` is a terminal); `sinks` follow the
     results too (TensorBoard)."""
     progress = Progress(
@@ -957,7 +960,7 @@ def _follow(
 ) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     summary = out_dir / "summary.json"
-    summary_seen = _mtime(summary)
+    summary_seen = before = _mtime(summary)  # a resumed run's directory may hold an old one
     interval = STATUS_POLL_MIN
     next_status = time.monotonic()
     query: _StatusQuery | None = None
@@ -974,8 +977,11 @@ def _follow(
                 status, query = query.status, None
                 if str(status.get("status", "")).startswith("finished"):
                     return status
-                next_status = time.monotonic() + interval
-                interval = min(interval * 1.5, STATUS_POLL_MAX)
+                if summary_seen != before:  # written by this run: it is ending, ask again soon
+                    next_status = time.monotonic() + STATUS_POLL_ENDING
+                else:
+                    next_status = time.monotonic() + interval
+                    interval = min(interval * 1.5, STATUS_POLL_MAX)
         if time.monotonic() > deadline:
             fed.stop_run(run_id)
             raise LaunchError(f"run {run_id} did not finish within {timeout:g} s; stopped it")

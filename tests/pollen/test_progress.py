@@ -289,6 +289,38 @@ def test_follow_asks_for_the_status_at_once_when_the_summary_is_written(
     assert max(gaps[:-1]) <= 15.5
 
 
+def test_follow_asks_again_soon_when_the_run_ends_after_its_summary(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Flower reports the run finished once the ServerApp has exited, after the summary: the
+    status is asked every STATUS_POLL_ENDING seconds from the summary on, not at the grown
+    interval (up to 15 s)."""
+    import pollen.launcher as launcher
+
+    status, queries, ended = _follow(
+        tmp_path, finished_at=101.2, summary_at=100.0, monkeypatch=monkeypatch
+    )
+    assert status["status"] == "finished:completed"
+    assert ended <= 101.2 + launcher.STATUS_POLL_ENDING + 0.6
+    after = [q for q in queries if q >= 100.0]
+    assert len(after) >= 2 and all(b - a >= 1.0 for a, b in itertools.pairwise(after))
+
+
+def test_an_old_summary_does_not_make_follow_ask_every_second(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A resumed run's directory holds the summary of the attempt before: the status is still
+    asked at the growing interval until this run writes its own."""
+    (tmp_path / "summary.json").write_text("{}")
+    status, queries, ended = _follow(
+        tmp_path, finished_at=60.0, summary_at=None, monkeypatch=monkeypatch
+    )
+    assert status["status"] == "finished:completed"
+    assert 60.0 <= ended <= 60.0 + 15.5
+    assert len(queries) <= 8
+    assert min(b - a for a, b in itertools.pairwise(queries)) >= 3.0
+
+
 def test_follow_notices_a_run_that_ends_without_a_summary(tmp_path: Path, monkeypatch) -> None:
     status, _queries, ended = _follow(
         tmp_path, finished_at=60.0, summary_at=None, monkeypatch=monkeypatch
