@@ -14,13 +14,13 @@ generating any sample (the Table 1 "Baseline" starts each client's decoder at it
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from federated_data.errors import DataConfigError
+from federated_data.params import typed_params
 
 SHARED_STD = 0.1
 """sigma_mu: the standard deviation of the shared decoder's weight and bias entries."""
@@ -44,22 +44,13 @@ _WHERE = "dataset 'ae-synthetic'"
 def check_params(params: Mapping[str, Any]) -> dict[str, Any]:
     """Every parameter, type-normalised; DataConfigError names a bad one. A train_size of 0
     (the run settings' default, shared with other generators) means the paper's 10."""
-    missing = sorted(set(PARAM_DEFAULTS) - set(params))
-    if missing:
-        raise DataConfigError(f"{_WHERE}: missing parameter(s) {', '.join(missing)}")
-    out: dict[str, Any] = {}
-    for name in ("num_clients", "dimension", "rank", "train_size", "test_size", "seed"):
-        value = params[name]
-        if isinstance(value, bool) or not float(value).is_integer() or value < 0:
-            raise DataConfigError(f"{_WHERE}: {name} must be a non-negative integer, got {value!r}")
-        out[name] = int(value)
-    for name in ("noise", "heterogeneity"):
-        value = params[name]
-        if isinstance(value, bool) or not math.isfinite(float(value)) or float(value) < 0:
-            raise DataConfigError(f"{_WHERE}: {name} must be a finite number >= 0, got {value!r}")
-        out[name] = float(value)
-    if out["train_size"] == 0:
-        out["train_size"] = int(PARAM_DEFAULTS["train_size"])
+    out = typed_params(
+        params,
+        PARAM_DEFAULTS,
+        _WHERE,
+        ("num_clients", "dimension", "rank", "train_size", "test_size", "seed"),
+        ("noise", "heterogeneity"),
+    )
     if out["rank"] < 1 or out["dimension"] < 1:
         raise DataConfigError(
             f"{_WHERE}: rank (the decoder's latent size) and dimension must be >= 1, got rank "
