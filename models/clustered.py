@@ -11,7 +11,7 @@ complete-linkage agglomerative clustering of the members' pairwise cosine distan
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -60,23 +60,46 @@ def bipartition(similarities: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.flatnonzero(labels == 0), np.flatnonzero(labels == 1)
 
 
-def update_norms(updates: np.ndarray, max_norm: str = "l2") -> tuple[float, float]:
+Robust = Callable[[np.ndarray], np.ndarray]
+"""A robust rule over a cluster's updates (rows) -> the cluster's update."""
+
+
+def update_norms(
+    updates: np.ndarray, max_norm: str = "l2", f: int = 0, rule: Robust | None = None
+) -> tuple[float, float]:
     """(||mean_i u_i||, max_i ||u_i||) over a cluster's updates (n, d), the mean unweighted as in
     both reference codes. max_norm='coordinate' takes the largest absolute coordinate instead
-    of the largest L2 norm, as FedEM's reference code does (by accident of an axis)."""
+    of the largest L2 norm, as FedEM's reference code does (by accident of an axis).
+
+    Against f Byzantine members (docs/robustness.md): the mean becomes `rule`'s combination and
+    the maximum the (f+1)-th largest value, so that f members alone can neither make the
+    cluster look stationary nor make it look divided."""
     if max_norm not in MAX_NORMS:
         raise ValueError(f"max_norm must be one of {MAX_NORMS}, got {max_norm!r}")
     if updates.shape[0] == 0:
         return 0.0, 0.0
-    mean = float(np.linalg.norm(updates.mean(axis=0)))
+    centre = updates.mean(axis=0) if rule is None else rule(updates)
+    mean = float(np.linalg.norm(centre))
     if max_norm == "coordinate":
-        return mean, float(np.abs(updates).max(initial=0.0))
-    return mean, float(np.linalg.norm(updates, axis=1).max())
+        values = np.abs(updates).max(axis=1)
+    else:
+        values = np.linalg.norm(updates, axis=1)
+    if f == 0:
+        return mean, float(values.max())
+    return mean, float(np.sort(values)[::-1][min(f, len(values) - 1)])
 
 
-def should_split(updates: np.ndarray, tol1: float, tol2: float, max_norm: str = "l2") -> bool:
-    """||mean update|| < tol_1 and max update norm > tol_2 and more than two members."""
-    mean, largest = update_norms(updates, max_norm)
+def should_split(
+    updates: np.ndarray,
+    tol1: float,
+    tol2: float,
+    max_norm: str = "l2",
+    f: int = 0,
+    rule: Robust | None = None,
+) -> bool:
+    """||mean update|| < tol_1 and max update norm > tol_2 and more than two members (with f
+    and a rule: their robust forms, update_norms)."""
+    mean, largest = update_norms(updates, max_norm, f, rule)
     return updates.shape[0] > 2 and mean < tol1 and largest > tol2
 
 
@@ -86,12 +109,17 @@ def split_clusters(
     tol1: float,
     tol2: float,
     max_norm: str = "l2",
+    f: int = 0,
+    rule: Robust | None = None,
+    min_size: int = 1,
 ) -> list[list[int]]:
     """One round's clustering step: each cluster whose members all sent an update and that
     meets the criterion is replaced by its two halves, in place (clusters keep their order).
 
     Members are client ids; a cluster with a member missing this round is left whole, since
-    the missing member could not be placed."""
+    the missing member could not be placed. With f and a robust rule the criterion is robust
+    (update_norms), and a split that would leave a half with fewer than `min_size` members
+    (the rule's minimum) is not made."""
     out: list[list[int]] = []
     for members in clusters:
         members = list(members)
@@ -99,9 +127,12 @@ def split_clusters(
             out.append(members)
             continue
         stacked = np.stack([updates[c] for c in members])
-        if not should_split(stacked, tol1, tol2, max_norm):
+        if not should_split(stacked, tol1, tol2, max_norm, f, rule):
             out.append(members)
             continue
         first, second = bipartition(cosine_similarities(stacked))
+        if min(len(first), len(second)) < min_size:
+            out.append(members)
+            continue
         out += [[members[i] for i in first], [members[i] for i in second]]
     return out

@@ -131,3 +131,21 @@ def server_update(
     new_x = {k: _apply(v, delta_ys, k, step) for k, v in x.items()}
     new_c = {k: _apply(v, delta_cs, k, 1.0 / num_clients) for k, v in c.items()}
     return new_x, new_c
+
+
+def robust_server_update(
+    x: Arrays,
+    c: Arrays,
+    delta_y: Arrays,
+    delta_c: Arrays,
+    replied: int,
+    num_clients: int,
+    global_lr: float = 1.0,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """`server_update` given one combined delta_y and delta_c of |S| = `replied` clients (a
+    robust rule's estimate of mean_S): x + eta_g delta_y and c + (|S|/N) delta_c."""
+    if not 0 < replied <= num_clients:
+        raise ValueError(f"{replied} replies from {num_clients} clients")
+    new_x = {k: _apply(v, [delta_y], k, global_lr) for k, v in x.items()}
+    new_c = {k: _apply(v, [delta_c], k, replied / num_clients) for k, v in c.items()}
+    return new_x, new_c

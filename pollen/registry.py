@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,13 +28,17 @@ from pollen.contracts.fedsc import BYOLSettings, FedSCSettings, SimCLRSettings
 from pollen.contracts.noop import NoOpSettings
 from pollen.settings import (
     COMMON_SETTINGS,
+    ROBUST_RULES,
+    AttackSettings,
     DPSettings,
+    RobustSettings,
     RunSettings,
     Scalar,
     Setting,
     SettingsError,
     SyntheticSettings,
 )
+from robust.rules import breakdown_note, min_clients, rows_after_bucketing
 
 if TYPE_CHECKING:
     from client.env import ClientHandler
@@ -66,6 +71,15 @@ class AlgorithmSpec:
     """Its clients train supervised models with the shared SGD loop, which runs as DP-SGD when
     the run asks for it (`dp.*`, docs/privacy.md); an algorithm without it refuses DP before
     anything starts."""
+    robust_rules: tuple[str, ...] = ROBUST_RULES
+    """The `robust.rule`s it takes; another is refused before anything starts, with
+    `robust_note` as the reason (docs/robustness.md#per-algorithm)."""
+    robust_note: str = ""
+    labels: bool = True
+    """Its clients train on labels (a label-flip attack has something to flip)."""
+    model_reply: bool = False
+    """Its `train` reply carries, as its arrays, the model the client trained from the arrays
+    it was sent: what a node's own attack (node config `attack`) changes."""
     local_steps: bool = False
     """Its local training can count its work in SGD steps (`local-steps` > 0; the shared
     classifier loop of client.training); an algorithm without it refuses local-steps > 0
@@ -104,6 +118,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             amp=True,
             dp=True,
             local_steps=True,
+            model_reply=True,
         ),
         AlgorithmSpec(
             name="fedavg-plus",
@@ -116,6 +131,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             amp=True,
             dp=True,
             local_steps=True,
+            model_reply=True,
         ),
         AlgorithmSpec(
             name="fedprox",
@@ -127,6 +143,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             amp=True,
             dp=True,
             local_steps=True,
+            model_reply=True,
         ),
         AlgorithmSpec(
             name="fedem",
@@ -139,6 +156,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             amp=True,
             dp=True,
             local_steps=True,
+            model_reply=True,
         ),
         AlgorithmSpec(
             name="d-fedem",
@@ -149,9 +167,14 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             message_types=("train", "evaluate"),
             uses=("fedem",),
             settings=DFedEMSettings.declarations(),
+            robust_rules=("mean", "centered-clip"),
+            robust_note="each client mixes its own neighbourhood with fixed gossip weights: "
+            "centered-clip is ClippedGossip there (each neighbour's difference clipped around "
+            "the client's own model), and mean takes robust.clip the same way",
             amp=True,
             dp=True,
             local_steps=True,
+            model_reply=True,
         ),
         AlgorithmSpec(
             name="clustered",
@@ -164,6 +187,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             amp=True,
             dp=True,
             local_steps=True,
+            model_reply=True,
         ),
         AlgorithmSpec(
             name="fedlrt",
@@ -205,6 +229,8 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             client="client.fedsc",
             message_types=("query.correlation", "train", "evaluate"),
             settings=FedSCSettings.declarations(),
+            labels=False,
+            model_reply=True,
         ),
         AlgorithmSpec(
             name="fedavg-sc",
@@ -214,6 +240,8 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             client="client.fedsc",
             message_types=("train", "evaluate"),
             uses=("fedsc",),
+            labels=False,
+            model_reply=True,
         ),
         AlgorithmSpec(
             name="fedavg-simclr",
@@ -224,7 +252,9 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             message_types=("train", "evaluate"),
             uses=("fedsc",),
             settings=SimCLRSettings.declarations(),
+            labels=False,
             amp=True,
+            model_reply=True,
         ),
         AlgorithmSpec(
             name="fedavg-byol",
@@ -236,7 +266,9 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             message_types=("train", "evaluate"),
             uses=("fedsc",),
             settings=BYOLSettings.declarations(),
+            labels=False,
             amp=True,
+            model_reply=True,
         ),
         AlgorithmSpec(
             name="adept-pca",
@@ -246,6 +278,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             client="client.adept:PCA_HANDLERS",
             message_types=ADEPT_MESSAGES,
             settings=AdeptSettings.declarations() + AdeptPCASettings.declarations(),
+            labels=False,
         ),
         AlgorithmSpec(
             name="adept-ae",
@@ -256,6 +289,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             message_types=ADEPT_MESSAGES,
             uses=("adept",),
             settings=AdeptAESettings.declarations(),
+            labels=False,
         ),
         AlgorithmSpec(
             name="adept-dgm",
@@ -267,6 +301,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             message_types=ADEPT_MESSAGES,
             uses=("adept", "adept-ae"),
             settings=AdeptDGMSettings.declarations(),
+            labels=False,
         ),
         AlgorithmSpec(
             name="scaffold",
@@ -285,6 +320,8 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.local:LocalOnly",
             client="client.local",
             message_types=("train", "evaluate"),
+            robust_rules=("mean",),
+            robust_note="local training combines nothing",
             amp=True,
             evaluates_received=False,  # it tests its personal model after the round's training
             dp=True,
@@ -298,6 +335,9 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             message_types=("query.noop",),
             uses_torch=False,
             settings=NoOpSettings.declarations(),
+            robust_rules=("mean",),
+            robust_note="the no-op combines nothing",
+            labels=False,
         ),
     )
 }
@@ -375,6 +415,7 @@ def _check_consistency(cfg: Mapping[str, Scalar]) -> None:
             f"mixed precision is for {supported}"
         )
     _check_dp(cfg, spec)
+    _check_robust(cfg, spec)
     if int(cfg["local-steps"]) > 0 and not spec.local_steps:
         supported = ", ".join(sorted(n for n, a in ALGORITHMS.items() if a.local_steps))
         raise SettingsError(
@@ -427,6 +468,66 @@ def _check_dp(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
             f"local-steps={cfg['local-steps']} with DP-SGD: refused; DP-SGD's steps are "
             "local-epochs passes of Poisson-sampled batches, which its privacy accounting counts "
             "(docs/privacy.md)"
+        )
+
+
+def expected_round_clients(cfg: Mapping[str, Scalar]) -> int:
+    """How many clients a round samples when every training client is connected (the
+    engine's sampling: max(min-train-clients, ceil(fraction-train x pool)), at most the pool)."""
+    run = RunSettings.of(cfg)
+    pool = run.num_clients - math.floor(run.unseen_fraction * run.num_clients)
+    want = max(run.min_train_clients, math.ceil(run.fraction_train * pool))
+    return min(want, pool)
+
+
+def _check_robust(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
+    """A robust rule the algorithm takes, sized for the clients a round will have; attackers
+    that exist and train; a label-flip attack only where clients train on labels."""
+    robust, attack = RobustSettings.of(cfg), AttackSettings.of(cfg)
+    if robust.rule not in spec.robust_rules:
+        raise SettingsError(
+            f"robust.rule={robust.rule}: {spec.name} takes {', '.join(spec.robust_rules)} "
+            f"only ({spec.robust_note}; docs/robustness.md)"
+        )
+    if spec.robust_rules == ("mean",) and (
+        robust.clip > 0 or robust.clip_quantile > 0 or robust.nnm or robust.bucket > 1
+    ):
+        raise SettingsError(
+            f"robust.clip / clip-quantile / nnm / bucket: {spec.name} refuses them "
+            f"({spec.robust_note})"
+        )
+    n = expected_round_clients(cfg)
+    rows = rows_after_bucketing(n, robust.bucket)
+    need = min_clients(robust.rule, robust.f)
+    if rows < need:
+        per = f" ({rows} buckets of {robust.bucket})" if robust.bucket > 1 else ""
+        raise SettingsError(
+            f"robust.rule={robust.rule} with robust.f={robust.f} needs "
+            f"{breakdown_note(robust.rule)}, i.e. at least {need} updates a round, but a round "
+            f"has {n} clients{per}; lower robust.f or sample more clients"
+        )
+    if robust.nnm and n <= robust.f:
+        raise SettingsError(
+            f"robust.nnm with robust.f={robust.f} needs more than f clients a round"
+        )
+    ids = attack.ids()
+    if not ids:
+        return
+    run = RunSettings.of(cfg)
+    pool = run.num_clients - math.floor(run.unseen_fraction * run.num_clients)
+    outside = [i for i in ids if i >= pool]
+    if outside:
+        raise SettingsError(
+            f"attack.clients: {outside} are not training clients (ids 0 to {pool - 1})"
+        )
+    if attack.kind == "label-flip" and not spec.labels:
+        raise SettingsError(
+            f"attack.kind=label-flip: {spec.name} trains without labels; choose an attack on "
+            "the updates (sign-flip, gaussian, alie, ...)"
+        )
+    if spec.robust_rules == ("mean",):
+        raise SettingsError(
+            f"attack.clients: {spec.name} has nothing to attack ({spec.robust_note})"
         )
 
 

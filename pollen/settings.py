@@ -407,8 +407,137 @@ class DPSettings(SettingsGroup):
         return self.noise_multiplier > 0 or self.target_epsilon > 0
 
 
+ROBUST_RULES = ("mean", "median", "trimmed-mean", "krum", "multi-krum", "geomed", "centered-clip")
+"""The names of `robust.rule` (docs/robustness.md; the functions are robust.rules')."""
+
+ATTACKS = (
+    "sign-flip",
+    "gaussian",
+    "model-replacement",
+    "label-flip",
+    "alie",
+    "ipm",
+    "opt-alie",
+    "opt-ipm",
+    "min-max",
+)
+"""The names of `attack.kind` (docs/robustness.md#attacks; the functions are robust.attacks')."""
+
+
+@dataclass(frozen=True)
+class RobustSettings(SettingsGroup):
+    """Byzantine-robust aggregation at every point where an algorithm combines clients
+    (docs/robustness.md). `mean` with nothing else on is the plain weighted mean, bitwise."""
+
+    PREFIX: ClassVar[str] = "robust"
+
+    rule: str = setting(
+        "mean",
+        "how the clients' updates are combined: the weighted mean, or a robust rule (median, "
+        "trimmed-mean, krum, multi-krum, geomed, centered-clip); docs/robustness.md",
+        choices=ROBUST_RULES,
+    )
+    f: int = setting(
+        0,
+        "Byzantine clients per round the rule is sized for (trimmed-mean trims f each side, "
+        "krum/multi-krum score against n-f-2 neighbours, nnm mixes n-f neighbours)",
+        minimum=0,
+    )
+    clip: float = setting(
+        0.0,
+        "pre-aggregation: each update's l2 norm (around the model the round started from) "
+        "clipped to this bound; 0: off",
+        minimum=0.0,
+    )
+    clip_quantile: float = setting(
+        0.0,
+        "pre-aggregation: adaptive clipping, the bound is this quantile of the round's update "
+        "norms (0.5: the median norm); 0: off (robust.clip sets a fixed bound)",
+        minimum=0.0,
+        maximum=1.0,
+    )
+    nnm: bool = setting(
+        False,
+        "pre-aggregation: nearest-neighbour mixing, each update replaced by the mean of its "
+        "n-f nearest updates (itself included) before the rule",
+    )
+    bucket: int = setting(
+        0,
+        "pre-aggregation: bucketing, the updates shuffled and averaged in buckets of this size "
+        "before the rule; 0 or 1: off",
+        minimum=0,
+    )
+    tau: float = setting(
+        0.0,
+        "centered-clip: the clipping radius around the running center; 0: the median distance "
+        "of the updates to the round's starting model",
+        minimum=0.0,
+    )
+    iterations: int = setting(
+        3, "centered-clip: clipping iterations; geomed: at most 10x this many", minimum=1
+    )
+
+
+@dataclass(frozen=True)
+class AttackSettings(SettingsGroup):
+    """Simulated Byzantine clients, to evaluate the robust rules (docs/robustness.md#attacks).
+    Off unless `attack.clients` names clients; a run under attack says so in its summary."""
+
+    PREFIX: ClassVar[str] = "attack"
+
+    clients: str = setting(
+        "",
+        "the attacking clients' ids, comma-separated, ranges allowed ('8,9' or '8-9'); "
+        "empty: no attack",
+    )
+    kind: str = setting("sign-flip", "what the attacking clients do", choices=ATTACKS)
+    scale: float = setting(
+        10.0,
+        "sign-flip: the update sent is -scale x the honest one; model-replacement: the boost "
+        "(0: the number of clients combined)",
+        minimum=0.0,
+    )
+    std: float = setting(1.0, "gaussian: std of the noise sent as the update", minimum=0.0)
+    z: float = setting(
+        0.0,
+        "alie: the update sent is mean - z std of the honest ones; 0: the paper's z_max",
+        minimum=0.0,
+    )
+    epsilon: float = setting(0.5, "ipm: the update sent is -epsilon x the honest mean", minimum=0.0)
+
+    def ids(self) -> tuple[int, ...]:
+        """The attacking clients' ids (validated by `parse_ids`)."""
+        return parse_ids(self.clients)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.ids())
+
+
+def parse_ids(text: str) -> tuple[int, ...]:
+    """Client ids from '3,5-7' -> (3, 5, 6, 7); SettingsError names what is wrong."""
+    out: set[int] = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        lo, sep, hi = part.partition("-")
+        try:
+            first = int(lo)
+            last = int(hi) if sep else first
+        except ValueError:
+            raise SettingsError(
+                f"setting 'attack.clients': {part!r} is not a client id or a range like 8-9"
+            ) from None
+        if first < 0 or last < first:
+            raise SettingsError(f"setting 'attack.clients': {part!r} is not a valid range")
+        out.update(range(first, last + 1))
+    return tuple(sorted(out))
+
+
 COMMON_SETTINGS: tuple[Setting, ...] = (
-    RunSettings.declarations() + SyntheticSettings.declarations() + DPSettings.declarations()
+    RunSettings.declarations()
+    + SyntheticSettings.declarations()
+    + DPSettings.declarations()
+    + RobustSettings.declarations()
+    + AttackSettings.declarations()
 )
 """Every setting a run has whatever its algorithm; each algorithm declares its own in its
 contract module (a SettingsGroup) named by its registry entry."""

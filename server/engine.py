@@ -20,6 +20,7 @@ import math
 import resource
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -29,7 +30,7 @@ from flwr.serverapp import Grid
 
 from pollen import protocol
 from pollen.registry import HELLO
-from pollen.settings import RunSettings, Scalar
+from pollen.settings import AttackSettings, RobustSettings, RunSettings, Scalar
 from server import checkpoint
 from server.results import ResultsWriter, brief
 from strategies.base import ClientInfo, Fold, InvalidReply, Strategy, Validator
@@ -205,9 +206,7 @@ class Engine:
                 keys = list(batches[node_id])
                 if msg.has_error():
                     log.warning("node %s's error reply, in full: %s", node_id, msg.error.reason)
-                    error = f"error reply (code {msg.error.code}): " + brief(
-                        msg.error.reason or ""
-                    )
+                    error = f"error reply (code {msg.error.code}): " + brief(msg.error.reason or "")
                     failures.update(dict.fromkeys(keys, error))
                     if not hello:
                         self._forget_node(node_id)
@@ -495,6 +494,11 @@ class Engine:
         out = self.results.dir
         start_round = 1
         t0 = self.clock()
+        threats = threat_summary(settings)
+        if "attack" in threats:
+            a = threats["attack"]
+            log.warning("simulated attack: clients %s act as %s (evaluation, attack.*)",
+                        a["clients"], a["kind"])  # fmt: skip
         try:
             if run.resume:
                 ckpt = checkpoint.load(out)
@@ -561,6 +565,7 @@ class Engine:
                 "seconds": round(self.clock() - t0, 3),
                 "clients": sorted(self._clients),
                 "peak-rss-mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+                **threats,
             }
             self.results.summary(summary)
             return summary
@@ -575,6 +580,7 @@ class Engine:
                     "dataset": run.dataset,
                     "last-completed-round": self.server_round - 1,
                     "seconds": round(self.clock() - t0, 3),
+                    **threats,
                 }
             )
             raise
@@ -591,6 +597,21 @@ class Engine:
                 settings=dict(settings),
             ),
         )
+
+
+def threat_summary(settings: Mapping[str, Scalar]) -> dict[str, Any]:
+    """What summary.json says of robustness: the robust rule when it is not the plain mean, and
+    the simulated attack when one ran (docs/robustness.md)."""
+    robust, attack = RobustSettings.of(settings), AttackSettings.of(settings)
+    out: dict[str, Any] = {}
+    if robust != RobustSettings():
+        out["robust"] = {s.key: getattr(robust, f) for f, s in zip(
+            (f.name for f in fields(RobustSettings)), RobustSettings.declarations(), strict=True
+        )}  # fmt: skip
+    if attack.active:
+        out["attack"] = {"clients": list(attack.ids()), "kind": attack.kind,
+                         "simulated": True}  # fmt: skip
+    return out
 
 
 def _part(content: RecordDict) -> RecordDict | str:

@@ -34,6 +34,7 @@ from strategies.aggregate import (
 from strategies.base import ClientInfo, Federation, Strategy
 from strategies.classifier import initial_weights, parameter_keys
 from strategies.privacy import PrivacyLedger
+from strategies.robust import Combiner
 from strategies.schedule import learning_rate
 
 
@@ -49,6 +50,7 @@ class Clustered(Strategy):
         self.models: list[dict[str, np.ndarray]] = []
         self._keys: list[str] | None = None
         self.privacy = PrivacyLedger(settings)  # with DP-SGD: the clients' ledgers
+        self.combiner = Combiner(settings)
 
     def initialize(self, seed: int) -> None:
         self.clusters = [[]]
@@ -77,23 +79,29 @@ class Clustered(Strategy):
         self.privacy.charge(clients)
         replies = train_from(fed, sent, config)
         trained = {cid: protocol.arrays_of(r) for cid, r in replies.items()}
+        trained = self.combiner.attack_replies(fed.server_round, "models", trained, sent)
         updates = {cid: flat_update(sent[cid], m, self.keys()) for cid, m in trained.items()}
 
         before = self.clusters
         if fed.server_round > self.warmup:
-            self.clusters = split_clusters(before, updates, self.tol1, self.tol2, self.max_norm)
+            self.clusters = self._split(before, updates)
         parent = {cid: k for k, members in enumerate(before) for cid in members}
         models = []
-        for members in self.clusters:
+        for k, members in enumerate(self.clusters):
             got = [c for c in members if c in trained]
-            if got:
+            if not got:  # nobody of this cluster answered: its model stays
+                models.append(self.models[parent[members[0]]])
+            elif self.combiner.plain:
                 models.append(
                     weighted_average(
                         [trained[c] for c in got], [num_examples(replies[c]) for c in got]
                     )
                 )
-            else:  # nobody of this cluster answered: its model stays
-                models.append(self.models[parent[members[0]]])
+            else:  # every member of a cluster was sent the same model: its parent's
+                models.append(self.combiner.combine(
+                    fed.server_round, f"cluster-{k}", {c: trained[c] for c in got},
+                    sent[got[0]], {c: num_examples(replies[c]) for c in got}, attacked=True,
+                ))  # fmt: skip
         self.models = models
 
         metrics = aggregate_metrics(replies)
@@ -106,7 +114,22 @@ class Clustered(Strategy):
             "max-update-norm": largest,
         })  # fmt: skip
         metrics.update(self.privacy.metrics())
+        metrics.update(self.combiner.metrics())
         return metrics
+
+    def _split(
+        self, clusters: list[list[int]], updates: Mapping[int, np.ndarray]
+    ) -> list[list[int]]:
+        """The round's clustering step; under a robust rule its criterion is the robust one
+        (models.clustered.update_norms) and no half smaller than the rule's minimum is made,
+        so that robust.f members cannot trigger a split or be a cluster of their own."""
+        if self.combiner.plain:
+            return split_clusters(clusters, updates, self.tol1, self.tol2, self.max_norm)
+        return split_clusters(
+            clusters, updates, self.tol1, self.tol2, self.max_norm,
+            f=self.combiner.robust.f, rule=self.combiner.aggregate_rows,
+            min_size=self.combiner.min_replies(),
+        )  # fmt: skip
 
     def finalize(self, fed: Federation) -> dict[str, float]:
         self.admit(fed.available())

@@ -20,8 +20,9 @@ from pollen.contracts.fedem import DFedEMSettings, FedEMSettings, pack
 from strategies.aggregate import aggregate_metrics, train_from
 from strategies.base import Federation, Strategy
 from strategies.classifier import initial_weights
-from strategies.gossip import erdos_renyi, metropolis_hastings
+from strategies.gossip import clipped_gossip, erdos_renyi, metropolis_hastings
 from strategies.privacy import PrivacyLedger
+from strategies.robust import Combiner
 from strategies.schedule import learning_rate
 
 
@@ -34,6 +35,7 @@ class DFedEM(Strategy):
         self.models: list[dict[str, np.ndarray]] = []  # client t's latest components
         self.mixing = np.eye(self.num_clients)
         self.privacy = PrivacyLedger(settings, passes=self.num)  # each component spends
+        self.combiner = Combiner(settings)
 
     def initialize(self, seed: int) -> None:
         start = pack([initial_weights(self.settings, seed + m) for m in range(self.num)])
@@ -43,7 +45,14 @@ class DFedEM(Strategy):
         self.mixing = metropolis_hastings(adjacency)
 
     def gossip(self, cid: int) -> dict[str, np.ndarray]:
-        """sum_s w_st theta_s over client t's neighbourhood (itself included)."""
+        """sum_s w_st theta_s over client t's neighbourhood (itself included); under
+        robust.rule=centered-clip, or mean with robust.clip, ClippedGossip (strategies.gossip:
+        each neighbour's difference to t's own model clipped to robust.tau / robust.clip, or
+        to the adaptive radius)."""
+        robust = self.combiner.robust
+        if robust.rule == "centered-clip" or robust.clip > 0:
+            tau = robust.clip if robust.rule == "mean" else (robust.tau or None)
+            return clipped_gossip(self.models, self.mixing, cid, tau, robust.f)
         neighbours = np.flatnonzero(self.mixing[:, cid])
         out = {}
         for key in self.models[cid]:
@@ -58,8 +67,10 @@ class DFedEM(Strategy):
         starts = {c.cid: self.gossip(c.cid) for c in clients}
         self.privacy.charge(clients)
         replies = train_from(fed, starts, config)
-        for cid, reply in replies.items():
-            self.models[cid] = protocol.arrays_of(reply)
+        trained = {cid: protocol.arrays_of(reply) for cid, reply in replies.items()}
+        trained = self.combiner.attack_replies(fed.server_round, "models", trained, starts)
+        for cid, model in trained.items():
+            self.models[cid] = model
         # a client that did not answer keeps its gossip start as its latest model
         for cid, start in starts.items():
             if cid not in replies:
@@ -67,6 +78,7 @@ class DFedEM(Strategy):
         metrics = aggregate_metrics(replies)
         metrics["consensus-distance"] = self.consensus_distance()
         metrics.update(self.privacy.metrics())
+        metrics.update(self.combiner.metrics())
         return metrics
 
     def consensus_distance(self) -> float:

@@ -1,6 +1,7 @@
 """FedAvg (McMahan et al., 2017): sampled clients train the global model locally; the server
 averages their weights, weighted by training examples. FedProx and FedAvg+ share this server
-side; only their clients differ."""
+side; only their clients differ. A robust rule (`robust.*`, docs/robustness.md) combines the
+model updates w_i - w instead."""
 
 from __future__ import annotations
 
@@ -22,12 +23,24 @@ class FedAvg(GlobalClassifierStrategy):
             c.cid: protocol.instruction(fed.server_round, "train", config, arrays=model)
             for c in clients
         }
-        mean = RunningMean()  # each reply folded in as it comes, in client order
-
-        def fold(_cid: int, reply: RecordDict) -> None:
-            mean.add(protocol.arrays_of(reply), num_examples(reply))
-
         self.privacy.charge(clients)
-        replies = fed.exchange("train", payloads, self.validate, fold=fold)
-        self.weights = mean.result()
-        return {**aggregate_metrics(replies), **self.privacy.metrics()}
+        if self.combiner.plain:
+            mean = RunningMean()  # each reply folded in as it comes, in client order
+
+            def fold(_cid: int, reply: RecordDict) -> None:
+                mean.add(protocol.arrays_of(reply), num_examples(reply))
+
+            replies = fed.exchange("train", payloads, self.validate, fold=fold)
+            self.weights = mean.result()
+        else:
+            replies = fed.exchange(
+                "train", payloads, self.validate, min_replies=self.combiner.min_replies()
+            )
+            self.weights = self.combiner.combine(
+                fed.server_round,
+                "model",
+                {cid: protocol.arrays_of(r) for cid, r in replies.items()},
+                self.weights,
+                {cid: num_examples(r) for cid, r in replies.items()},
+            )
+        return {**aggregate_metrics(replies), **self.privacy.metrics(), **self.combiner.metrics()}

@@ -32,7 +32,7 @@ from strategies.aggregate import (
     num_examples,
     weighted_average,
 )
-from strategies.base import Federation
+from strategies.base import ClientInfo, Federation
 from strategies.classifier import initial_weights
 from strategies.global_model import GlobalModelStrategy
 from strategies.privacy import PrivacyLedger
@@ -63,12 +63,14 @@ class FedEM(GlobalModelStrategy):
             c.cid: protocol.instruction(fed.server_round, "train", config, arrays=model)
             for c in clients
         }
+        self.privacy.charge(clients)
+        if not self.combiner.plain:
+            return self._robust_round(fed, payloads, pool) | unseen
         mean = RunningMean()  # each reply folded in as it comes, in client order
 
         def fold(_cid: int, reply: RecordDict) -> None:
             mean.add(protocol.arrays_of(reply), num_examples(reply))
 
-        self.privacy.charge(clients)
         replies = fed.exchange("train", payloads, self.validate, fold=fold)
         counts = [num_examples(r) for r in replies.values()]
         if self.fedem.aggregation == "renormalize":
@@ -77,6 +79,30 @@ class FedEM(GlobalModelStrategy):
             self.weights = stale_mix(self.weights, mean.result(), counts,
                                      total=sum(c.num_train for c in pool))  # fmt: skip
         return {**aggregate_metrics(replies), **self.privacy.metrics()} | unseen
+
+    def _robust_round(
+        self, fed: Federation, payloads: Mapping[int, RecordDict], pool: list[ClientInfo]
+    ) -> dict[str, float]:
+        """The round's training combined by the robust rule, each component on its own (the
+        mixture weights stay on the clients). Every client counts once: under 'stale'
+        aggregation the replies' share of the round is their number over the pool's."""
+        replies = fed.exchange(
+            "train", payloads, self.validate, min_replies=self.combiner.min_replies()
+        )
+        mine = {cid: unpack(protocol.arrays_of(r), self.num) for cid, r in replies.items()}
+        counts = {cid: num_examples(r) for cid, r in replies.items()}
+        mean = pack([
+            self.combiner.combine(fed.server_round, f"component-{m}",
+                                  {cid: comps[m] for cid, comps in mine.items()}, start, counts)
+            for m, start in enumerate(self.components())
+        ])  # fmt: skip
+        if self.fedem.aggregation == "renormalize":
+            self.weights = mean
+        else:
+            self.weights = stale_mix(self.weights, mean, [1] * len(replies), total=len(pool))
+        return {
+            **aggregate_metrics(replies), **self.privacy.metrics(), **self.combiner.metrics()
+        }  # fmt: skip
 
     def unseen_evaluation(self, server_round: int) -> bool:
         """Whether the unseen clients are evaluated before this round's training: under the

@@ -13,18 +13,20 @@ from pollen.settings import Scalar
 from strategies.aggregate import expect_arrays
 from strategies.base import Strategy
 from strategies.privacy import PrivacyLedger
+from strategies.robust import Combiner
 
 
 class GlobalModelStrategy(Strategy):
     """A strategy whose whole state is one flat dict of global arrays (FedAvg's model, FedEM's
     packed components): it is what the clients train, checkpoints and final model. With
     DP-SGD, `privacy` holds the server's copy of the clients' privacy ledgers, checkpointed
-    beside the weights."""
+    beside the weights; `combiner` is the run's (robust) way of combining the clients."""
 
     def __init__(self, settings: Mapping[str, Scalar]) -> None:
         super().__init__(settings)
         self.weights: dict[str, np.ndarray] = {}
         self.privacy = PrivacyLedger(settings)
+        self.combiner = Combiner(settings)
 
     def validate(self, _cid: int, content: RecordDict) -> None:
         """A training reply must carry exactly the global arrays' keys, shapes and dtypes."""

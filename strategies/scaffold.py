@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 from flwr.app import RecordDict
 
-from models.scaffold import norm, server_update, zeros_like
+from models.scaffold import norm, robust_server_update, server_update, zeros_like
 from pollen import protocol
 from pollen.contracts.scaffold import CONTROL, CONTROL_DELTA
 from pollen.settings import RunSettings, Scalar
-from strategies.aggregate import aggregate_metrics, expect_arrays
+from strategies.aggregate import aggregate_metrics, expect_arrays, num_examples
 from strategies.base import Federation
 from strategies.classifier import parameter_keys
 from strategies.global_classifier import GlobalClassifierStrategy
@@ -28,6 +28,7 @@ from strategies.schedule import learning_rate
 
 GLOBAL_LR = 1.0  # eta_g, the global step of the paper's experiments
 _STATE = f"{CONTROL}/"  # checkpoint keys of c (state-dict keys are dotted module paths)
+_MODEL = "model/"  # delta_y's keys beside delta_c's in one robust combination
 
 
 def training_clients(run: RunSettings) -> int:
@@ -61,21 +62,49 @@ class Scaffold(GlobalClassifierStrategy):
             for c in clients
         }
         self.privacy.charge(clients)
-        replies = fed.exchange("train", payloads, self.validate)
-        delta_ys = [protocol.arrays_of(r) for r in replies.values()]
-        delta_cs = [protocol.arrays_of(r, CONTROL_DELTA) for r in replies.values()]
-        self.weights, self.control = server_update(
-            self.weights,
-            self.control,
-            delta_ys,
-            delta_cs,
-            training_clients(self.run),
-            GLOBAL_LR,
-        )
+        if self.combiner.plain:
+            replies = fed.exchange("train", payloads, self.validate)
+            delta_ys = [protocol.arrays_of(r) for r in replies.values()]
+            delta_cs = [protocol.arrays_of(r, CONTROL_DELTA) for r in replies.values()]
+            self.weights, self.control = server_update(
+                self.weights,
+                self.control,
+                delta_ys,
+                delta_cs,
+                training_clients(self.run),
+                GLOBAL_LR,
+            )
+        else:
+            replies = fed.exchange(
+                "train", payloads, self.validate, min_replies=self.combiner.min_replies()
+            )
+            self._robust_update(fed.server_round, replies)
         metrics = aggregate_metrics(replies)
         metrics["server-control-norm"] = norm(self.control)
         metrics.update(self.privacy.metrics())
+        metrics.update(self.combiner.metrics())
         return metrics
+
+    def _robust_update(self, server_round: int, replies: Mapping[int, RecordDict]) -> None:
+        """x and c moved by the robust rule's combination of (delta_y, delta_c), taken together
+        as one update per client so that a selecting rule (Krum) keeps the same clients for
+        both; the control step keeps its |S|/N scale (models.scaffold.robust_server_update)."""
+        joint = {
+            cid: {f"{_MODEL}{k}": v for k, v in protocol.arrays_of(r).items()}
+            | {f"{_STATE}{k}": v for k, v in protocol.arrays_of(r, CONTROL_DELTA).items()}
+            for cid, r in replies.items()
+        }
+        weights = {cid: num_examples(r) for cid, r in replies.items()}
+        combined = self.combiner.combine(server_round, "updates", joint, None, weights)
+        self.weights, self.control = robust_server_update(
+            self.weights,
+            self.control,
+            {k.removeprefix(_MODEL): v for k, v in combined.items() if k.startswith(_MODEL)},
+            {k.removeprefix(_STATE): v for k, v in combined.items() if k.startswith(_STATE)},
+            len(replies),
+            training_clients(self.run),
+            GLOBAL_LR,
+        )
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         arrays = dict(self.weights)

@@ -14,7 +14,7 @@ import pytest
 
 from pollen.registry import ALGORITHMS
 
-PACKAGES = ("pollen", "server", "client", "strategies", "models", "federated_data")
+PACKAGES = ("pollen", "server", "client", "strategies", "models", "federated_data", "robust")
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("pollen", "server", "client", "strategies", "models", "federated_data")
+PACKAGES = ("pollen", "server", "client", "strategies", "models", "federated_data", "robust")
 MARK = "# lazy:"
 
 
