@@ -10,11 +10,15 @@ import resource
 import sys
 import time
 
+import numpy as np
 from flwr.app import MetricRecord, RecordDict
 
 from client.env import ClientConfigError, ClientEnv
 from pollen import protocol
 from pollen.registry import HELLO, get_algorithm
+from robust.attacks import attack_rows
+from robust.flat import flatten, unflatten
+from robust.rules import mean
 
 log = logging.getLogger("flwr.pollen")
 
@@ -44,8 +48,37 @@ def answer(message_type: str, content: RecordDict, env: ClientEnv) -> RecordDict
     codec = protocol.codec_seconds()
     handler = hello if spec is None else spec.client_handler(message_type)
     reply = handler(content, env)
+    if spec is not None and spec.model_reply and message_type == "train":
+        reply = attacked(reply, content, env)
     if timing:
         add_timing(reply, env, time.perf_counter() - entered, protocol.codec_seconds() - codec)
+    return reply
+
+
+def attacked(reply: RecordDict, instruction: RecordDict, env: ClientEnv) -> RecordDict:
+    """The training reply as the node's own attack changes it (docs/robustness.md#attacks):
+    the trained model w becomes g + a(w - g), g the model received and a the attack's
+    transformation of the client's update (robust.attacks); unchanged for an honest client
+    and for label-flip (its labels were flipped before training)."""
+    attack = env.node_attack
+    if attack is None or attack.kind == "label-flip":
+        return reply
+    received = protocol.arrays_of(instruction)
+    trained = protocol.arrays_of(reply)
+    keys = list(trained)
+    start = flatten(received, keys)
+    row = attack_rows(
+        attack.kind,
+        np.zeros((0, start.size)),
+        (flatten(trained, keys) - start)[None, :],
+        rule=lambda x, _f: mean(x),
+        f=0,
+        rng=np.random.default_rng(env.seed(protocol.round_of(instruction), "attack")),
+        scale=attack.scale,
+        std=attack.std,
+    )[0]
+    out = unflatten(start + row, trained, keys)
+    reply[protocol.ARRAYS] = protocol.to_record(out)
     return reply
 
 

@@ -7,6 +7,7 @@ handler that needs none of them (a no-op probe) costs nothing beyond the import 
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -20,7 +21,7 @@ from client.state import StateStore
 from pollen.dataspec import data_spec
 from pollen.paths import cache_dir
 from pollen.registry import from_run_config
-from pollen.settings import RunSettings, Scalar
+from pollen.settings import AttackSettings, RunSettings, Scalar
 
 if TYPE_CHECKING:
     import torch
@@ -30,6 +31,50 @@ if TYPE_CHECKING:
 
 class ClientConfigError(ValueError):
     """The node's configuration does not fit the run."""
+
+
+NODE_ATTACKS = ("sign-flip", "gaussian", "model-replacement", "label-flip")
+"""The attacks a node can run by itself: those that need no other client's update."""
+
+
+@dataclass(frozen=True)
+class NodeAttack:
+    """A node's own attack (node config `attack`, `attack-scale`, `attack-std`): its clients
+    change their training replies (or, label-flip, their labels), as a Byzantine participant
+    of a real federation would (docs/robustness.md#attacks)."""
+
+    kind: str
+    scale: float = 10.0
+    std: float = 1.0
+
+
+def node_attack(node: Mapping[str, Any]) -> NodeAttack | None:
+    """The node's attack from its node config; ClientConfigError names a bad one."""
+    kind = node.get("attack")
+    if not kind:
+        return None
+    if kind not in NODE_ATTACKS:
+        raise ClientConfigError(
+            f"node config attack={kind!r}: a node can run {', '.join(NODE_ATTACKS)} (the other "
+            "attacks need the honest clients' updates: simulation only, attack.*)"
+        )
+    try:
+        scale = float(node.get("attack-scale", 10.0))
+        std = float(node.get("attack-std", 1.0))
+    except (TypeError, ValueError):
+        raise ClientConfigError("node config attack-scale / attack-std must be numbers") from None
+    if not (math.isfinite(scale) and math.isfinite(std)) or scale < 0 or std < 0:
+        raise ClientConfigError("node config attack-scale / attack-std must be finite and >= 0")
+    return NodeAttack(str(kind), scale, std)
+
+
+def flip_labels(data: ClientData) -> ClientData:
+    """The client's data with every training label y replaced by C - 1 - y (Biggio et al.,
+    ICML 2012's label flipping, in the all-to-all form of the robustness benchmarks); the
+    validation and test splits stay true."""
+    train = data.train
+    flipped = replace(train, y=(train.num_classes - 1 - train.y).astype(train.y.dtype))
+    return replace(data, train=flipped)
 
 
 @dataclass
@@ -43,6 +88,9 @@ class ClientEnv:
     hosted: tuple[int, ...] = ()
     """The clients the node serves: (cid,), or on a simulated node hosting several (setting
     simulation-nodes) all of them, cid being the first."""
+    node_attack: NodeAttack | None = None
+    """The attack the node's operator asked every client of this node to run (node config
+    `attack`), or None."""
     _extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -61,6 +109,7 @@ class ClientEnv:
             run_name=run.run_name or f"run-{context.run_id}",
             cache_dir=_cache_dir(node, cfg),
             data_dir=str(node.get("data-dir") or run.data_dir) or None,
+            node_attack=node_attack(node),
         )
 
     @property
@@ -99,7 +148,22 @@ class ClientEnv:
             if _resident is not None:
                 _resident.keep(key, data)
         self._extra["data-seconds"] = time.perf_counter() - started
+        if self.attack == "label-flip":
+            data = flip_labels(data)
         return data
+
+    @cached_property
+    def attack(self) -> str | None:
+        """The attack this client runs itself, for evaluating robust rules
+        (docs/robustness.md#attacks): the node's `attack` when its operator set one, or the
+        run's label-flip when `attack.clients` names this client (attacks on updates in a
+        simulation act at the server's aggregation, strategies.robust); None: honest."""
+        if self.node_attack is not None:
+            return self.node_attack.kind
+        attack = AttackSettings.of(self.settings)
+        if attack.kind == "label-flip" and self.cid in attack.ids():
+            return "label-flip"
+        return None
 
     @cached_property
     def state(self) -> StateStore:
