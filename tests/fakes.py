@@ -8,10 +8,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import Error, Message, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.serverapp import Grid
 from torch import nn
+
+from server.local_grid import LocalGrid
 
 # A fault decides, per (node id, message), what happens instead of a normal answer:
 # return "drop" (never answered), "late" (answered, but the reply arrives only with the next
@@ -20,7 +21,7 @@ from torch import nn
 Fault = Callable[[int, Message, RecordDict | None], Any]
 
 
-class FakeGrid(Grid):
+class FakeGrid(LocalGrid):
     def __init__(
         self,
         client_app: ClientApp,
@@ -28,9 +29,6 @@ class FakeGrid(Grid):
         run_config: dict[str, Any],
         node_config: dict[str, Any] | None = None,
     ) -> None:
-        self.client_app = client_app
-        self.run_config = run_config
-        self._replies: dict[str, Message] = {}
         self._late: dict[str, Message] = {}
         # True: pull_messages also hands over replies nobody asked for (stray deliveries)
         self.leaky = False
@@ -40,46 +38,7 @@ class FakeGrid(Grid):
         self.error_reason = "node unavailable (injected)"
         self.sent: list[tuple[int, str]] = []
         self.faults: list[Fault] = []
-        self.contexts: dict[int, Context] = {}
-        for i in range(num_nodes):
-            self.add_node(100 + i, i, num_nodes, node_config or {})
-
-    def add_node(self, node_id: int, partition: int, num: int, extra: dict[str, Any]) -> None:
-        self.contexts[node_id] = Context(
-            run_id=1,
-            node_id=node_id,
-            node_config={"partition-id": partition, "num-partitions": num, **extra},
-            state=RecordDict(),
-            run_config=dict(self.run_config),
-        )
-
-    def remove_node(self, node_id: int) -> None:
-        self.contexts.pop(node_id)
-
-    def set_run(self, run_id: Any) -> None:
-        self._run_id = run_id
-
-    @property
-    def run(self) -> Any:
-        return None
-
-    def create_message(
-        self,
-        content: RecordDict,
-        message_type: str,
-        dst_node_id: int,
-        group_id: str,
-        ttl: float | None = None,
-    ) -> Message:
-        return Message(
-            content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id, ttl=ttl
-        )
-
-    def get_node_ids(self) -> Iterable[int]:
-        return list(self.contexts)
-
-    def get_nodes(self) -> Iterable[Any]:
-        return []
+        super().__init__(client_app, num_nodes, run_config, node_config)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []
@@ -103,7 +62,7 @@ class FakeGrid(Grid):
                 )
                 continue
             try:
-                reply = self.client_app(copy.deepcopy(msg), self.contexts[node])
+                reply = self.deliver(msg)
             except Exception as exc:
                 if not self.errors_as_replies:
                     raise
@@ -123,11 +82,6 @@ class FakeGrid(Grid):
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         ids = list(self._replies) if self.leaky else list(message_ids)
         return [self._replies.pop(i) for i in ids if i in self._replies]
-
-    def send_and_receive(
-        self, messages: Iterable[Message], *, timeout: float | None = None
-    ) -> Iterable[Message]:
-        return self.pull_messages(self.push_messages(messages))
 
 
 def settings_of(values: dict[str, Any]) -> dict[str, Any]:
