@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from flwr.app import Context, RecordDict
 
 from client.state import StateStore
-from pollen.dataspec import data_spec
+from pollen.dataspec import data_spec, partition_of
 from pollen.paths import cache_dir
 from pollen.registry import from_run_config
 from pollen.settings import AttackSettings, RunSettings, Scalar
@@ -141,10 +141,11 @@ class ClientEnv:
         from federated_data import load_client_data  # lazy: heavy data code
 
         started = time.perf_counter()
-        key = (repr(self.data_spec), self.cid, str(self.cache_dir))
+        part = partition_of(self.settings, self.cid)
+        key = (repr(self.data_spec), part, str(self.cache_dir))
         data = _resident.get(key) if _resident is not None else None
         if data is None:
-            data = load_client_data(self.data_spec, self.cid, self.cache_dir)
+            data = load_client_data(self.data_spec, part, self.cache_dir)
             if _resident is not None:
                 _resident.keep(key, data)
         self._extra["data-seconds"] = time.perf_counter() - started

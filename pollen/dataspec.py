@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import TYPE_CHECKING
 
-from pollen.settings import RunSettings, Scalar, SyntheticSettings
+from pollen.settings import AttackSettings, RunSettings, Scalar, SyntheticSettings
 
 if TYPE_CHECKING:
     from federated_data import DataSpec
@@ -45,12 +45,14 @@ def _dataset_params(run: RunSettings, synthetic: SyntheticSettings) -> dict[str,
 
 
 def data_spec(settings: Mapping[str, Scalar], data_dir: str | None = None) -> DataSpec:
+    """The run's data: one partition per client; in a run with simulated attackers
+    (`attack.clients`), one per honest client (see `partition_of`)."""
     from federated_data import DataSpec  # lazy: heavy data code
 
     run = RunSettings.of(settings)
     return DataSpec(
         dataset=run.dataset,
-        num_clients=run.num_clients,
+        num_clients=run.num_clients - len(AttackSettings.of(settings).ids()),
         partitioner=run.partitioner,
         seed=run.seed,
         params=tuple(sorted(_partition_params(run).items())),
@@ -62,6 +64,21 @@ def data_spec(settings: Mapping[str, Scalar], data_dir: str | None = None) -> Da
         pool_test=run.pool_test,
         subsample=run.subsample,
     )
+
+
+def partition_of(settings: Mapping[str, Scalar], cid: int) -> int:
+    """The partition client `cid` holds. With simulated attackers the data is split over the
+    honest clients alone, in id order, and the j-th attacker holds a copy of the (j mod h)-th
+    honest partition: the honest federation is the same whatever the number of attackers, and
+    the attackers know honest data, as the robustness literature's omniscient adversary does
+    (docs/robustness.md#attacks)."""
+    attackers = AttackSettings.of(settings).ids()
+    if not attackers:
+        return cid
+    honest = [c for c in range(RunSettings.of(settings).num_clients) if c not in attackers]
+    if cid in attackers:
+        return honest.index(honest[attackers.index(cid) % len(honest)])
+    return honest.index(cid)
 
 
 def model_input(settings: Mapping[str, Scalar]) -> tuple[tuple[int, ...], int]:
