@@ -48,21 +48,40 @@ def answer(message_type: str, content: RecordDict, env: ClientEnv) -> RecordDict
     codec = protocol.codec_seconds()
     handler = hello if spec is None else spec.client_handler(message_type)
     reply = handler(content, env)
-    if spec is not None and spec.model_reply and message_type == "train":
-        reply = attacked(reply, content, env)
+    if spec is not None and message_type.startswith("train") and env.attack is not None:
+        reply = attacked(reply, content, env, spec.model_reply)
     if timing:
         add_timing(reply, env, time.perf_counter() - entered, protocol.codec_seconds() - codec)
     return reply
 
 
-def attacked(reply: RecordDict, instruction: RecordDict, env: ClientEnv) -> RecordDict:
-    """The training reply as the node's own attack changes it (docs/robustness.md#attacks):
-    the trained model w becomes g + a(w - g), g the model received and a the attack's
-    transformation of the client's update (robust.attacks); unchanged for an honest client
-    and for label-flip (its labels were flipped before training)."""
-    attack = env.node_attack
-    if attack is None or attack.kind == "label-flip":
+ATTACKING = "attacking"
+"""Metric of an attacking client's training reply: 1 (averaged over clients, the round's
+metrics show the share of attackers); an attack is never silent in the results."""
+
+
+def attacked(
+    reply: RecordDict, instruction: RecordDict, env: ClientEnv, model_reply: bool
+) -> RecordDict:
+    """The training reply as the client's own attack changes it (docs/robustness.md#attacks):
+    for the node's sign-flip, gaussian or model-replacement the trained model w becomes
+    g + a(w - g), g the model received and a the attack's transformation of the client's
+    update (robust.attacks); for label-flip the arrays stay (the labels were flipped before
+    training). Either way the reply's metrics carry `attacking` = 1. An algorithm whose reply
+    is not a model (`model_reply`) takes label-flip only."""
+    kind = env.attack
+    if kind is None:
         return reply
+    protocol.metrics_of(reply)[ATTACKING] = 1.0
+    attack = env.node_attack
+    if attack is None or kind == "label-flip":
+        return reply
+    if not model_reply:
+        raise ClientConfigError(
+            f"node attack {kind}: {env.run.algorithm}'s training replies are not models this "
+            "node can change; a node runs label-flip there, the other attacks run in simulation "
+            "(attack.*)"
+        )
     received = protocol.arrays_of(instruction)
     trained = protocol.arrays_of(reply)
     keys = list(trained)
@@ -77,8 +96,7 @@ def attacked(reply: RecordDict, instruction: RecordDict, env: ClientEnv) -> Reco
         scale=attack.scale,
         std=attack.std,
     )[0]
-    out = unflatten(start + row, trained, keys)
-    reply[protocol.ARRAYS] = protocol.to_record(out)
+    reply[protocol.ARRAYS] = protocol.to_record(unflatten(start + row, trained, keys))
     return reply
 
 

@@ -21,7 +21,7 @@ from client.state import StateStore
 from pollen.dataspec import data_spec, partition_of
 from pollen.paths import cache_dir
 from pollen.registry import from_run_config
-from pollen.settings import AttackSettings, RunSettings, Scalar
+from pollen.settings import NODE_ATTACKS, AttackSettings, RunSettings, Scalar
 
 if TYPE_CHECKING:
     import torch
@@ -31,10 +31,6 @@ if TYPE_CHECKING:
 
 class ClientConfigError(ValueError):
     """The node's configuration does not fit the run."""
-
-
-NODE_ATTACKS = ("sign-flip", "gaussian", "model-replacement", "label-flip")
-"""The attacks a node can run by itself: those that need no other client's update."""
 
 
 @dataclass(frozen=True)

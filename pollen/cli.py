@@ -40,7 +40,7 @@ from pollen.launcher import (
     tls_args_superlink,
 )
 from pollen.paths import cache_dir
-from pollen.settings import DPSettings, RunSettings, Scalar, SettingsError
+from pollen.settings import NODE_ATTACKS, DPSettings, RunSettings, Scalar, SettingsError
 
 
 # ---- settings from the command line ----------------------------------------------------------
@@ -273,6 +273,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     _one_client_per_node(run)
     out, n = Path(run.out_dir), run.num_clients
     gpus = _deploy_gpus(args.gpus, run.device)
+    attack = _attack_node_config(args)
+    attackers = _attack_nodes(args, n) if attack else []
     keys = [node_key(args.tls_dir, i) for i in range(n)] if args.auth else []
     # a SuperNode that dies is restarted on its partition and state (docs/reliability.md)
     fed = Federation(
@@ -295,9 +297,12 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             # the partition cache follows the run's cache-dir setting, which nodes also read
             fed.start_supernode(
                 i, n, f"127.0.0.1:{fleet_port}", tls=tls, auth_key=keys[i] if keys else None,
-                node_config={"state-dir": str(out / "client-state")},
+                node_config={"state-dir": str(out / "client-state"),
+                             **(attack if i in attackers else {})},
                 env_extra=gpu_environment(gpus, i),
             )  # fmt: skip
+        if attackers:
+            _warn(f"SuperNodes {attackers} attack the run ({attack['attack']}, --attack)")
         print(f"waiting for {n} SuperNodes to connect to the SuperLink", flush=True)
         fed.wait_nodes(n)
         print(f"SuperLink and {n} SuperNodes up (logs in {fed.workdir})", flush=True)
@@ -307,6 +312,14 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         return _run_and_report(fed, resolved, args.timeout, Watch.of(args))
     finally:
         fed.stop()
+
+
+def _attack_nodes(args: argparse.Namespace, n: int) -> list[int]:
+    """The SuperNodes `--attack` applies to: the last --attack-nodes of the n."""
+    k = args.attack_nodes
+    if not 1 <= k < n:
+        raise LaunchError(f"--attack-nodes must be between 1 and {n - 1} (the clients), not {k}")
+    return list(range(n - k, n))
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -923,6 +936,7 @@ def supernode_argv_of(
         node["data-dir"] = str(Path(args.data_dir).resolve())
     if args.cache_dir:
         node["cache-dir"] = str(Path(args.cache_dir).resolve())
+    node.update(_attack_node_config(args))
     return supernode_argv(
         args.superlink,
         port if port is not None else (args.port or 9094),
@@ -931,6 +945,34 @@ def supernode_argv_of(
         Path(args.auth_key) if args.auth_key else None,
         host="127.0.0.1",
         runner_secret=runner_secret,
+    )
+
+
+def _attack_node_config(args: argparse.Namespace) -> dict[str, Scalar]:
+    """The node config of `--attack` (a node that attacks the run, to evaluate robust rules;
+    docs/robustness.md#attacks), checked here in one line; {} when none is asked for."""
+    kind = getattr(args, "attack", None)
+    if not kind:
+        return {}
+    scale = getattr(args, "attack_scale", 10.0)
+    if not math.isfinite(scale) or scale < 0:
+        raise LaunchError(f"--attack-scale must be finite and >= 0, not {scale:g}")
+    return {"attack": kind, "attack-scale": scale}
+
+
+def _add_attack_options(p: argparse.ArgumentParser, who: str) -> None:
+    p.add_argument(
+        "--attack",
+        choices=NODE_ATTACKS,
+        help=f"{who} attacks the run (evaluation of robust rules, docs/robustness.md#attacks): "
+        "its training replies are changed (label-flip: its labels)",
+    )
+    p.add_argument(
+        "--attack-scale",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="sign-flip sends -S x the honest update; model-replacement boosts by S",
     )
 
 
@@ -1226,6 +1268,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="CUDA GPUs for the SuperNodes, e.g. 0,1: node i gets GPU LIST[i mod len(LIST)] "
         "(CUDA_VISIBLE_DEVICES); default: every node sees every GPU",
     )
+    _add_attack_options(p, "each of the --attack-nodes last SuperNodes")
+    p.add_argument(
+        "--attack-nodes",
+        type=int,
+        default=1,
+        metavar="K",
+        help="with --attack: how many SuperNodes attack (the last K; default 1)",
+    )
     _add_worker_option(p, "every SuperNode")
     p.set_defaults(func=cmd_deploy)
 
@@ -1374,6 +1424,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="train on CUDA GPU N only (CUDA_VISIBLE_DEVICES=N); default: every GPU is visible "
         "and device=auto takes the first",
     )
+    _add_attack_options(p, "this node")
     _add_worker_option(p, "the SuperNode")
     p.set_defaults(func=cmd_client)
 

@@ -423,6 +423,10 @@ ATTACKS = (
 )
 """The names of `attack.kind` (docs/robustness.md#attacks; the functions are robust.attacks')."""
 
+NODE_ATTACKS = ("sign-flip", "gaussian", "model-replacement", "label-flip")
+"""The attacks a node can run by itself (`pollen client --attack`, node config `attack`): those
+that need no other client's update."""
+
 
 @dataclass(frozen=True)
 class RobustSettings(SettingsGroup):

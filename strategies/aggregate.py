@@ -9,6 +9,7 @@ import numpy as np
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
 from pollen import protocol
+from pollen.settings import AttackSettings
 from strategies.base import ClientInfo, Federation, InvalidReply
 
 
@@ -119,15 +120,23 @@ def num_examples(content: RecordDict) -> int:
     return protocol.as_int(protocol.metrics_of(content)[protocol.NUM_EXAMPLES])
 
 
+def honest(fed: Federation, replies: Mapping[int, RecordDict]) -> dict[int, RecordDict]:
+    """The replies of the clients that are not simulated attackers (`attack.clients`): what a
+    robustness evaluation reports (an attacker's personal model is its own business)."""
+    attackers = set(AttackSettings.of(fed.settings).ids())
+    return {c: r for c, r in replies.items() if c not in attackers}
+
+
 def final_evaluation(
     fed: Federation, instruction: Callable[[ClientInfo, bool], RecordDict]
 ) -> dict[str, float]:
     """One evaluation exchange with every connected client; unseen clients (`unseen=True`
-    in `instruction`) are reported apart, as `unseen-<metric>`."""
+    in `instruction`) are reported apart, as `unseen-<metric>`, and simulated attackers not
+    at all (`honest`)."""
     seen, unseen = fed.available(), fed.unseen()
     payloads = {c.cid: instruction(c, False) for c in seen}
     payloads.update({c.cid: instruction(c, True) for c in unseen})
-    replies = fed.exchange("evaluate", payloads)
+    replies = honest(fed, fed.exchange("evaluate", payloads))
     held_out = {c.cid for c in unseen}
     out = aggregate_metrics({c: r for c, r in replies.items() if c not in held_out})
     new = {c: r for c, r in replies.items() if c in held_out}

@@ -17,7 +17,7 @@ import numpy as np
 
 from pollen import protocol
 from pollen.contracts.fedem import DFedEMSettings, FedEMSettings, pack
-from strategies.aggregate import aggregate_metrics, train_from
+from strategies.aggregate import aggregate_metrics, honest, train_from
 from strategies.base import Federation, Strategy
 from strategies.classifier import initial_weights
 from strategies.gossip import clipped_gossip, erdos_renyi, metropolis_hastings
@@ -94,7 +94,7 @@ class DFedEM(Strategy):
             c.cid: protocol.instruction(fed.server_round, "evaluate", arrays=self.gossip(c.cid))
             for c in fed.available()
         }
-        return aggregate_metrics(fed.exchange("evaluate", payloads))
+        return aggregate_metrics(honest(fed, fed.exchange("evaluate", payloads)))
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         arrays = {f"client{t}/{k}": v for t, m in enumerate(self.models) for k, v in m.items()}
