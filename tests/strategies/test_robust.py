@@ -34,7 +34,7 @@ def _models(n: int, seed: int = 0) -> dict[int, dict[str, np.ndarray]]:
     }
 
 
-REFERENCE = {"w": np.zeros((3, 4), np.float32), "n": np.array([0], np.int64)}
+REFERENCE: dict[str, np.ndarray] = {"w": np.zeros((3, 4), np.float32), "n": np.zeros(1, np.int64)}
 
 
 def test_the_default_is_the_plain_mean_and_anything_else_is_not() -> None:
@@ -118,16 +118,25 @@ def test_simulated_attackers_replace_their_rows_and_are_counted() -> None:
     ("settings", "message"),
     [
         ({"robust.rule": "krum", "robust.f": 2, "num-clients": 6}, "at least 7 updates"),
-        ({"robust.rule": "trimmed-mean", "robust.f": 2, "num-clients": 10,
-          "fraction-train": 0.4}, "a round has 4 clients"),  # fmt: skip
+        (
+            {
+                "robust.rule": "trimmed-mean",
+                "robust.f": 2,
+                "num-clients": 10,
+                "fraction-train": 0.4,
+            },
+            "a round has 4 clients",
+        ),
         ({"robust.rule": "median", "algorithm": "d-fedem"}, "d-fedem takes mean, centered-clip"),
         ({"robust.rule": "median", "algorithm": "local"}, "local training combines nothing"),
         ({"robust.clip": 1.0, "algorithm": "noop"}, "no-op combines nothing"),
         ({"attack.clients": "12"}, "are not training clients"),
         ({"attack.clients": "2-1"}, "not a valid range"),
         ({"attack.clients": "x"}, "is not a client id"),
-        ({"attack.clients": "1", "attack.kind": "label-flip", "algorithm": "fedsc"},
-         "trains without labels"),  # fmt: skip
+        (
+            {"attack.clients": "1", "attack.kind": "label-flip", "algorithm": "fedsc"},
+            "trains without labels",
+        ),
     ],
 )
 def test_settings_a_round_cannot_honour_are_refused_in_one_line(
