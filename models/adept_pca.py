@@ -113,7 +113,15 @@ def data_step(u: np.ndarray, s: np.ndarray, n: int, hp: PCAHyper) -> np.ndarray:
 def server_update(v: np.ndarray, replies: Sequence[np.ndarray]) -> np.ndarray:
     """V <- R(V, mean_i V_i - V): the unweighted mean step is tangent at V, the retraction keeps
     V on St(d, r). (sigma is averaged like ADEPT-AE's: models.adept_ae.average.)"""
-    return retract(v, np.mean(np.stack(replies), axis=0) - v)
+    return server_step(v, np.mean(np.stack(replies), axis=0))
+
+
+def server_step(v: np.ndarray, combined: np.ndarray) -> np.ndarray:
+    """V <- R(V, combined - V) for a combination of the clients' V_i (the paper's Alg. 2,
+    server step: the mean, `server_update`; or a Byzantine-robust rule of the V_i around V,
+    strategies.adept), retracted by the polar retraction (models.stiefel.retract), so the new V
+    is on St(d, r) whatever the rule returned."""
+    return retract(v, combined - v)
 
 
 def reconstruction_error(u: np.ndarray, x: np.ndarray) -> float:

@@ -122,6 +122,27 @@ def aggregate(latest: Mapping[int, np.ndarray], q: Mapping[int, float]) -> np.nd
     return np.tensordot(weights / weights.sum(), stacked, axes=1)
 
 
+def psd_projection(matrix: np.ndarray) -> np.ndarray:
+    """The nearest symmetric positive semidefinite matrix in Frobenius norm (Higham, 1988):
+    the symmetric part (M + M^T)/2 with its negative eigenvalues set to 0. A correlation
+    matrix E[z z^T] is PSD; a robust rule (coordinate-wise median, trimmed mean) of PSD
+    matrices need not be, so FedSC's server projects the combined Rbar_{-j} back."""
+    m = np.asarray(matrix, dtype=np.float64)
+    sym = 0.5 * (m + m.T)
+    values, vectors = np.linalg.eigh(sym)
+    out: np.ndarray = (vectors * np.maximum(values, 0.0)) @ vectors.T
+    return 0.5 * (out + out.T)
+
+
+def within_bound(matrix: np.ndarray, bound: float) -> np.ndarray:
+    """A PSD matrix scaled down (never up) so that every entry is at most `bound` in absolute
+    value. A PSD matrix's largest entry is on its diagonal (|R_ab| <= sqrt(R_aa R_bb)), so
+    scaling by bound / max_a R_aa suffices, and it keeps the matrix symmetric and PSD."""
+    m = np.asarray(matrix, dtype=np.float64)
+    top = float(np.abs(m).max()) if m.size else 0.0
+    return m * (bound / top) if top > bound else m
+
+
 def others(latest: Mapping[int, np.ndarray], q: Mapping[int, float], cid: int) -> np.ndarray | None:
     """Rbar_{-j} = sum_{k != j} q_k R~_k / sum_{k != j} q_k (paper Alg. 1 line 20), None when
     no other client has shared yet."""

@@ -8,6 +8,17 @@ leave the clients.
 averages one model (sigma unused), 'fedavg-ft' switches to local fine-tuning after
 `adept.tune-round`.
 
+Byzantine robustness (`robust.*`, docs/robustness.md; strategies.robust.Combiner). With the
+plain mean the round is bitwise today's. With a robust rule the server combines, for each
+client, mu (V for PCA) and log sigma as one row (one joint combination: a selecting rule such
+as Krum keeps the same clients for both), around the current mu and log sigma: the rule
+applies to the updates mu_i - mu and log sigma_i - log sigma. sigma is combined in log space
+so that it stays positive whatever the rule returns (exp of a robust mean of log sigma; the
+paper's Alg. 1 and 2 average sigma itself, which the mean path keeps). For ADEPT-PCA the
+combined V is retracted onto St(d, r) as the mean step is (Alg. 2's server step,
+models.adept_pca.server_step). 'fedavg' and 'fedavg-ft' combine mu alone; 'local' shares
+nothing, so nothing is combined.
+
 One class per variant, named by its registry entry: ADEPTPCA, ADEPTAE and ADEPTDGM, which set
 the class attributes `pca` and `denoiser` of the shared ADEPT.
 """
@@ -22,7 +33,7 @@ import torch
 from flwr.app import RecordDict
 
 from models.adept_ae import average, theta_network
-from models.adept_pca import server_update
+from models.adept_pca import server_step, server_update
 from models.stiefel import random_point
 from models.weights import get_weights
 from pollen import protocol
@@ -38,7 +49,20 @@ from pollen.contracts.adept import (
 from pollen.dataspec import model_input
 from strategies.aggregate import aggregate_metrics, expect_arrays, final_evaluation
 from strategies.base import Federation, InvalidReply, Strategy
+from strategies.robust import Combiner
 from strategies.schedule import learning_rate
+
+_MU = f"{MU}/"  # mu's keys beside log sigma's in one robust combination
+_LOG_SIGMA = f"log-{SIGMA}/"
+
+
+def _positive_exp(log_sigma: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
+    """exp(log sigma) in `dtype`, kept at or above sqrt of the smallest positive normal number
+    (a mean of log sigma dragged down by attackers), so that sigma and sigma^2, which the
+    clients divide by, stay positive."""
+    floor = np.sqrt(np.finfo(dtype).tiny)
+    out: np.ndarray = np.maximum(np.exp(log_sigma).astype(dtype), floor)
+    return out
 
 
 def initial_global_model(
@@ -78,6 +102,7 @@ class ADEPT(Strategy):
         self.adept = AdeptSettings.of(settings)
         self.mu: dict[str, np.ndarray] = {}
         self.sigma: dict[str, np.ndarray] = {}
+        self.combiner = Combiner(settings)
 
     def initialize(self, seed: int) -> None:
         self.mu = initial_global_model(self.settings, seed, self.pca, self.denoiser)
@@ -119,6 +144,14 @@ class ADEPT(Strategy):
     def run_round(self, fed: Federation) -> dict[str, float]:
         rnd = fed.server_round
         payloads = {c.cid: self._instruction(rnd, "train", **self.rates(rnd)) for c in fed.sample()}
+        if not self.combiner.plain and self._shares(rnd):
+            replies = fed.exchange(
+                "train", payloads, self.validate, min_replies=self.combiner.min_replies()
+            )
+            if replies:
+                self._robust_update(rnd, replies)
+            return {**aggregate_metrics(replies), **self.sigma_summary(),
+                    **self.combiner.metrics()}  # fmt: skip
         replies = fed.exchange("train", payloads, self.validate)
         if replies and self._shares(fed.server_round):
             mus = [protocol.arrays_of(r, MU) for r in replies.values()]
@@ -129,6 +162,40 @@ class ADEPT(Strategy):
             if self.adept.method == "adept":
                 self.sigma = average([protocol.arrays_of(r, SIGMA) for r in replies.values()])
         return {**aggregate_metrics(replies), **self.sigma_summary()}
+
+    def _robust_update(self, server_round: int, replies: Mapping[int, RecordDict]) -> None:
+        """mu and sigma by the robust rule: each client's (mu_i, log sigma_i) as one row around
+        (mu, log sigma) (module docstring); unweighted, as the paper's 1/m average. For PCA the
+        combined V is retracted onto St(d, r) (models.adept_pca.server_step)."""
+        with_sigma = self.adept.method == "adept"
+
+        def joint(
+            mu: Mapping[str, np.ndarray], sigma: Mapping[str, np.ndarray]
+        ) -> dict[str, np.ndarray]:
+            out = {f"{_MU}{k}": v for k, v in mu.items()}
+            if with_sigma:
+                out.update(
+                    {
+                        f"{_LOG_SIGMA}{k}": np.log(np.asarray(v, np.float64))
+                        for k, v in sigma.items()
+                    }
+                )
+            return out
+
+        rows = {
+            cid: joint(
+                protocol.arrays_of(r, MU), protocol.arrays_of(r, SIGMA) if with_sigma else {}
+            )
+            for cid, r in replies.items()
+        }
+        combined = self.combiner.combine(
+            server_round, "mu-sigma", rows, joint(self.mu, self.sigma), None
+        )
+        mu = {k: combined[f"{_MU}{k}"] for k in self.mu}
+        self.mu = {"V": server_step(self.mu["V"], mu["V"])} if self.pca else mu
+        if with_sigma:
+            self.sigma = {k: _positive_exp(combined[f"{_LOG_SIGMA}{k}"], v.dtype)
+                          for k, v in self.sigma.items()}  # fmt: skip
 
     def sigma_summary(self) -> dict[str, float]:
         """Mean, min and max of sigma over all weights: the learned heterogeneity."""

@@ -19,6 +19,29 @@ new columns travel. A client lost in the train phase makes the server redo the c
 phases with the others (see run_round), so the corrections always sum to zero over the clients
 averaged. FedLin is the same round with no factorized layer: a gradient phase, then
 corrected local training of the whole model.
+
+Byzantine robustness (`robust.*`, docs/robustness.md; strategies.robust.Combiner). With the
+plain mean the round is bitwise today's. With a robust rule, every point where clients are
+combined goes through the rule:
+  basis gradients   the basis-phase gradients (w.r.t. U and V, and S and the dense parameters
+                    when they are sent for the corrections) are combined as one row per client
+                    (reference 0: they are gradients) into the robust G; Ū, V̄ augment the
+                    bases with G's range only (the paper's Alg. 1, basis augmentation), so
+                    one client's gradient cannot inject a direction into the basis.
+  corrections       V_c = G − G_c is built from that same robust G (full correction: the
+                    coef-grad phase's ∇_S̃ and the dense gradients, combined jointly over the
+                    clients that answered it). Under the mean Σ_c w_c V_c = 0, so the
+                    corrections change no client's average drift (the paper's eq. 8, 9 and
+                    Thm. 1); under a robust rule G is not the weighted mean of the G_c, so the
+                    corrections no longer sum to zero exactly: they move every client towards
+                    the robust consensus gradient instead of the (attackable) mean, and the
+                    variance-correction guarantee holds for the honest clients only in as much
+                    as the rule is close to their mean.
+  train phase       S̃ and the dense parameters, one joint combination (a selecting rule such
+                    as Krum keeps the same clients for both), reference what every client
+                    started from: S̃ = [[diag(s), 0], [0, 0]] (models.fedlrt.padded_coefficients
+                    of the s it received in float32) and the current dense parameters; the
+                    truncation by SVD follows as today.
 """
 
 from __future__ import annotations
@@ -38,6 +61,7 @@ from models.fedlrt import (
     factorize,
     max_rank,
     orthonormality_error,
+    padded_coefficients,
     round_floats,
     truncate,
 )
@@ -55,6 +79,7 @@ from strategies.aggregate import (
 )
 from strategies.base import Federation, Strategy
 from strategies.classifier import ServerEvaluator, initial_weights
+from strategies.robust import Combiner
 from strategies.schedule import learning_rate
 
 GRADS = "grads"
@@ -76,6 +101,11 @@ def _mean64(
     )
 
 
+def _as64(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The arrays in float64, so that a robust combination of them comes back in float64."""
+    return {k: np.asarray(v, dtype=np.float64) for k, v in arrays.items()}
+
+
 class FeDLRT(Strategy):
     warm_phase = "train.fedlrt_warm_start"
     basis_phase = "query.fedlrt_basis"
@@ -94,6 +124,8 @@ class FeDLRT(Strategy):
         self._warm_start_from: dict[str, np.ndarray] | None = None
         """The dense initial model a pending warm start trains (None: no warm start due)."""
         self._evaluator = ServerEvaluator(settings, load=_load_low_rank)
+        self.combiner = Combiner(settings)
+        """How clients are combined at each point (module docstring); `plain`: today's mean."""
 
     # ---- the model ---------------------------------------------------------------------
     def _dense_model(self) -> Any:
@@ -180,7 +212,9 @@ class FeDLRT(Strategy):
             c.cid: protocol.instruction(rnd, self.basis_phase, config, arrays=down)
             for c in fed.sample()
         }
-        basis = fed.exchange(self.basis_phase, payloads, self._check_basis)
+        basis = fed.exchange(
+            self.basis_phase, payloads, self._check_basis, min_replies=self._min_replies()
+        )
         traffic.add("basis", payloads, basis)
         members = list(basis)
         restarts = 0
@@ -193,11 +227,15 @@ class FeDLRT(Strategy):
             members = [c for c in participants if c in trained]
             restarts += 1
         basis = {c: basis[c] for c in members}
-        models = [protocol.arrays_of(r) for r in trained.values()]
-        counts = [num_examples(r) for r in trained.values()]
-        coefficients = _mean64(
-            [{f"{n}.S": m[f"{n}.S"] for n in self.factors} for m in models], counts
-        )
+        if self.combiner.plain:
+            models = [protocol.arrays_of(r) for r in trained.values()]
+            counts = [num_examples(r) for r in trained.values()]
+            coefficients = _mean64(
+                [{f"{n}.S": m[f"{n}.S"] for n in self.factors} for m in models], counts
+            )
+            dense = weighted_average([{k: m[k] for k in self.dense} for m in models], counts)
+        else:
+            coefficients, dense = self._robust_train(rnd, bars, trained)
 
         metrics = {**warm, **aggregate_metrics(basis), **aggregate_metrics(trained)}
         metrics.update(traffic.metrics())
@@ -216,10 +254,43 @@ class FeDLRT(Strategy):
             ortho = max(ortho, orthonormality_error(cut.factors.U),
                         orthonormality_error(cut.factors.V))  # fmt: skip
             metrics[f"rank-{name}"] = float(cut.factors.rank)
-        self.dense = weighted_average([{k: m[k] for k in self.dense} for m in models], counts)
+        self.dense = dense
         if self.factors:
             metrics["orthonormality-error"] = ortho
+        metrics.update(self.combiner.metrics())
         return metrics
+
+    def _min_replies(self) -> int | None:
+        """The replies a phase needs: the robust rule's minimum, or the run's (None) for the
+        plain mean."""
+        return None if self.combiner.plain else self.combiner.min_replies()
+
+    def _robust_train(
+        self,
+        server_round: int,
+        bars: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        trained: Mapping[int, RecordDict],
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """(S̃ per layer in float64, the dense parameters) by the robust rule, as one joint
+        combination of each client's train-phase reply around what it started from: S̃_0 =
+        [[diag(s), 0], [0, 0]] with the s it received (float32, `global_arrays`; the client's
+        `_augmented`) and the current dense parameters (the paper's Alg. 1, aggregation of S̃)."""
+        start = {
+            f"{name}.S": padded_coefficients(
+                fac.s.astype(np.float32).astype(np.float64), bars[name][0].shape[1]
+            )
+            for name, fac in self.factors.items()
+        }
+        start.update(self.dense)
+        combined = self.combiner.combine(
+            server_round,
+            "coefficients",
+            {cid: protocol.arrays_of(r) for cid, r in trained.items()},
+            start,
+            {cid: num_examples(r) for cid, r in trained.items()},
+        )
+        coefficients = {f"{n}.S": combined[f"{n}.S"] for n in self.factors}
+        return coefficients, {k: combined[k] for k in self.dense}
 
     def _warm_start(self, fed: Federation, config: Mapping[str, Scalar]) -> dict[str, float]:
         """The warm start: the first available client trains the dense initial model for
@@ -264,7 +335,13 @@ class FeDLRT(Strategy):
         rnd = fed.server_round
         weight = {cid: float(num_examples(r)) for cid, r in basis.items()}
         grads = {cid: protocol.arrays_of(r, GRADS) for cid, r in basis.items()}
-        mean = _mean64(list(grads.values()), list(weight.values()))
+        robust = not self.combiner.plain
+        if robust:  # the robust G: one row per client, every gradient it sent (reference 0)
+            mean = self.combiner.combine(
+                rnd, "basis-gradients", {c: _as64(g) for c, g in grads.items()}, None, weight
+            )
+        else:
+            mean = _mean64(list(grads.values()), list(weight.values()))
         bars = {}
         for name, fac in self.factors.items():
             width = augmentation_width(fac.rank, fac.U.shape[0], fac.V.shape[0])
@@ -289,13 +366,29 @@ class FeDLRT(Strategy):
                 cid: protocol.instruction(rnd, self.coef_phase, config, **{BASES: bases})
                 for cid in basis
             }
-            coef = fed.exchange(self.coef_phase, payloads, self._check_coef)
+            coef = fed.exchange(
+                self.coef_phase, payloads, self._check_coef, min_replies=self._min_replies()
+            )
             traffic.add("coef-grad", payloads, coef)
             for cid, r in coef.items():
                 own[cid].update(protocol.arrays_of(r, GRADS))
             own = {cid: own[cid] for cid in coef}
         participants = list(own)
-        mean_own = _mean64([own[c] for c in participants], [weight[c] for c in participants])
+        keys = list(own[participants[0]]) if participants else []
+        if not robust:
+            mean_own = _mean64([own[c] for c in participants], [weight[c] for c in participants])
+        elif not keys:
+            mean_own = {}
+        elif self.var_cor == "full" and self.factors:  # ∇_S̃ comes from the coef-grad phase
+            mean_own = self.combiner.combine(
+                rnd,
+                "correction-gradients",
+                {c: _as64(own[c]) for c in participants},
+                None,
+                {c: weight[c] for c in participants},
+            )
+        else:  # the same clients and gradients as the basis: the same robust G
+            mean_own = {k: mean[k] for k in keys}
 
         # train phase: corrected coefficient (and dense) training
         payloads = {}
@@ -308,7 +401,9 @@ class FeDLRT(Strategy):
                     k: (mean_own[k] - own[cid][k]).astype(np.float32) for k in mean_own
                 }
             payloads[cid] = protocol.instruction(rnd, self.train_phase, config, **arrays)
-        trained = fed.exchange(self.train_phase, payloads, self._check_train)
+        trained = fed.exchange(
+            self.train_phase, payloads, self._check_train, min_replies=self._min_replies()
+        )
         traffic.add("train", payloads, trained)
         return bars, participants, trained
 

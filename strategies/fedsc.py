@@ -15,6 +15,22 @@ longer asked; its last matrix stays in use. The ledger counts every request (a c
 upper bound when a reply is lost); each client also keeps and enforces its own. Model weights
 are not protected.
 
+Byzantine robustness (`robust.*`, docs/robustness.md; strategies.robust.Combiner). With the
+plain mean the round is bitwise today's. With a robust rule:
+  train phase   the model is combined like FedAvg's: the rule over the updates w_j - w around
+                the model the round started from (Alg. 1, the server's model average).
+  Rbar_{-j}     the rule over the other clients' stored matrices R~_k, k != j (reference 0:
+                the matrices themselves; `others` is its weighted-mean form, Alg. 1 line 20),
+                then projected back to symmetric positive semidefinite (`psd_projection`:
+                eigenvalues clipped at 0; a coordinate-wise median of PSD matrices need not
+                be PSD) and scaled into the box every stored matrix lies in (`within_bound`,
+                |entries| <= mu + 10 sigma, what `validate_correlation` accepts). The
+                simulated attackers (`attack.clients`) replace the matrices they release when
+                they release them (Combiner.attack_replies, over that round's releases), and
+                each injected matrix is symmetrised and clipped to that box before it is
+                stored (`_attacked`): exactly what a real attacker could get past
+                `validate_correlation`; it then counts, stale, like any stored matrix.
+
 `fedavg-sc` is the same server with alpha = 1 and nothing shared (FedAvg + spectral contrastive,
 FedAvgSC); `fedavg-simclr` runs it with clients that train SimCLR's loss instead, `fedavg-byol`
 (FedAvgBYOL) with clients that train BYOL's, whose predictor is part of the averaged model.
@@ -34,7 +50,7 @@ from flwr.app import RecordDict
 
 from federated_data import load_client_data, load_server_test_data
 from models.dp_correlation import closed_form_epsilon, release_epsilon, sensitivity
-from models.spectral import alpha_at, others
+from models.spectral import alpha_at, others, psd_projection, within_bound
 from models.ssl_eval import embed, knn_accuracy, linear_probe
 from models.ssl_nets import build_contrastive_net
 from models.weights import get_weights, set_weights
@@ -143,21 +159,50 @@ class FedSC(GlobalModelStrategy):
                     self.fedsc.alpha_min,
                     q[c.cid] / sum(q.values()),
                 )
-            rbar = others(self.latest, q, c.cid) if alpha < 1 else None
+            rbar = self._others(t, q, c.cid) if alpha < 1 else None
             extra = {OTHERS: {"r": rbar.astype(np.float32)}} if rbar is not None else {}
             config = {"lr": lr, "alpha": alpha}
             payloads[c.cid] = protocol.instruction(t, "train", config, arrays=model, **extra)
         uniform = self.fedsc.weighting == "uniform"
-        mean = RunningMean()  # each reply folded in as it comes, in client order
+        if self.combiner.plain:
+            mean = RunningMean()  # each reply folded in as it comes, in client order
 
-        def fold(_cid: int, reply: RecordDict) -> None:
-            mean.add(protocol.arrays_of(reply), 1 if uniform else num_examples(reply))
+            def fold(_cid: int, reply: RecordDict) -> None:
+                mean.add(protocol.arrays_of(reply), 1 if uniform else num_examples(reply))
 
-        replies = fed.exchange("train", payloads, self.validate, fold=fold)
-        self.weights = mean.result()
+            replies = fed.exchange("train", payloads, self.validate, fold=fold)
+            self.weights = mean.result()
+        else:
+            replies = fed.exchange(
+                "train", payloads, self.validate, min_replies=self.combiner.min_replies()
+            )
+            self.weights = self.combiner.combine(
+                t,
+                "model",
+                {cid: protocol.arrays_of(r) for cid, r in replies.items()},
+                self.weights,
+                {cid: 1 if uniform else num_examples(r) for cid, r in replies.items()},
+            )
         out.update(aggregate_metrics(replies))
         out.update(self._ledger())
+        out.update(self.combiner.metrics())
         return out
+
+    def _others(self, server_round: int, q: Mapping[int, float], cid: int) -> np.ndarray | None:
+        """Client `cid`'s Rbar_{-j}: the q-weighted mean of the other clients' latest matrices
+        (`others`, the plain mean), or the robust rule over them, projected back to PSD and
+        into the accepted box (module docstring); None when no other client has shared."""
+        if self.combiner.plain:
+            return others(self.latest, q, cid)
+        rest = {k: {"r": r} for k, r in sorted(self.latest.items()) if k != cid}
+        if not rest:
+            return None
+        weights = {k: q[k] for k in rest}
+        combined = self.combiner.combine(
+            server_round, f"correlations-{cid}", rest, None, weights, attacked=True
+        )
+        bound = self.fedsc.mu + 10 * self.fedsc.noise_std
+        return within_bound(psd_projection(combined["r"]), bound)
 
     def _share(self, fed: Federation, asked: list[ClientInfo]) -> dict[str, float]:
         asked = [c for c in asked if self._within_budget(c.cid)]
@@ -171,12 +216,35 @@ class FedSC(GlobalModelStrategy):
         for c in asked:  # counted when requested: a lost reply may still have been released
             self.releases[c.cid] = self.releases.get(c.cid, 0) + 1
         replies = fed.exchange("query.correlation", payloads, self.validate_correlation)
-        for cid, content in replies.items():
-            self.latest[cid] = protocol.arrays_of(content, CORRELATION)["r"].astype(np.float64)
+        fresh = {
+            cid: protocol.arrays_of(content, CORRELATION)["r"].astype(np.float64)
+            for cid, content in replies.items()
+        }
+        if self.combiner.injects:
+            fresh = self._attacked(fed.server_round, fresh)
+        self.latest.update(fresh)
         out = {"shared": float(len(replies))}
         clipped = aggregate_metrics(replies).get("clipped-fraction")
         if clipped is not None:
             out["clipped-fraction"] = clipped
+        return out
+
+    def _attacked(
+        self, server_round: int, fresh: Mapping[int, np.ndarray]
+    ) -> dict[int, np.ndarray]:
+        """This round's released matrices with the simulated attackers' replaced
+        (Combiner.attack_replies, reference 0: the attack acts on the matrices themselves),
+        each injected one then made one that `validate_correlation` accepts: symmetrised and
+        its entries clipped to +-(mu + 10 sigma). They are stored as a real attacker's would
+        be, and count, stale, in later rounds."""
+        bound = self.fedsc.mu + 10 * self.fedsc.noise_std
+        rows = {cid: {"r": r} for cid, r in fresh.items()}
+        zeros = {cid: {"r": np.zeros_like(r)} for cid, r in fresh.items()}
+        attacked = self.combiner.attack_replies(server_round, "correlations", rows, zeros)
+        out = dict(fresh)
+        for cid in self.combiner.attackers.intersection(fresh):
+            r = attacked[cid]["r"]
+            out[cid] = np.clip(0.5 * (r + r.T), -bound, bound)
         return out
 
     def _ledger(self) -> dict[str, float]:
