@@ -50,6 +50,7 @@ from pollen.contracts.adept import (
     AdeptSettings,
     shares,
 )
+from pollen.dataspec import partition_of
 
 
 def _inputs(env: ClientEnv, split: str) -> np.ndarray:
@@ -106,7 +107,7 @@ def _pca_metrics(env: ClientEnv, u: np.ndarray) -> dict[str, int | float]:
         out["test-error"] = reconstruction_error(u, x)
     if env.run.dataset == "pca-synthetic":
         params = {**dict(env.data_spec.dataset_params), "num_clients": env.data_spec.num_clients}
-        truth = true_subspaces(params)[1][env.cid]
+        truth = true_subspaces(params)[1][partition_of(env.settings, env.cid)]
         out["error-ratio"] = error_ratio(u, truth, float(params["noise"]))
     return out
 
@@ -194,7 +195,7 @@ def _true_decoder(env: ClientEnv) -> dict[str, np.ndarray]:
     """The client's true decoder on ae-synthetic, scaled like its training split (the paper's
     Table 1 'Baseline' starts from it)."""
     params = {**dict(env.data_spec.dataset_params), "num_clients": env.data_spec.num_clients}
-    weight, bias = training_decoders(params)[env.cid]
+    weight, bias = training_decoders(params)[partition_of(env.settings, env.cid)]
     return {"decoder.weight": weight.astype(np.float32), "decoder.bias": bias.astype(np.float32)}
 
 
