@@ -24,6 +24,8 @@ Parts (each writes benchmarks/results/<part>.json):
   startup     ClientApp start-up pieces in fresh interpreters (benchmarks/messaging.py)
   resident    deployment: the no-op round with the SuperExecs' task poll at 1 s and at Pollen's
               interval; memory per node (resident worker, relay) over a long FedAvg run
+  robust      one aggregation point under each robust rule (benchmarks/robust_cost.py) at 100
+              and 1,000 clients: seconds and peak memory beside the folding mean
 
 Run it niced on a quiet machine if you can; figures on a loaded one are noisy, ratios measured
 back to back less so.
@@ -533,6 +535,19 @@ def part_fedlrt(args: argparse.Namespace, work: Path, cache: Path) -> dict[str, 
     return {"rows": rows}
 
 
+def part_robust(args: argparse.Namespace, work: Path, cache: Path) -> dict[str, Any]:
+    from robust_cost import measure
+
+    rows = measure(args.robust_clients, args.robust_params)
+    for r in rows:
+        _say(
+            f"robust    n={r['clients']:5d} d={r['params']} f={r['f']:3d} {r['rule']:20s} "
+            f"{r['seconds']:9.3f} s  peak {r['peak-mb']:9.1f} MB ({r['models-held']:.1f} "
+            "float64 models)"
+        )
+    return {"rows": rows}
+
+
 def part_startup(args: argparse.Namespace, work: Path, cache: Path) -> dict[str, Any]:
     # a partition in the cache first, as in a run
     pollen_run("simulate", "noop", 2, 1, work / "startup-warm", cache)
@@ -549,6 +564,7 @@ PARTS: dict[str, Callable[[argparse.Namespace, Path, Path], dict[str, Any]]] = {
     "fedlrt": part_fedlrt,
     "scaling": part_scaling,
     "resident": part_resident,
+    "robust": part_robust,
 }
 
 
@@ -587,6 +603,14 @@ def main() -> int:
     parser.add_argument(
         "--fedlrt-sizes", type=lambda s: [tuple(_ints(x)) for x in s.split(";")],
         default="256,16;1024,32;4096,64", help="n,r pairs separated by ;",
+    )  # fmt: skip
+    parser.add_argument(
+        "--robust-clients", type=_ints, default=_ints("100,1000"),
+        help="robust: clients at one aggregation point",
+    )  # fmt: skip
+    parser.add_argument(
+        "--robust-params", type=int, default=199210,
+        help="robust: model parameters (default: the MLP of mnist-5k)",
     )  # fmt: skip
     parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--tag", default="", help="suffix of the JSON file names")

@@ -69,8 +69,13 @@ def mean(x: np.ndarray, weights: Sequence[float] | np.ndarray | None = None) -> 
 
 
 def median(x: np.ndarray) -> np.ndarray:
-    """The coordinate-wise median (the mean of the two middle values for an even n)."""
-    return np.asarray(np.median(_rows(x), axis=0))
+    """The coordinate-wise median (the mean of the two middle values for an even n), by one
+    sort along the clients (several times faster than np.median's partitions on (n, d))."""
+    x = np.sort(_rows(x), axis=0)
+    n = x.shape[0]
+    if n % 2:
+        return np.asarray(x[n // 2])
+    return np.asarray((x[n // 2 - 1] + x[n // 2]) / 2)
 
 
 def trimmed_mean(x: np.ndarray, f: int) -> np.ndarray:
@@ -191,7 +196,9 @@ def nearest_neighbour_mixing(x: np.ndarray, f: int) -> np.ndarray:
     if n <= f:
         raise ValueError(f"nearest-neighbour mixing with f={f} needs more than {f} updates")
     order = np.argsort(squared_distances(x), axis=1, kind="stable")[:, : n - f]
-    return np.asarray(x[order].mean(axis=1))
+    mixing = np.zeros((n, n))
+    np.put_along_axis(mixing, order, 1.0 / (n - f), axis=1)
+    return np.asarray(mixing @ x)  # (n, n) x (n, d): no (n, n - f, d) gather
 
 
 def bucketing(x: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
