@@ -163,6 +163,9 @@ def _final_accuracy(tmp: Path, cache: Path, settings: dict[str, Any], name: str)
     server_app(grid, Context(1, 0, {}, RecordDict(), cfg))
     summary = json.loads((tmp / name / "summary.json").read_text())
     assert summary["status"] == "completed"
+    if settings.get("attack.clients"):  # a run under attack says so
+        assert summary["attack"] == {"clients": [8, 9], "kind": "sign-flip", "simulated": True}
+        assert summary["last-round"]["train"]["attackers"] == 2.0
     return float(summary["final"]["eval"]["test-accuracy"])
 
 
@@ -175,6 +178,7 @@ ATTACKED = {"num-clients": 10, "attack.clients": "8,9", "attack.kind": "sign-fli
     [
         ("fedavg", {"robust.rule": "median", "robust.f": 2}),
         ("fedprox", {"robust.rule": "trimmed-mean", "robust.f": 2}),
+        ("fedavg-plus", {"robust.rule": "geomed", "robust.f": 2}),
         ("fedem", {"robust.rule": "multi-krum", "robust.f": 2}),
         ("scaffold", {"robust.rule": "trimmed-mean", "robust.f": 2, "robust.nnm": True}),
         ("clustered", {"robust.rule": "geomed", "robust.f": 2}),
