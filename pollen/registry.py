@@ -38,7 +38,7 @@ from pollen.settings import (
     SettingsError,
     SyntheticSettings,
 )
-from robust.rules import breakdown_note, min_clients, rows_after_bucketing
+from robust.rules import breakdown_note, clients_needed
 
 if TYPE_CHECKING:
     from client.env import ClientHandler
@@ -497,18 +497,14 @@ def _check_robust(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
             f"({spec.robust_note})"
         )
     n = expected_round_clients(cfg)
-    rows = rows_after_bucketing(n, robust.bucket)
-    need = min_clients(robust.rule, robust.f)
-    if rows < need:
-        per = f" ({rows} buckets of {robust.bucket})" if robust.bucket > 1 else ""
+    need = clients_needed(robust.rule, robust.f, robust.bucket, robust.nnm)
+    if n < need:
+        per = f" (in buckets of {robust.bucket})" if robust.bucket > 1 else ""
+        mixing = " and more than f for robust.nnm" if robust.nnm else ""
         raise SettingsError(
             f"robust.rule={robust.rule} with robust.f={robust.f} needs "
-            f"{breakdown_note(robust.rule)}, i.e. at least {need} updates a round, but a round "
-            f"has {n} clients{per}; lower robust.f or sample more clients"
-        )
-    if robust.nnm and n <= robust.f:
-        raise SettingsError(
-            f"robust.nnm with robust.f={robust.f} needs more than f clients a round"
+            f"{breakdown_note(robust.rule)}{mixing}, i.e. at least {need} updates a round{per}, "
+            f"but a round has {n} clients; lower robust.f or sample more clients"
         )
     ids = attack.ids()
     if not ids:

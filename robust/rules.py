@@ -265,6 +265,17 @@ def breakdown_note(rule: str) -> str:
     return need.get(rule, "any n")
 
 
+def clients_needed(rule: str, f: int, bucket: int = 0, nnm: bool = False) -> int:
+    """The fewest updates a point needs for `rule` sized for f: its minimum counted after
+    bucketing (ceil(n / bucket) rows reach the rule), and more than f for nearest-neighbour
+    mixing."""
+    need = min_clients(rule, f)
+    n = need
+    while rows_after_bucketing(n, bucket) < need:
+        n += 1
+    return max(n, f + 1 if nnm else 1)
+
+
 def rows_after_bucketing(n: int, size: int) -> int:
     """How many rows the rule sees after bucketing n updates in buckets of `size`."""
     return -(-n // size) if size > 1 else n

@@ -68,11 +68,7 @@ class Combiner:
         """The fewest contributions a point needs: the rule's minimum for `robust.f`, counted
         after bucketing, and more than f for nearest-neighbour mixing."""
         r = self.robust
-        need = rules.min_clients(r.rule, r.f)
-        n = need
-        while rules.rows_after_bucketing(n, r.bucket) < need:
-            n += 1
-        return max(n, r.f + 1 if r.nnm else 1)
+        return rules.clients_needed(r.rule, r.f, r.bucket, r.nnm)
 
     def _rng(self, server_round: int, point: str, purpose: str) -> np.random.Generator:
         tag = zlib.crc32(f"{point}/{purpose}".encode())
