@@ -218,6 +218,7 @@ def summarise(results: list[dict[str, Any]]) -> dict[str, Any]:
     for (alg, part, f, rule, attack), accs in sorted(by.items()):
         cell = table.setdefault(f"{alg}/{part}/f{f}/{rule}", {"attacks": {}, "seeds": len(accs)})
         cell["attacks"][attack] = round(_mean(accs), 4)
+        cell["seeds"] = min(cell["seeds"], len(accs))
     for cell in table.values():
         attacks: Mapping[str, float] = cell["attacks"]
         worst = min(attacks, key=lambda k: attacks[k])
@@ -237,7 +238,7 @@ def markdown(table: Mapping[str, Any]) -> str:
         fs = sorted({f for cells in by_rule.values() for f in cells})
         lines += [f"### {alg}, {part}", ""]
         head = "| rule | " + " | ".join("clean" if f == 0 else f"f={f} worst (attack)" for f in fs)
-        lines += [head + " |", "|---" * (len(fs) + 1) + "|"]
+        lines += [head + " | seeds |", "|---" * (len(fs) + 2) + "|"]
         for rule in RULES:
             if rule not in by_rule:
                 continue
@@ -250,7 +251,8 @@ def markdown(table: Mapping[str, Any]) -> str:
                     cells.append(f"{cell['worst']:.3f}")
                 else:
                     cells.append(f"{cell['worst']:.3f} ({cell['worst-attack']})")
-            lines.append(f"| {rule} | " + " | ".join(cells) + " |")
+            seeds = sorted({c["seeds"] for c in by_rule[rule].values()})
+            lines.append(f"| {rule} | " + " | ".join(cells) + f" | {'/'.join(map(str, seeds))} |")
         lines.append("")
     return "\n".join(lines)
 
