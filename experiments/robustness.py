@@ -85,10 +85,17 @@ class Case:
     attack: str  # "none" when f == 0
     rule: str
     seed: int
+    size: int | None = None
+    """robust.f the rules are sized for when it is not the number of attackers (a rule sized
+    too small, to show where it breaks)."""
 
     @property
     def name(self) -> str:
-        return f"{self.algorithm}-{self.partition}-f{self.f}-{self.attack}-{self.rule}-s{self.seed}"
+        sized = f"-size{self.size}" if self.size is not None else ""
+        return (
+            f"{self.algorithm}-{self.partition}-f{self.f}-{self.attack}-{self.rule}{sized}"
+            f"-s{self.seed}"
+        )
 
     def settings(self, out: Path, cache: Path) -> dict[str, Any]:
         cfg = {
@@ -108,7 +115,7 @@ class Case:
             }
         )
         if self.rule != "mean":
-            cfg["robust.f"] = self.f if self.f else CLEAN_F
+            cfg["robust.f"] = self.size if self.size is not None else (self.f or CLEAN_F)
         if self.f:
             cfg["attack.clients"] = f"{HONEST}-{HONEST + self.f - 1}"
             cfg["attack.kind"] = self.attack
@@ -122,6 +129,7 @@ def cases(
     attacks: Iterable[str],
     rules: Iterable[str],
     seeds: Iterable[int],
+    size: int | None = None,
 ) -> list[Case]:
     out = []
     for a in algorithms:
@@ -130,7 +138,7 @@ def cases(
                 for r in rules:
                     for s in seeds:
                         for k in attacks if f else ("none",):
-                            out.append(Case(a, p, f, k, r, s))
+                            out.append(Case(a, p, f, k, r, s, size))
     return out
 
 
@@ -212,7 +220,8 @@ def summarise(results: list[dict[str, Any]]) -> dict[str, Any]:
     for r in results:
         c = r["case"]
         acc = r["accuracy"] if r.get("status") == "completed" and r["accuracy"] is not None else 0.0
-        key = (c["algorithm"], c["partition"], c["f"], c["rule"], c["attack"])
+        rule = c["rule"] + (f" sized f={c['size']}" if c.get("size") is not None else "")
+        key = (c["algorithm"], c["partition"], c["f"], rule, c["attack"])
         by.setdefault(key, []).append(float(acc))
     table: dict[str, Any] = {}
     for (alg, part, f, rule, attack), accs in sorted(by.items()):
@@ -239,9 +248,7 @@ def markdown(table: Mapping[str, Any]) -> str:
         lines += [f"### {alg}, {part}", ""]
         head = "| rule | " + " | ".join("clean" if f == 0 else f"f={f} worst (attack)" for f in fs)
         lines += [head + " | seeds |", "|---" * (len(fs) + 2) + "|"]
-        for rule in RULES:
-            if rule not in by_rule:
-                continue
+        for rule in sorted(by_rule, key=lambda r: (list(RULES).index(r.split()[0]), r)):
             cells = []
             for f in fs:
                 cell = by_rule[rule].get(f)
@@ -299,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attacks", default=",".join(ATTACKS))
     p.add_argument("--rules", default=",".join(RULES))
     p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--size", type=int, help="robust.f of the rules (default: the attackers)")
     p.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2)))
     t = sub.add_parser("tabulate", help="table, JSON and figure of what DIR holds")
     t.add_argument("out", type=Path)
@@ -312,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
             split(args.attacks),
             split(args.rules),
             [int(x) for x in split(args.seeds)],
+            args.size,
         )
         run(todo, args.out, args.jobs)
         return 0

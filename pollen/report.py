@@ -991,6 +991,22 @@ def _rounds_text(run: Run) -> str:
     return f"{done if done is not None else 0} of {planned} recorded"
 
 
+def _threat_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The robust rule and the simulated attack a run's summary names (docs/robustness.md)."""
+    lines = []
+    robust = summary.get("robust")
+    if isinstance(robust, Mapping):
+        shown = ", ".join(f"{k}={_cell(str(v))}" for k, v in sorted(robust.items()))
+        lines.append(f"- robust aggregation: {shown}")
+    attack = summary.get("attack")
+    if isinstance(attack, Mapping):
+        lines.append(
+            f"- **simulated attack**: clients {_cell(str(attack.get('clients')))} act as "
+            f"{_cell(str(attack.get('kind')))}"
+        )
+    return lines
+
+
 def _run_section(run: Run) -> list[str]:
     lines = [f"## {_cell(run.name)}", "", f"- directory: `{run.path}`", f"- status: {run.status}"]
     reason = run.summary.get("reason")
@@ -1007,6 +1023,7 @@ def _run_section(run: Run) -> list[str]:
         f"- seed: {_fmt(run.seed)}",
         f"- total seconds: {_fmt(seconds, 1) if seconds is not None else MISSING}",
     ]
+    lines += _threat_lines(run.summary)
     if run.missing:
         lines.append(f"- missing files: {', '.join(run.missing)}")
     lines.append("")

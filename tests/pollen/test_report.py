@@ -430,3 +430,17 @@ def test_a_private_runs_epsilon_is_a_column_of_the_rounds_table(tmp_path: Path) 
     assert "epsilon: the largest over clients so far" in text
     plain = make_run(tmp_path, "plain", "fedavg", 0.5)
     assert "| epsilon |" not in (write_report([plain]) / "report.md").read_text()
+
+
+def test_a_run_under_attack_and_its_robust_rule_are_named() -> None:
+    from pollen.report import _threat_lines
+
+    summary = {
+        "robust": {"robust.rule": "median", "robust.f": 2},
+        "attack": {"clients": [10, 11], "kind": "sign-flip", "simulated": True},
+    }
+    assert _threat_lines(summary) == [
+        "- robust aggregation: robust.f=2, robust.rule=median",
+        "- **simulated attack**: clients [10, 11] act as sign-flip",
+    ]
+    assert _threat_lines({"status": "completed"}) == []
