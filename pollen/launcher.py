@@ -236,6 +236,16 @@ class Federation:
     workers: list[Proc] = field(default_factory=list)
     """The workers started with the nodes: not part of a node, a worker that dies is started
     again by the node's next message (client.relay)."""
+    shared_worker: bool = False
+    """One resident worker for all the SuperNodes started here, in place of one each: torch and
+    the interpreter once per machine (about 0.5 GB less per node), the nodes' messages answered
+    one after another (on a machine with few cores the nodes' training competes for them
+    anyway). Every node's ClientApps relay to it; it keeps every node's partition."""
+    superlink_database: bool = True
+    """The SuperLink keeps its state in an SQLite file (`--database`), so that a SuperLink this
+    federation restarts keeps its runs and node ids. False: Flower's in-memory state, which has
+    no database lock for concurrent SuperNodes to run into (docs/reliability.md#load)."""
+    _shared_socket: Path | None = None
     _owner_locks: list[tuple[Path, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -310,9 +320,9 @@ class Federation:
             "--port",
             str(http_port),
             "--disable-runtime-dependency-installation",
-            "--database",
-            str(self.workdir / "superlink.db"),
         ]
+        if self.superlink_database:
+            argv += ["--database", str(self.workdir / "superlink.db")]
         if simulation:
             argv.append("--simulation")
         else:
@@ -366,7 +376,10 @@ class Federation:
         home = self.workdir / f"node-{partition_id}"
         # env_extra: this node's own variables, e.g. CUDA_VISIBLE_DEVICES (`pollen deploy --gpus`)
         env = dict(self.env, FLWR_HOME=str(home), **(env_extra or {}))
-        if self.resident_workers:
+        if self.resident_workers and self.shared_worker:
+            env[relay.SOCKET_ENV] = str(self._start_shared_worker(num_partitions))
+            env[relay.KEEP_ENV] = str(num_partitions)
+        elif self.resident_workers:
             try:
                 sock = relay.socket_path(str(home.resolve()))
             except relay.WorkerUnavailable as exc:
@@ -396,6 +409,23 @@ class Federation:
         procs = launch()
         self.started_nodes[partition_id] = Node(partition_id, launch, procs)
         return procs[0]
+
+    def _start_shared_worker(self, nodes: int) -> Path:
+        """The socket of the worker all nodes share, started with the first node."""
+        if self._shared_socket is not None:
+            return self._shared_socket
+        try:
+            sock = relay.socket_path(f"{self.workdir.resolve()}#shared")
+        except relay.WorkerUnavailable as exc:
+            raise LaunchError(f"cannot place the shared worker's socket: {exc}") from None
+        self._owner_locks.append((sock, relay.hold_owner_lock(sock)))
+        env = dict(self.env, **{relay.SOCKET_ENV: str(sock), relay.KEEP_ENV: str(nodes)})
+        worker = self.spawn(
+            "worker-shared", relay.worker_argv(sock), relay.worker_env(env, app_dir()), track=False
+        )
+        self.workers.append(worker)
+        self._shared_socket = sock
+        return sock
 
     def wait_health(self, url: str, proc: Proc, tls: TLS | None, timeout: float = 60) -> None:
         ctx = ssl.create_default_context(cafile=str(tls.ca_cert)) if tls else None
@@ -480,6 +510,7 @@ class Federation:
         for sock, fd in self._owner_locks:
             relay.release_owner_lock(sock, fd)
         self._owner_locks.clear()
+        self._shared_socket = None
         for proc in reversed(self.procs):
             if proc.popen.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -494,6 +525,27 @@ class Federation:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.popen.wait(timeout=5)
         self.procs.clear()
+
+    def lost_messages(self) -> str:
+        """One sentence on what Flower's processes here logged about messages they could not
+        deliver (the SuperLink's SQLite "database is locked", a SuperNode's "Failed to send
+        message"); empty when they logged none."""
+        parts = []
+        locked = _count_in(self.workdir / "superlink.log", "database is locked")
+        if locked:
+            parts.append(
+                f"the SuperLink logged {locked} 'database is locked' error(s) "
+                f"({self.workdir / 'superlink.log'})"
+            )
+        unsent = sorted(
+            i
+            for i in self.started_nodes
+            if _count_in(self.workdir / f"supernode-{i}.log", "Failed to send message")
+        )
+        if unsent:
+            shown = ", ".join(map(str, unsent))
+            parts.append(f"the SuperNodes of client(s) {shown} failed to send a reply")
+        return "; ".join(parts)
 
     # ---- the flwr CLI --------------------------------------------------------------------
     def write_connection(self, address: str, ca_cert: Path | None) -> None:
@@ -669,6 +721,15 @@ class Federation:
         if out.returncode == FLWR_TIMED_OUT:
             return f"(server log of run {run_id} unavailable: {out.stderr.strip()})\n"
         return out.stdout
+
+
+def _count_in(log: Path, text: str) -> int:
+    """How many lines of `log` contain `text` (0 for a log that cannot be read)."""
+    try:
+        with open(log, errors="replace") as fh:
+            return sum(text in line for line in fh)
+    except OSError:
+        return 0
 
 
 def _key_digest(public_key: Path) -> str:
