@@ -294,6 +294,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         # database file to keep, and no SQLite lock under many SuperNodes
         superlink_database=False,
     )
+    fed.spread_task_polls(n + 1)  # the nodes' SuperExecs and the ServerApp's
     security = ("with TLS" if tls else "insecure") + (" and node authentication" if keys else "")
     print(
         f"Pollen deploy: {run.algorithm} on {run.dataset}, {n} clients, "

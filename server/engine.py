@@ -45,9 +45,6 @@ at best: the SuperNode pulls every 3 s)."""
 RESEND_FACTOR = 2.0
 """An instruction is sent again once it has waited this many times the phase's typical reply
 time (the time by which half of its messages were answered)."""
-RESEND_UNINFORMED = 0.1
-"""Before half of a phase's messages are answered and with no earlier phase of the same type to
-go by, the deadline is this share of phase-timeout."""
 
 NOT_REPEATABLE: dict[str, str] = {}
 """Message types that are never sent twice within a phase, with the reason. Every other one is
@@ -269,8 +266,8 @@ class Engine:
                 break
             if self.clock() >= deadline:
                 break
-            if repeat and sent.waiting:
-                after = self._resend_after(message_type, sent)
+            after = self._resend_after(message_type, sent) if repeat and sent.waiting else None
+            if after is not None:
                 again = sent.due(self.clock(), after, repeat)
                 if again:
                     push_seconds += self._resend(message_type, again, after, sent, batches)
@@ -349,16 +346,19 @@ class Engine:
             content, dst_node_id=node_id, message_type=message_type, group_id=str(self.server_round)
         )
 
-    def _resend_after(self, message_type: str, sent: _Sends) -> float:
+    def _resend_after(self, message_type: str, sent: _Sends) -> float | None:
         """Seconds an instruction waits for its reply before it is sent again: RESEND_FACTOR
         times the phase's typical reply time (that of the earlier phase of this type until half
         of this one's messages are answered), at least RESEND_FLOOR. A loaded machine answers
-        slowly and so waits longer before asking again."""
+        slowly and so waits longer before asking again. None (no resend yet) with nothing to
+        go by: a phase none of whose replies came may be slow, not lost, and sending it all
+        again would only add to the load (a SuperNode starts a ClientApp process for every
+        instruction it holds, even while an earlier one runs)."""
         typical = sent.typical()
         if typical is None:
             typical = self._typical.get(message_type)
         if typical is None:
-            return max(RESEND_FLOOR, RESEND_UNINFORMED * self.run_settings.phase_timeout)
+            return None
         return max(RESEND_FLOOR, RESEND_FACTOR * typical)
 
     def _resend(

@@ -22,6 +22,9 @@ class RecordingFederation:
         self.env: dict[str, str] = {}
         RecordingFederation.made.append(self)
 
+    def spread_task_polls(self, nodes: int) -> None:
+        self.polled_by = nodes
+
     def start_superlink(self, **kwargs: Any) -> tuple[int, int]:
         return 0, 1
 
@@ -72,6 +75,7 @@ def test_deploy_shares_one_worker_keeps_no_database_and_does_not_require_every_c
     fed = RecordingFederation.made[-1]
     assert fed.kwargs["shared_worker"] is True and fed.kwargs["superlink_database"] is False
     assert runs[-1]["num-clients"] == 4 and runs[-1]["min-available-clients"] == 1
+    assert fed.polled_by == 5  # the nodes' SuperExecs and the ServerApp's
 
     strict = ["deploy", "--set", "min-available-clients=4", "--worker-per-node"]
     assert _main(strict, tmp_path / "b", shared_cache) == 0
@@ -80,6 +84,23 @@ def test_deploy_shares_one_worker_keeps_no_database_and_does_not_require_every_c
 
     assert _main(["simulate"], tmp_path / "c", shared_cache) == 0  # unchanged: every client
     assert runs[-1]["min-available-clients"] == 4
+
+
+def test_task_polls_spread_with_the_nodes_per_core(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    fed = Federation(tmp_path / "a")
+    fed.spread_task_polls(17)
+    assert fed.env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "0.85"
+    fed.spread_task_polls(2)
+    assert fed.env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "0.1"
+    monkeypatch.setenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.5")  # the operator's is kept
+    fed = Federation(tmp_path / "b")
+    before = fed.env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"]
+    fed.spread_task_polls(17)
+    assert fed.env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == before
 
 
 def test_lost_messages_names_the_database_lock_and_the_nodes_that_could_not_send(
