@@ -292,7 +292,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         shared_worker=not (args.worker_per_node or gpus),
         # never restarted by this command, and a resume starts a fresh one: nothing for a
         # database file to keep, and no SQLite lock under many SuperNodes
-        superlink_database=False,
+        superlink_database=Path(args.superlink_database) if args.superlink_database else False,
     )
     fed.spread_task_polls(n + 1)  # the nodes' SuperExecs and the ServerApp's
     security = ("with TLS" if tls else "insecure") + (" and node authentication" if keys else "")
@@ -1245,6 +1245,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(CUDA_VISIBLE_DEVICES); default: every node sees every GPU",
     )
     _add_worker_option(p, "every SuperNode")
+    p.add_argument(
+        "--superlink-database",
+        metavar="FILE",
+        help="keep the SuperLink's state in this SQLite file (to inspect it afterwards) instead "
+        "of in memory; with many SuperNodes on one machine its lock loses messages "
+        "(docs/reliability.md#load)",
+    )
     p.add_argument(
         "--worker-per-node",
         action="store_true",

@@ -241,10 +241,11 @@ class Federation:
     the interpreter once per machine (about 0.5 GB less per node), the nodes' messages answered
     one after another (on a machine with few cores the nodes' training competes for them
     anyway). Every node's ClientApps relay to it; it keeps every node's partition."""
-    superlink_database: bool = True
-    """The SuperLink keeps its state in an SQLite file (`--database`), so that a SuperLink this
-    federation restarts keeps its runs and node ids. False: Flower's in-memory state, which has
-    no database lock for concurrent SuperNodes to run into (docs/reliability.md#load)."""
+    superlink_database: bool | Path = True
+    """The SuperLink keeps its state in an SQLite file (`--database`; True: superlink.db in the
+    work directory, or this path), so that a SuperLink this federation restarts keeps its runs
+    and node ids. False: Flower's in-memory state, which has no database lock for concurrent
+    SuperNodes to run into (docs/reliability.md#load)."""
     _shared_socket: Path | None = None
     _owner_locks: list[tuple[Path, int]] = field(default_factory=list)
 
@@ -334,8 +335,10 @@ class Federation:
             str(http_port),
             "--disable-runtime-dependency-installation",
         ]
-        if self.superlink_database:
+        if self.superlink_database is True:
             argv += ["--database", str(self.workdir / "superlink.db")]
+        elif self.superlink_database:
+            argv += ["--database", str(self.superlink_database)]
         if simulation:
             argv.append("--simulation")
         else:

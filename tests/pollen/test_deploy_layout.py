@@ -82,6 +82,10 @@ def test_deploy_shares_one_worker_keeps_no_database_and_does_not_require_every_c
     assert RecordingFederation.made[-1].kwargs["shared_worker"] is False
     assert runs[-1]["min-available-clients"] == 4
 
+    on_disk = ["deploy", "--superlink-database", str(tmp_path / "state.db")]
+    assert _main(on_disk, tmp_path / "d", shared_cache) == 0
+    assert RecordingFederation.made[-1].kwargs["superlink_database"] == tmp_path / "state.db"
+
     assert _main(["simulate"], tmp_path / "c", shared_cache) == 0  # unchanged: every client
     assert runs[-1]["min-available-clients"] == 4
 
