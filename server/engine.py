@@ -20,8 +20,9 @@ import math
 import resource
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -35,6 +36,7 @@ from server.results import ResultsWriter, brief
 from strategies.base import ClientInfo, Fold, InvalidReply, Strategy, Validator
 
 log = logging.getLogger("flwr.pollen")
+_T = TypeVar("_T")
 
 WAITING_NAMED = 5
 """A `phase-progress` event names the clients still awaited when at most this many are."""
@@ -45,6 +47,14 @@ at best: the SuperNode pulls every 3 s)."""
 RESEND_FACTOR = 2.0
 """An instruction is sent again once it has waited this many times the phase's typical reply
 time (the time by which half of its messages were answered)."""
+
+GRID_RETRIES = 5
+"""Consecutive failures of one Grid call (push, pull, list nodes) taken for transient: Flower's
+SuperLink answers HTTP 500 while its SQLite database is locked (`--database`, many SuperNodes on
+a loaded machine). The call is made again after GRID_RETRY_WAIT seconds; the next failure is
+raised. Repeating them is safe: a pull or a listing reads, and an instruction pushed twice is
+answered twice, of which the engine uses the first reply it knows."""
+GRID_RETRY_WAIT = 2.0
 
 NOT_REPEATABLE: dict[str, str] = {}
 """Message types that are never sent twice within a phase, with the reason. Every other one is
@@ -176,7 +186,7 @@ class Engine:
             messages=len(messages),
         )
         pushed = self.clock()
-        message_ids = list(self.grid.push_messages(messages))
+        message_ids = self._grid("push", lambda: list(self.grid.push_messages(messages)))
         push_seconds = self.clock() - pushed
         by_message: dict[str, int] = {}  # message id -> its node (a resent one: two ids)
         for mid, msg in zip(message_ids, messages, strict=True):
@@ -210,7 +220,8 @@ class Engine:
         poll = self.run_settings.poll_interval
         reported = -1
         while pending:
-            for msg in self.grid.pull_messages(list(pending)):
+            pulled = self._grid("pull", partial(_pull, self.grid, list(pending)))
+            for msg in pulled:
                 mid = msg.metadata.reply_to_message_id
                 if mid not in pending:
                     continue  # not a reply to this phase (or a node's second): never mixed in
@@ -341,6 +352,25 @@ class Engine:
         # float sums in a different order differ in the last bits, which training amplifies
         return sorted(replies, key=lambda r: (r.key, r.node_id)), failures
 
+    def _grid(self, what: str, call: Callable[[], _T]) -> _T:
+        """`call()`, made again after a failure up to GRID_RETRIES times in a row."""
+        for attempt in range(GRID_RETRIES + 1):
+            try:
+                return call()
+            except Exception as exc:
+                if attempt == GRID_RETRIES:
+                    raise
+                log.warning(
+                    "round %s: %s failed (%s); trying again in %g s",
+                    self.server_round,
+                    what,
+                    brief(f"{type(exc).__name__}: {exc}"),
+                    GRID_RETRY_WAIT,
+                )
+                self.results.event("grid-retry", round=self.server_round, call=what)
+                self.sleep(GRID_RETRY_WAIT)
+        raise AssertionError("unreachable")
+
     def _message(self, content: RecordDict, node_id: int, message_type: str) -> Message:
         return Message(
             content, dst_node_id=node_id, message_type=message_type, group_id=str(self.server_round)
@@ -372,7 +402,7 @@ class Engine:
         """Send `nodes` their instruction again; returns the seconds the push took."""
         messages = [self._message(sent.content[n], n, message_type) for n in nodes]
         pushed = self.clock()
-        ids = list(self.grid.push_messages(messages))
+        ids = self._grid("push", lambda: list(self.grid.push_messages(messages)))
         took = self.clock() - pushed
         for node_id, mid in zip(nodes, ids, strict=True):
             sent.again(node_id, mid, self.clock())
@@ -495,7 +525,7 @@ class Engine:
 
     def discover(self) -> set[int]:
         """Greet nodes not seen before; drop nodes that left. Returns the nodes online."""
-        online = set(self.grid.get_node_ids())
+        online = self._grid("list nodes", lambda: set(self.grid.get_node_ids()))
         for node_id in list(self._node_cids):
             if node_id not in online:
                 self._forget_node(node_id)
@@ -756,6 +786,10 @@ class Engine:
                 settings=dict(settings),
             ),
         )
+
+
+def _pull(grid: Grid, message_ids: list[str]) -> list[Message]:
+    return list(grid.pull_messages(message_ids))
 
 
 class _Sends:

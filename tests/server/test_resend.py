@@ -229,3 +229,54 @@ def test_the_resend_deadline_follows_how_long_the_phase_takes(run_config: dict[s
     assert engine._resend_after("train", quick) == engine_mod.RESEND_FLOOR
     assert sent.due(now=175.0, after=50.0, limit=2) == [3, 4]
     assert sent.due(now=149.0, after=50.0, limit=2) == []
+
+
+class FlakyGrid(FakeGrid):
+    """A grid whose calls fail now and then, as Flower's SuperLink answers HTTP 500 while its
+    SQLite database is locked."""
+
+    def __init__(self, *args: Any, fail: dict[str, list[int]]) -> None:
+        super().__init__(*args)
+        self.fail = fail  # call name -> the numbers (from 1) of the calls that fail
+        self.calls: dict[str, int] = {}
+
+    def _maybe_fail(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+        if self.calls[name] in self.fail.get(name, []):
+            raise RuntimeError(f"500 Internal Server Error on {name} (database is locked)")
+
+    def get_node_ids(self) -> Any:
+        self._maybe_fail("nodes")
+        return super().get_node_ids()
+
+    def push_messages(self, messages: Any) -> Any:
+        self._maybe_fail("push")
+        return super().push_messages(messages)
+
+    def pull_messages(self, message_ids: Any) -> Any:
+        self._maybe_fail("pull")
+        return super().pull_messages(message_ids)
+
+
+def test_a_superlink_that_fails_a_call_now_and_then_does_not_stop_the_run(
+    run_config: dict[str, Any],
+) -> None:
+    cfg = settings_of({**run_config, "num-rounds": 2, "final-eval": False, "server-eval": False})
+
+    def run(fail: dict[str, list[int]], tag: str) -> dict[str, Any]:
+        out = {**cfg, "out-dir": f"{run_config['out-dir']}-{tag}"}
+        engine, _ = _engine(out, FlakyGrid(client_app, 3, out, fail=fail))
+        return engine.run()
+
+    limit = engine_mod.GRID_RETRIES
+    flaky = run({"nodes": [1], "push": [2, 3], "pull": list(range(2, 2 + limit))}, "flaky")
+    steady = run({}, "steady")
+    assert flaky["status"] == "completed"
+    assert flaky["last-round"]["train"] == steady["last-round"]["train"]
+    events = read_jsonl(Path(f"{run_config['out-dir']}-flaky") / "events.jsonl")
+    retries = [e["call"] for e in events if e["event"] == "grid-retry"]
+    assert retries.count("pull") == limit and retries.count("push") == 2
+    assert retries.count("list nodes") == 1
+
+    with pytest.raises(RuntimeError, match="database is locked"):  # one failure too many
+        run({"pull": list(range(1, 2 + limit))}, "broken")
