@@ -670,7 +670,7 @@ def _run_and_report(
         print(f"pollen: error: run {run_id} {_failure(out, status)}{cause}", file=sys.stderr)
         return 1
     if lost:
-        print(f"pollen: note: messages were lost on the way and asked for again: {lost}")
+        print(f"pollen: note: Flower lost messages on the way, and the run went on: {lost}")
     summary_path = out / "summary.json"
     if summary_path.exists():
         summary = json.loads(summary_path.read_text())
