@@ -669,7 +669,7 @@ class Engine:
         why = []
         silent = sorted(n for n in online if n in self._unanswered and n not in self._node_cids)
         if silent:
-            asked = ", ".join(f"node {n} asked {self._unanswered[n]} times" for n in silent[:5])
+            asked = ", ".join(f"node {n} asked {_times(self._unanswered[n])}" for n in silent[:5])
             more = f" and {len(silent) - 5} more" if len(silent) > 5 else ""
             why.append(
                 f"{len(silent)} connected node(s) never answered the hello ({asked}{more}; a "
@@ -786,6 +786,10 @@ class Engine:
                 settings=dict(settings),
             ),
         )
+
+
+def _times(count: int) -> str:
+    return "once" if count == 1 else f"{count} times"
 
 
 def _pull(grid: Grid, message_ids: list[str]) -> list[Message]:
