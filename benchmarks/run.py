@@ -26,6 +26,10 @@ Parts (each writes benchmarks/results/<part>.json):
               interval; memory per node (resident worker, relay) over a long FedAvg run
   robust      one aggregation point under each robust rule (benchmarks/robust_cost.py) at 100
               and 1,000 clients: seconds and peak memory beside the folding mean
+  nodes       `pollen deploy` of FedAvg on digits with 2, 4, 8, 16, 32 SuperNodes on this machine
+              (--node-counts), back to back: seconds per warm round, peak memory of the process
+              tree (resident and proportional) and per node, memory by role, resent
+              instructions and messages the SuperLink lost
 
 Run it niced on a quiet machine if you can; figures on a loaded one are noisy, ratios measured
 back to back less so.
@@ -34,6 +38,7 @@ back to back less so.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import itertools
 import json
@@ -78,6 +83,7 @@ def pollen_run(
     extra: Sequence[str] = (),
     env: dict[str, str] | None = None,
     client_timing: bool = True,
+    roles: bool = False,
 ) -> dict[str, Any]:
     """`pollen deploy|simulate` once; its metrics.jsonl, clients.jsonl and summary.json
     reduced to figures per round (round 1 left out of medians when there are more), and the
@@ -97,13 +103,17 @@ def pollen_run(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-    ) as proc, TreeMemory(proc.pid) as memory:
+    ) as proc, TreeMemory(proc.pid, every=0.5 if roles else 0.2, roles=roles) as memory:
         stdout, stderr = proc.communicate()
     done = subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
     wall = time.monotonic() - started
     if done.returncode != 0:
         error = done.stderr[-600:]
-        return {"algorithm": algorithm, "mode": mode, "clients": clients, "error": error}
+        return {
+            "algorithm": algorithm, "mode": mode, "clients": clients, "error": error,
+            "wall-seconds": round(wall, 2), "tree-peak-rss-mb": memory.peak_mb,
+            "tree-peak-pss-mb": memory.peak_pss_mb, "roles": memory.by_role,
+        }  # fmt: skip
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steady = rows[1:] if len(rows) > 1 else rows
     phases: dict[str, dict[str, list[float]]] = {}
@@ -156,6 +166,7 @@ def pollen_run(
         "server-peak-rss-mb": summary.get("peak-rss-mb"),
         # every process of the run at once (launcher, SuperLink, simulation or SuperNodes, Ray)
         "tree-peak-rss-mb": memory.peak_mb,
+        **({"tree-peak-pss-mb": memory.peak_pss_mb, "roles": memory.by_role} if roles else {}),
         # the handling process's peak (a node's resident worker, or the ClientApp without one)
         # at the first and the last message: growth over the run
         "client-peak-rss-mb-first-last": [peaks[0], peaks[-1]] if peaks else None,
@@ -163,14 +174,53 @@ def pollen_run(
     }
 
 
+ROLES = (
+    ("flower-superlink", "superlink"),
+    ("flower-supernode", "supernode"),
+    ("client.worker", "worker"),
+    ("pollen.app_runner", "app-runner"),
+    ("flower-superexec", "app-runner"),
+    ("pollen-clientapp", "clientapp"),
+    ("flwr-clientapp", "clientapp"),
+    ("flwr-serverapp", "serverapp"),
+    ("pollen.cli", "launcher"),
+)
+"""What a process of a deployed run is, by a piece of its command line (first match)."""
+
+
+def _role(pid: int) -> str:
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return "other"
+    return next((role for key, role in ROLES if key in cmd), "other")
+
+
+def _pss_kb(pid: int) -> int:
+    """Proportional set size: shared pages divided among the processes sharing them."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 class TreeMemory:
     """The peak, over a run, of the summed resident memory of a process and all its
     descendants (Ray's workers included), sampled every `every` seconds from /proc (Linux;
-    None elsewhere). Shared pages count once per process, as `ps` shows them."""
+    None elsewhere). Shared pages count once per process, as `ps` shows them. With `roles`,
+    also the proportional set size (shared pages divided among their processes: what the
+    machine holds) and, per role (ROLES), the peak of its processes' summed resident memory,
+    the largest single process and how many there were at most."""
 
-    def __init__(self, root: int, every: float = 0.2) -> None:
-        self.root, self.every = root, every
+    def __init__(self, root: int, every: float = 0.2, roles: bool = False) -> None:
+        self.root, self.every, self.roles = root, every, roles
         self.peak_mb: float | None = None
+        self.peak_pss_mb: float | None = None
+        self.by_role: dict[str, dict[str, float]] = {}
+        self._names: dict[int, str] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -196,17 +246,33 @@ class TreeMemory:
                 except (OSError, ValueError, IndexError):
                     continue
                 children.setdefault(ppid, []).append(int(entry.name))
-            total, todo = 0, [self.root]
+            total, pss, todo = 0, 0, [self.root]
+            roles: dict[str, list[int]] = {}
             while todo:
                 pid = todo.pop()
                 todo.extend(children.get(pid, []))
                 try:
-                    total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+                    rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
                 except (OSError, ValueError, IndexError):
                     continue
+                total += rss
+                if self.roles:
+                    pss += _pss_kb(pid) * 1024
+                    if pid not in self._names:
+                        self._names[pid] = _role(pid)
+                    roles.setdefault(self._names[pid], []).append(rss)
             mb = round(total / 2**20, 1)
             if self.peak_mb is None or mb > self.peak_mb:
                 self.peak_mb = mb
+            if self.roles:
+                pss_mb = round(pss / 2**20, 1)
+                if self.peak_pss_mb is None or pss_mb > self.peak_pss_mb:
+                    self.peak_pss_mb = pss_mb
+                for role, sizes in roles.items():
+                    seen = self.by_role.setdefault(role, {"sum-mb": 0.0, "max-mb": 0.0, "n": 0})
+                    seen["sum-mb"] = max(seen["sum-mb"], round(sum(sizes) / 2**20, 1))
+                    seen["max-mb"] = max(seen["max-mb"], round(max(sizes) / 2**20, 1))
+                    seen["n"] = max(seen["n"], len(sizes))
             self._stop.wait(self.every)
 
 
@@ -363,6 +429,68 @@ def part_resident(args: argparse.Namespace, work: Path, cache: Path) -> dict[str
         f"{long.get('client', {}).get('relay-peak-rss-mb')} MB"
     )
     return {"poll": rows, "memory": long}
+
+
+def part_nodes(args: argparse.Namespace, work: Path, cache: Path) -> dict[str, Any]:
+    """`pollen deploy` with 2, 4, 8, 16 ... SuperNodes on this machine (--node-counts; a count
+    given twice runs twice), FedAvg on digits, one after the other: seconds per warm round
+    (median of the rounds after the first), wall time, the peak of the whole process tree's
+    memory (resident, and proportional: shared pages divided among the processes) and that
+    peak per node, memory by role, resent instructions, and what Flower's processes logged
+    about lost messages. --node-extra adds options (e.g. `--worker-per-node`)."""
+    rows = []
+    for i, n in enumerate(args.node_counts):
+        out = work / f"nodes-{n}-{i}"
+        row = pollen_run(
+            "deploy", "fedavg", n, args.rounds, out, cache,
+            ["--dataset", "digits", "--set", "final-eval=false", *args.node_extra],
+            client_timing=False, roles=True,
+        )  # fmt: skip
+        row["ok"] = "error" not in row
+        for key in ("tree-peak-rss-mb", "tree-peak-pss-mb"):
+            if row.get(key):
+                row[key.replace("tree-peak", "per-node")] = round(row[key] / n, 1)
+        row.update(_lost_and_resent(out))
+        rows.append(row)
+        roles = ", ".join(
+            f"{r} {v['sum-mb']:.0f} MB ({v['n']:g} x <= {v['max-mb']:.0f})"
+            for r, v in sorted(row.get("roles", {}).items())
+        )
+        _say(
+            f"nodes     {n:3d} SuperNodes: {'ok' if row['ok'] else 'FAILED'}, "
+            f"{row.get('round-seconds', '-')} s/warm round, wall {row.get('wall-seconds')} s, "
+            f"peak RSS {row.get('tree-peak-rss-mb')} MB ({row.get('per-node-rss-mb')} per "
+            f"node), PSS {row.get('tree-peak-pss-mb')} MB ({row.get('per-node-pss-mb')} per "
+            f"node); resent {row['resent']}, 'database is locked' {row['database-locked']}"
+            + (f"; error: {row['error'][-300:]}" if "error" in row else "")
+        )
+        _say(f"nodes     {n:3d} by role: {roles}")
+    return {"rows": rows}
+
+
+def _lost_and_resent(out: Path) -> dict[str, Any]:
+    """From a deployed run's directory: instructions sent again, the SuperLink's
+    'database is locked' errors and the SuperNodes' failed sends."""
+
+    def count(paths: Sequence[Path], text: str) -> int:
+        total = 0
+        for path in paths:
+            with contextlib.suppress(OSError):
+                total += path.read_text(errors="replace").count(text)
+        return total
+
+    resent = 0
+    with contextlib.suppress(OSError):
+        for line in (out / "events.jsonl").read_text().splitlines():
+            event = json.loads(line)
+            if event.get("event") == "resend":
+                resent += len(event.get("nodes", []))
+    procs = out / "processes"
+    return {
+        "resent": resent,
+        "database-locked": count([procs / "superlink.log"], "database is locked"),
+        "failed-sends": count(sorted(procs.glob("supernode-*.log")), "Failed to send message"),
+    }
 
 
 # ---- the other parts --------------------------------------------------------------------------
@@ -565,6 +693,7 @@ PARTS: dict[str, Callable[[argparse.Namespace, Path, Path], dict[str, Any]]] = {
     "scaling": part_scaling,
     "resident": part_resident,
     "robust": part_robust,
+    "nodes": part_nodes,
 }
 
 
@@ -588,6 +717,14 @@ def main() -> int:
     parser.add_argument("--algorithms", type=lambda s: s.split(","), default=None)
     parser.add_argument("--deploy-clients", type=_ints, default=_ints("2,4,8"))
     parser.add_argument("--scaling-rounds", type=int, default=3)
+    parser.add_argument(
+        "--node-counts", type=_ints, default=_ints("2,4,8,16,32"),
+        help="nodes: SuperNodes of each deployment, in order (a count twice: two tries)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--node-extra", type=lambda s: s.split(), default=[],
+        help="nodes: more options of each `pollen deploy`, e.g. '--worker-per-node'",
+    )  # fmt: skip
     parser.add_argument(
         "--scale-clients", type=_ints, default=_ints("100,1000,10000"),
         help="scaling: simulated client counts (mnist-5k up to 5,000; FedEM's synthetic data "

@@ -50,6 +50,11 @@ SOCKET_ENV = "POLLEN_WORKER_SOCKET"
 """Environment variable naming the node's worker socket; set for the SuperNode and inherited by
 its ClientApp processes."""
 
+KEEP_ENV = "POLLEN_WORKER_KEEP"
+"""Environment variable: the partitions a worker keeps in memory. A worker shared by the nodes of
+one machine (`pollen deploy`) keeps one per node; a node's ClientApps inherit it, so a worker
+one of them starts again keeps as many."""
+
 START_TIMEOUT = 120.0
 """Seconds a relay waits for a worker it started to listen (import torch, read the partition)."""
 
@@ -142,6 +147,14 @@ def owner_alive(sock: Path) -> bool:
     finally:
         os.close(fd)  # (releases the lock if it was taken)
     return False
+
+
+def kept_partitions() -> int:
+    """The partitions a worker keeps (KEEP_ENV; 2 when unset or not a count)."""
+    try:
+        return max(1, int(os.environ.get(KEEP_ENV, "2")))
+    except ValueError:
+        return 2
 
 
 def worker_argv(sock: Path) -> list[str]:

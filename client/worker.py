@@ -75,7 +75,7 @@ class Worker:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(str(tmp))
         os.chmod(tmp, 0o600)
-        listener.listen(16)
+        listener.listen(128)  # a worker shared by a machine's nodes: all may relay at once
         listener.settimeout(ACCEPT_TIMEOUT)
         os.replace(tmp, self.sock)
         self.listener = listener
@@ -157,6 +157,13 @@ class Worker:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m client.worker", description=__doc__)
     parser.add_argument("--socket", required=True, help="the node's worker socket")
+    parser.add_argument(
+        "--keep",
+        type=int,
+        default=relay.kept_partitions(),
+        help="partitions kept in memory (a worker shared by N nodes keeps N; default "
+        f"${relay.KEEP_ENV} or 2)",
+    )
     args = parser.parse_args(argv)
     sock = Path(args.socket)
     if not relay.owner_alive(sock):
@@ -169,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     started = time.perf_counter()
     device = _warm_up()
-    client_env.keep_data_resident()
+    client_env.keep_data_resident(max(1, args.keep))
     worker = Worker(sock)
     worker.listen()
     _say(f"serving {sock} on {device} (ready in {time.perf_counter() - started:.1f} s)")

@@ -91,10 +91,15 @@ RUN_FLAGS = (
 """Flags that set a run setting: (flag, setting)."""
 
 
-def resolve_run_settings(args: argparse.Namespace, local: bool = True) -> dict[str, Scalar]:
+def resolve_run_settings(
+    args: argparse.Namespace, local: bool = True, require_all: bool = True
+) -> dict[str, Scalar]:
     """Settings of a new or resumed run, every value checked before anything starts, and the
     results directory checked (and, for a resume, its checkpoint) before anything is written.
-    `local`: the clients run on this machine (deploy, simulate), so its devices count."""
+    `local`: the clients run on this machine (deploy, simulate), so its devices count.
+    `require_all`: min-available-clients defaults to every client; otherwise to the setting's
+    own default (the run waits for every client, but starts without those seen to be lost:
+    server.engine.Engine.wait_for_clients)."""
     _check_tensorboard(getattr(args, "tensorboard", None))
     overrides: dict[str, Any] = settings_mod.parse_assignments(args.set)
     declared = registry.all_settings()
@@ -146,7 +151,8 @@ def resolve_run_settings(args: argparse.Namespace, local: bool = True) -> dict[s
     resolved["out-dir"] = str(out.resolve())
     if not run.run_name:
         resolved["run-name"] = f"{out.name}-{int(time.time())}"
-    if "min-available-clients" not in overrides and "min-available-clients" not in base:
+    given = "min-available-clients" in overrides or "min-available-clients" in base
+    if require_all and not given:
         resolved["min-available-clients"] = run.num_clients
     if args.resume:
         _check_resumable(out, resolved)
@@ -268,7 +274,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     tls = TLS.from_dir(args.tls_dir) if args.tls_dir else None
     if args.auth and not tls:
         raise LaunchError("--auth (SuperNode authentication) needs TLS: give --tls-dir too")
-    resolved = resolve_run_settings(args)
+    # a SuperNode whose hello is lost for good (or that never starts) does not stop the run:
+    # `--set min-available-clients=N` requires N (docs/reliability.md#load)
+    resolved = resolve_run_settings(args, require_all=False)
     run = RunSettings.of(resolved)
     _one_client_per_node(run)
     out, n = Path(run.out_dir), run.num_clients
@@ -282,7 +290,13 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         restart_nodes=True,
         events=out / "events.jsonl",
         resident_workers=not args.no_worker,
+        # one worker for the machine's nodes unless each must see its own GPU
+        shared_worker=not (args.worker_per_node or gpus),
+        # never restarted by this command, and a resume starts a fresh one: nothing for a
+        # database file to keep, and no SQLite lock under many SuperNodes
+        superlink_database=Path(args.superlink_database) if args.superlink_database else False,
     )
+    fed.spread_task_polls(n + 1)  # the nodes' SuperExecs and the ServerApp's
     security = ("with TLS" if tls else "insecure") + (" and node authentication" if keys else "")
     print(
         f"Pollen deploy: {run.algorithm} on {run.dataset}, {n} clients, "
@@ -663,9 +677,13 @@ def _run_and_report(
     if fed.restart_log:
         _record_restarts(out / "summary.json", fed.restart_log)
     state = status.get("status", "unknown")
+    lost = fed.lost_messages()  # what Flower's processes logged about messages they lost
     if state != "finished:completed":
-        print(f"pollen: error: run {run_id} {_failure(out, status)}", file=sys.stderr)
+        cause = f"; {lost}" if lost else ""
+        print(f"pollen: error: run {run_id} {_failure(out, status)}{cause}", file=sys.stderr)
         return 1
+    if lost:
+        print(f"pollen: note: Flower lost messages on the way, and the run went on: {lost}")
     summary_path = out / "summary.json"
     if summary_path.exists():
         summary = json.loads(summary_path.read_text())
@@ -1277,6 +1295,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --attack: how many SuperNodes attack (the last K; default 1)",
     )
     _add_worker_option(p, "every SuperNode")
+    p.add_argument(
+        "--superlink-database",
+        metavar="FILE",
+        help="keep the SuperLink's state in this SQLite file (to inspect it afterwards) instead "
+        "of in memory; with many SuperNodes on one machine its lock loses messages "
+        "(docs/reliability.md#load)",
+    )
+    p.add_argument(
+        "--worker-per-node",
+        action="store_true",
+        help="a resident worker for each SuperNode (their messages handled in parallel, about "
+        "0.5 GB more per node) in place of one shared by all; always so with --gpus",
+    )
     p.set_defaults(func=cmd_deploy)
 
     p = _command(sub, "simulate", help="the same run on Flower's simulation runtime")

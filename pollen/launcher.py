@@ -236,6 +236,17 @@ class Federation:
     workers: list[Proc] = field(default_factory=list)
     """The workers started with the nodes: not part of a node, a worker that dies is started
     again by the node's next message (client.relay)."""
+    shared_worker: bool = False
+    """One resident worker for all the SuperNodes started here, in place of one each: torch and
+    the interpreter once per machine (about 0.5 GB less per node), the nodes' messages answered
+    one after another (on a machine with few cores the nodes' training competes for them
+    anyway). Every node's ClientApps relay to it; it keeps every node's partition."""
+    superlink_database: bool | Path = True
+    """The SuperLink keeps its state in an SQLite file (`--database`; True: superlink.db in the
+    work directory, or this path), so that a SuperLink this federation restarts keeps its runs
+    and node ids. False: Flower's in-memory state, which has no database lock for concurrent
+    SuperNodes to run into (docs/reliability.md#load)."""
+    _shared_socket: Path | None = None
     _owner_locks: list[tuple[Path, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -248,6 +259,19 @@ class Federation:
         # Flower's daemons start `flower-superexec` and app processes by name: same environment.
         bindir = str(Path(sys.executable).parent)
         self.env["PATH"] = os.pathsep.join([bindir, self.env.get("PATH", "")])
+
+    def spread_task_polls(self, nodes: int) -> None:
+        """Many SuperNodes on one machine: their SuperExecs poll for tasks every
+        TASK_POLL_INTERVAL x (nodes per core) seconds, not every TASK_POLL_INTERVAL. Each poll
+        is an HTTP request its SuperNode answers; 17 SuperExecs at 0.1 s kept 16 SuperNodes at
+        about 4 % of a core each while idle (2 cores), which slowed the ClientApp processes
+        past Flower's 30 s to start a task. An operator's own
+        FLWR_SUPEREXEC_TASK_POLL_INTERVAL is kept."""
+        if "FLWR_SUPEREXEC_TASK_POLL_INTERVAL" in os.environ:
+            return
+        per_core = nodes / max(1, os.cpu_count() or 1)
+        interval = float(TASK_POLL_INTERVAL) * max(1.0, per_core)
+        self.env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = f"{interval:g}"
 
     def sign_apps_with_new_key(self) -> None:
         """A key pair for this federation alone (`pollen deploy`): its submissions are signed
@@ -310,9 +334,11 @@ class Federation:
             "--port",
             str(http_port),
             "--disable-runtime-dependency-installation",
-            "--database",
-            str(self.workdir / "superlink.db"),
         ]
+        if self.superlink_database is True:
+            argv += ["--database", str(self.workdir / "superlink.db")]
+        elif self.superlink_database:
+            argv += ["--database", str(self.superlink_database)]
         if simulation:
             argv.append("--simulation")
         else:
@@ -366,7 +392,10 @@ class Federation:
         home = self.workdir / f"node-{partition_id}"
         # env_extra: this node's own variables, e.g. CUDA_VISIBLE_DEVICES (`pollen deploy --gpus`)
         env = dict(self.env, FLWR_HOME=str(home), **(env_extra or {}))
-        if self.resident_workers:
+        if self.resident_workers and self.shared_worker:
+            env[relay.SOCKET_ENV] = str(self._start_shared_worker(num_partitions))
+            env[relay.KEEP_ENV] = str(num_partitions)
+        elif self.resident_workers:
             try:
                 sock = relay.socket_path(str(home.resolve()))
             except relay.WorkerUnavailable as exc:
@@ -396,6 +425,23 @@ class Federation:
         procs = launch()
         self.started_nodes[partition_id] = Node(partition_id, launch, procs)
         return procs[0]
+
+    def _start_shared_worker(self, nodes: int) -> Path:
+        """The socket of the worker all nodes share, started with the first node."""
+        if self._shared_socket is not None:
+            return self._shared_socket
+        try:
+            sock = relay.socket_path(f"{self.workdir.resolve()}#shared")
+        except relay.WorkerUnavailable as exc:
+            raise LaunchError(f"cannot place the shared worker's socket: {exc}") from None
+        self._owner_locks.append((sock, relay.hold_owner_lock(sock)))
+        env = dict(self.env, **{relay.SOCKET_ENV: str(sock), relay.KEEP_ENV: str(nodes)})
+        worker = self.spawn(
+            "worker-shared", relay.worker_argv(sock), relay.worker_env(env, app_dir()), track=False
+        )
+        self.workers.append(worker)
+        self._shared_socket = sock
+        return sock
 
     def wait_health(self, url: str, proc: Proc, tls: TLS | None, timeout: float = 60) -> None:
         ctx = ssl.create_default_context(cafile=str(tls.ca_cert)) if tls else None
@@ -480,6 +526,7 @@ class Federation:
         for sock, fd in self._owner_locks:
             relay.release_owner_lock(sock, fd)
         self._owner_locks.clear()
+        self._shared_socket = None
         for proc in reversed(self.procs):
             if proc.popen.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -494,6 +541,27 @@ class Federation:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.popen.wait(timeout=5)
         self.procs.clear()
+
+    def lost_messages(self) -> str:
+        """One sentence on what Flower's processes here logged about messages they could not
+        deliver (the SuperLink's SQLite "database is locked", a SuperNode's "Failed to send
+        message"); empty when they logged none."""
+        parts = []
+        locked = _count_in(self.workdir / "superlink.log", "database is locked")
+        if locked:
+            parts.append(
+                f"the SuperLink logged {locked} 'database is locked' error(s) "
+                f"({self.workdir / 'superlink.log'})"
+            )
+        unsent = sorted(
+            i
+            for i in self.started_nodes
+            if _count_in(self.workdir / f"supernode-{i}.log", "Failed to send message")
+        )
+        if unsent:
+            shown = ", ".join(map(str, unsent))
+            parts.append(f"the SuperNodes of client(s) {shown} failed to send a reply")
+        return "; ".join(parts)
 
     # ---- the flwr CLI --------------------------------------------------------------------
     def write_connection(self, address: str, ca_cert: Path | None) -> None:
@@ -669,6 +737,15 @@ class Federation:
         if out.returncode == FLWR_TIMED_OUT:
             return f"(server log of run {run_id} unavailable: {out.stderr.strip()})\n"
         return out.stdout
+
+
+def _count_in(log: Path, text: str) -> int:
+    """How many lines of `log` contain `text` (0 for a log that cannot be read)."""
+    try:
+        with open(log, errors="replace") as fh:
+            return sum(text in line for line in fh)
+    except OSError:
+        return 0
 
 
 def _key_digest(public_key: Path) -> str:

@@ -453,6 +453,16 @@ class Progress:
                 f"{ev.get('client')}, which live node {ev.get('holder')} holds; refused",
                 style="yellow",
             )
+        elif kind == "clients-missing":
+            view.line(f"starting with {ev.get('reason', '')}", style="yellow")
+        elif kind == "resend":
+            who = ev.get("clients")
+            whom = f"clients {who}" if who is not None else f"nodes {ev.get('nodes')}"
+            view.line(
+                f"{state.label(rnd or state.round)} {ev.get('phase')}: no reply after "
+                f"{ev.get('after')} s; sent again to {whom}",
+                style="yellow",
+            )
         elif kind == "node-restarted":
             view.line(
                 f"SuperNode of client {ev.get('client')} restarted (it exited with code "

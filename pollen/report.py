@@ -67,6 +67,7 @@ HOW_IT_RAN = frozenset(
         "device",
         "poll-interval",
         "phase-timeout",
+        "resend-limit",
         "wait-for-clients",
         "simulation-nodes",
         "client-timing",

@@ -268,6 +268,15 @@ class RunSettings(SettingsGroup):
     phase_timeout: float = setting(
         600.0, "seconds a phase waits for replies (stragglers are dropped)", minimum=0.1
     )
+    resend_limit: int = setting(
+        2,
+        "times an unanswered instruction that is safe to repeat (the hello, and every phase "
+        "whose reply the client recomputes from its stored state) is sent again within its "
+        "phase, each after a deadline that grows with how long the phase's other replies took; "
+        "0: never",
+        minimum=0,
+        maximum=10,
+    )
     poll_interval: float = setting(
         1.0,
         "longest wait between reply polls (polling starts at 5 ms and backs off)",

@@ -114,6 +114,7 @@ RESUMABLE_CHANGES = frozenset(
         "num-rounds",
         "resume",
         "phase-timeout",
+        "resend-limit",
         "poll-interval",
         "wait-for-clients",
         "out-dir",

@@ -21,8 +21,9 @@ import resource
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
+from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -36,9 +37,33 @@ from server.results import ResultsWriter, brief
 from strategies.base import ClientInfo, Fold, InvalidReply, Strategy, Validator
 
 log = logging.getLogger("flwr.pollen")
+_T = TypeVar("_T")
 
 WAITING_NAMED = 5
 """A `phase-progress` event names the clients still awaited when at most this many are."""
+
+RESEND_FLOOR = 10.0
+"""Least seconds before an unanswered instruction is sent again (a deployed exchange takes 3-6 s
+at best: the SuperNode pulls every 3 s)."""
+RESEND_FACTOR = 2.0
+"""An instruction is sent again once it has waited this many times the phase's typical reply
+time (the time by which half of its messages were answered)."""
+
+GRID_RETRIES = 5
+"""Consecutive failures of one Grid call (push, pull, list nodes) taken for transient: Flower's
+SuperLink answers HTTP 500 while its SQLite database is locked (`--database`, many SuperNodes on
+a loaded machine). The call is made again after GRID_RETRY_WAIT seconds; the next failure is
+raised. Repeating them is safe: a pull or a listing reads, and an instruction pushed twice is
+answered twice, of which the engine uses the first reply it knows."""
+GRID_RETRY_WAIT = 2.0
+
+NOT_REPEATABLE: dict[str, str] = {}
+"""Message types that are never sent twice within a phase, with the reason. Every other one is
+safe to repeat: the hello reads only the partition's sizes, and every phase's handler computes
+its reply from the instruction, the client's state stored before the round
+(client.state.StateStore.load) and seeds fixed by run, client and round, so a second answer
+equals the first (tests/server/test_resend.py checks this for every algorithm and phase). A
+phase listed here waits for its reply up to phase-timeout, as before."""
 
 
 class PhaseFailed(RuntimeError):
@@ -77,6 +102,9 @@ class Engine:
         self._silent: set[int] = set()  # nodes whose last instruction went unanswered
         self._replaced: set[int] = set()  # silent nodes whose client has restarted elsewhere
         self._refused: dict[int, int] = {}  # node -> the client it claimed from a live holder
+        self._unanswered: dict[int, int] = {}  # node -> hellos sent that it never answered
+        self._gave_up: dict[int, int] = {}  # node -> the round its hello was last given up in
+        self._typical: dict[str, float] = {}  # message type -> last phase's typical reply time
         self._phases: list[dict[str, Any]] = []
 
     # ---- what strategies use -------------------------------------------------------------
@@ -150,14 +178,7 @@ class Engine:
                 content = protocol.pack(batch)
             else:
                 (content,) = batch.values()  # a node of one client
-            messages.append(
-                Message(
-                    content,
-                    dst_node_id=node_id,
-                    message_type=message_type,
-                    group_id=str(self.server_round),
-                )
-            )
+            messages.append(self._message(content, node_id, message_type))
         self.results.event(
             "phase-start",
             round=self.server_round,
@@ -166,12 +187,16 @@ class Engine:
             messages=len(messages),
         )
         pushed = self.clock()
-        message_ids = list(self.grid.push_messages(messages))
+        message_ids = self._grid("push", lambda: list(self.grid.push_messages(messages)))
         push_seconds = self.clock() - pushed
-        by_message: dict[str, int] = {}
+        by_message: dict[str, int] = {}  # message id -> its node (a resent one: two ids)
         for mid, msg in zip(message_ids, messages, strict=True):
             by_message[mid] = msg.metadata.dst_node_id
         pending = set(by_message)
+        # an unanswered instruction that is safe to repeat is sent again (a reply lost on its
+        # way, e.g. to the SuperLink's "database is locked"); of its replies the first is used
+        repeat = 0 if message_type in NOT_REPEATABLE else self.run_settings.resend_limit
+        sent = _Sends(messages, message_ids, pushed)
         replies: list[Reply] = []
         failures: dict[int, str] = {}
         order = sorted(payloads) if fold is not None else []
@@ -196,12 +221,14 @@ class Engine:
         poll = self.run_settings.poll_interval
         reported = -1
         while pending:
-            for msg in self.grid.pull_messages(list(pending)):
+            pulled = self._grid("pull", partial(_pull, self.grid, list(pending)))
+            for msg in pulled:
                 mid = msg.metadata.reply_to_message_id
                 if mid not in pending:
-                    continue  # not a reply to this phase: ignore, never mix phases
-                pending.discard(mid)
+                    continue  # not a reply to this phase (or a node's second): never mixed in
                 node_id = by_message[mid]
+                pending.difference_update(sent.ids[node_id])  # its first reply is the one used
+                sent.answered(node_id, self.clock())
                 self._silent.discard(node_id)
                 keys = list(batches[node_id])
                 if msg.has_error():
@@ -249,16 +276,45 @@ class Engine:
                 break
             if self.clock() >= deadline:
                 break
+            after = self._resend_after(message_type, sent) if repeat and sent.waiting else None
+            if after is not None:
+                again = sent.due(self.clock(), after, repeat)
+                if again:
+                    push_seconds += self._resend(message_type, again, after, sent, batches)
+                    for node_id in again:
+                        by_message[sent.ids[node_id][-1]] = node_id
+                        pending.add(sent.ids[node_id][-1])
+                elif hello and sent.lost(self.clock(), after, repeat):
+                    break  # every node left was asked repeat + 1 times: greeted again later
             # poll fast first (in-memory simulation answers in milliseconds), then back off in
             # proportion to the time already waited: a reply is picked up at most ~25% late
             # (doubling waits picked it up up to 100% late: 0.5 s instead of 0.25 s per round)
             wait = min(poll, max(0.005, 0.25 * (self.clock() - started)))
             self.sleep(min(wait, max(0.0, deadline - self.clock())))
         timeout = self.run_settings.phase_timeout
+        waited = self.clock() - started
         for mid in pending:
-            for key in batches[by_message[mid]]:
-                failures[key] = f"no reply within {timeout:g} s"
-            self._silent.add(by_message[mid])
+            node_id = by_message[mid]
+            times = len(sent.ids[node_id])
+            if hello and waited < timeout:
+                reason = f"no reply to {times} hellos in {waited:.0f} s"
+            else:
+                reason = f"no reply within {timeout:g} s"
+            for key in batches[node_id]:
+                failures[key] = reason
+            self._silent.add(node_id)
+        if hello:
+            for node_id in sent.ids:
+                self._gave_up.pop(node_id, None)
+                if node_id not in sent.waiting:
+                    self._unanswered.pop(node_id, None)
+                    continue
+                self._unanswered[node_id] = len(sent.ids[node_id])
+                if repeat and len(sent.ids[node_id]) > repeat:  # greeted again next round
+                    self._gave_up[node_id] = self.server_round
+        typical = sent.typical()
+        if typical is not None:
+            self._typical[message_type] = typical
         if fold is not None:
             release()  # every client is settled now
         for key, reason in sorted(failures.items()):
@@ -274,6 +330,8 @@ class Engine:
             "seconds": round(seconds, 4),
             # Flower serializing the instructions and handing them to the SuperLink
             "push-seconds": round(push_seconds, 4),
+            # instructions sent again for want of a reply (by client; the hello: by node)
+            **({"resent": sent.resent(batches)} if sent.resends else {}),
             "bytes-sent": bytes_sent,
             "bytes-received": bytes_received,
         }
@@ -292,6 +350,80 @@ class Engine:
         # in client order, not arrival order: strategies sum replies in the order given, and
         # float sums in a different order differ in the last bits, which training amplifies
         return sorted(replies, key=lambda r: (r.key, r.node_id)), failures
+
+    def _grid(self, what: str, call: Callable[[], _T]) -> _T:
+        """`call()`, made again after a failure up to GRID_RETRIES times in a row."""
+        for attempt in range(GRID_RETRIES + 1):
+            try:
+                return call()
+            except Exception as exc:
+                if attempt == GRID_RETRIES:
+                    raise
+                log.warning(
+                    "round %s: %s failed (%s); trying again in %g s",
+                    self.server_round,
+                    what,
+                    brief(f"{type(exc).__name__}: {exc}"),
+                    GRID_RETRY_WAIT,
+                )
+                self.results.event("grid-retry", round=self.server_round, call=what)
+                self.sleep(GRID_RETRY_WAIT)
+        raise AssertionError("unreachable")
+
+    def _message(self, content: RecordDict, node_id: int, message_type: str) -> Message:
+        return Message(
+            content, dst_node_id=node_id, message_type=message_type, group_id=str(self.server_round)
+        )
+
+    def _resend_after(self, message_type: str, sent: _Sends) -> float | None:
+        """Seconds an instruction waits for its reply before it is sent again: RESEND_FACTOR
+        times the phase's typical reply time (that of the earlier phase of this type until half
+        of this one's messages are answered), at least RESEND_FLOOR. A loaded machine answers
+        slowly and so waits longer before asking again. None (no resend yet) with nothing to
+        go by: a phase none of whose replies came may be slow, not lost, and sending it all
+        again would only add to the load (a SuperNode starts a ClientApp process for every
+        instruction it holds, even while an earlier one runs)."""
+        typical = sent.typical()
+        if typical is None:
+            typical = self._typical.get(message_type)
+        if typical is None:
+            return None
+        return max(RESEND_FLOOR, RESEND_FACTOR * typical)
+
+    def _resend(
+        self,
+        message_type: str,
+        nodes: Sequence[int],
+        after: float,
+        sent: _Sends,
+        batches: Mapping[int, Mapping[int, RecordDict]],
+    ) -> float:
+        """Send `nodes` their instruction again; returns the seconds the push took."""
+        messages = [self._message(sent.content[n], n, message_type) for n in nodes]
+        pushed = self.clock()
+        ids = self._grid("push", lambda: list(self.grid.push_messages(messages)))
+        took = self.clock() - pushed
+        for node_id, mid in zip(nodes, ids, strict=True):
+            sent.again(node_id, mid, self.clock())
+        clients = sorted(k for n in nodes for k in batches[n])
+        who = "nodes" if message_type == HELLO else "clients"
+        log.warning(
+            "round %s %s: no reply after %.0f s; sent again to %s %s",
+            self.server_round,
+            message_type,
+            after,
+            who,
+            list(nodes) if message_type == HELLO else clients,
+        )
+        self.results.event(
+            "resend",
+            round=self.server_round,
+            phase=message_type,
+            nodes=list(nodes),
+            **({} if message_type == HELLO else {"clients": clients}),
+            after=round(after, 1),
+        )
+        return took
 
     def _parts(
         self, content: RecordDict, node_id: int, keys: Sequence[int], hello: bool
@@ -390,9 +522,9 @@ class Engine:
             if info is not None and info.node_id == node_id:
                 del self._clients[cid]
 
-    def discover(self) -> None:
-        """Greet nodes not seen before; drop nodes that left."""
-        online = set(self.grid.get_node_ids())
+    def discover(self) -> set[int]:
+        """Greet nodes not seen before; drop nodes that left. Returns the nodes online."""
+        online = self._grid("list nodes", lambda: set(self.grid.get_node_ids()))
         for node_id in list(self._node_cids):
             if node_id not in online:
                 self._forget_node(node_id)
@@ -401,9 +533,14 @@ class Engine:
         self._refused = {
             n: c for n, c in self._refused.items() if n in online and self._held_live(c, online)
         }
-        new = sorted(online - set(self._node_cids) - self._replaced - set(self._refused))
+        self._unanswered = {n: k for n, k in self._unanswered.items() if n in online}
+        # a node whose hello went unanswered after every resend is greeted again next round
+        # (each greeting blocks the round until it is answered or given up)
+        later = {n for n, r in self._gave_up.items() if r == self.server_round and n in online}
+        known = set(self._node_cids) | self._replaced | set(self._refused) | later
+        new = sorted(online - known)
         if not new:
-            return
+            return online
         hello = {n: protocol.instruction(self.server_round, HELLO) for n in new}
         replies, _ = self._exchange(HELLO, hello, self._check_hello, hello=True)
         for node_id, _key, content in replies:  # of simultaneous claims, the lowest node id
@@ -444,6 +581,7 @@ class Engine:
             )
             self._node_cids.setdefault(node_id, []).append(cid)
         self.results.event("clients", round=self.server_round, clients=sorted(self._clients))
+        return online
 
     def _held_live(self, cid: int, online: set[int]) -> bool:
         """Whether a node that is online and answered its last instruction holds `cid`."""
@@ -464,15 +602,36 @@ class Engine:
                 raise InvalidReply(f"hello without a count {key}") from None
 
     def wait_for_clients(self) -> None:
+        """Wait until every client of the run is connected. Once at least min-available-clients
+        are, the run starts without the others as soon as they are seen to be lost (as many
+        nodes are online as the run has clients, and each that is no client yet left its hello
+        unanswered resend-limit + 1 times), or when wait-for-clients is over; one line (log and
+        event `clients-missing`) names who is missing and why. Fewer than min-available-clients
+        when wait-for-clients is over: PhaseFailed with the same line."""
         need = self.run_settings.min_available_clients
+        want = self.run_settings.num_clients
         deadline = self.clock() + self.run_settings.wait_for_clients
         said = -1
         while True:
-            self.discover()
-            if len(self._clients) >= need:
+            online = self.discover()
+            have = len(self._clients)
+            if have >= want:
                 return
-            if len(self._clients) != said:  # what the run waits for, each time it changes
-                said = len(self._clients)
+            over = self.clock() >= deadline
+            if have >= need and (over or self._others_lost(online, want)):
+                reason = self._missing(online, want)
+                log.warning("round %s: starting with %s", self.server_round, reason)
+                self.results.event(
+                    "clients-missing",
+                    round=self.server_round,
+                    connected=have,
+                    total=want,
+                    missing=sorted(set(range(want)) - set(self._clients)),
+                    reason=reason,
+                )
+                return
+            if have != said:  # what the run waits for, each time it changes
+                said = have
                 self.results.event(
                     "waiting-for-clients",
                     round=self.server_round,
@@ -480,12 +639,48 @@ class Engine:
                     needed=need,
                     timeout=self.run_settings.wait_for_clients,
                 )
-            if self.clock() >= deadline:
+            if over:
                 raise PhaseFailed(
-                    f"only {len(self._clients)} of the {need} required clients connected within "
-                    f"{self.run_settings.wait_for_clients:g} s"
+                    f"only {have} of the {need} required clients connected within "
+                    f"{self.run_settings.wait_for_clients:g} s: {self._missing(online, want)}"
                 )
             self.sleep(min(1.0, self.run_settings.poll_interval))
+
+    def _others_lost(self, online: set[int], want: int) -> bool:
+        """Every node that could serve a missing client is online and left its hello
+        unanswered after every resend (one client per node: a packed simulation node hosts
+        several, and its clients are never taken for lost)."""
+        if self._packed or len(online) < want or not self.run_settings.resend_limit:
+            return False
+        limit = self.run_settings.resend_limit + 1
+        return all(
+            n in self._node_cids or n in self._refused or n in self._replaced
+            or self._unanswered.get(n, 0) >= limit
+            for n in online
+        )  # fmt: skip
+
+    def _missing(self, online: set[int], want: int) -> str:
+        """One line: how many clients are connected, which are missing and what is known of
+        why (nodes that never answered their hello, SuperNodes that never connected)."""
+        have = len(self._clients)
+        missing = sorted(set(range(want)) - set(self._clients))
+        shown = ", ".join(map(str, missing[:20])) + (", ..." if len(missing) > 20 else "")
+        why = []
+        silent = sorted(n for n in online if n in self._unanswered and n not in self._node_cids)
+        if silent:
+            asked = ", ".join(f"node {n} asked {_times(self._unanswered[n])}" for n in silent[:5])
+            more = f" and {len(silent) - 5} more" if len(silent) > 5 else ""
+            why.append(
+                f"{len(silent)} connected node(s) never answered the hello ({asked}{more}; a "
+                "reply lost on its way, e.g. to the SuperLink's 'database is locked', or a node "
+                "too busy to answer)"
+            )
+        absent = want - len(online) if not self._packed else 0
+        if absent > 0:
+            why.append(f"{absent} SuperNode(s) not connected to the SuperLink")
+        return f"{have} of {want} clients; missing: client(s) {shown}" + (
+            f" ({'; '.join(why)})" if why else ""
+        )
 
     # ---- the run -------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -612,6 +807,63 @@ def threat_summary(settings: Mapping[str, Scalar]) -> dict[str, Any]:
         out["attack"] = {"clients": list(attack.ids()), "kind": attack.kind,
                          "simulated": True}  # fmt: skip
     return out
+
+
+def _times(count: int) -> str:
+    return "once" if count == 1 else f"{count} times"
+
+
+def _pull(grid: Grid, message_ids: list[str]) -> list[Message]:
+    return list(grid.pull_messages(message_ids))
+
+
+class _Sends:
+    """The instructions of one phase by node: their message ids (the first send's, then each
+    resend's), when each node was last sent one, and the reply times of the nodes answered."""
+
+    def __init__(self, messages: Sequence[Message], ids: Sequence[str], at: float) -> None:
+        self.started = at
+        self.content = {m.metadata.dst_node_id: m.content for m in messages}
+        self.ids: dict[int, list[str]] = {
+            m.metadata.dst_node_id: [mid] for m, mid in zip(messages, ids, strict=True)
+        }
+        self.last = dict.fromkeys(self.content, at)
+        self.waiting = set(self.content)
+        self.replied: list[float] = []  # seconds from the phase's push, in arrival order
+        self.resends = 0
+
+    def answered(self, node_id: int, now: float) -> None:
+        self.waiting.discard(node_id)
+        self.replied.append(now - self.started)
+
+    def again(self, node_id: int, mid: str, now: float) -> None:
+        self.ids[node_id].append(mid)
+        self.last[node_id] = now
+        self.resends += 1
+
+    def typical(self) -> float | None:
+        """When half of the phase's messages had been answered; None before."""
+        half = math.ceil(len(self.content) / 2)
+        return self.replied[half - 1] if len(self.replied) >= half else None
+
+    def due(self, now: float, after: float, limit: int) -> list[int]:
+        """The waiting nodes to send again now: `after` seconds since their last send, at most
+        `limit` resends."""
+        return sorted(
+            n for n in self.waiting if len(self.ids[n]) <= limit and now - self.last[n] >= after
+        )
+
+    def lost(self, now: float, after: float, limit: int) -> bool:
+        """Every waiting node was sent `limit` + 1 times and its last wait is over."""
+        return all(len(self.ids[n]) > limit and now - self.last[n] >= after for n in self.waiting)
+
+    def resent(self, batches: Mapping[int, Mapping[int, RecordDict]]) -> dict[str, int]:
+        return {
+            str(k): len(ids) - 1
+            for n, ids in sorted(self.ids.items())
+            if len(ids) > 1
+            for k in batches[n]
+        }
 
 
 def _part(content: RecordDict) -> RecordDict | str:

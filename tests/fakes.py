@@ -15,9 +15,11 @@ from torch import nn
 from server.local_grid import LocalGrid
 
 # A fault decides, per (node id, message), what happens instead of a normal answer:
-# return "drop" (never answered), "late" (answered, but the reply arrives only with the next
-# push, i.e. during the next phase), "error" (error reply), a RecordDict (replaces the
-# content), a function of the content (changes it), or None (answer normally).
+# return "drop" (never answered), "lost" (answered, and the reply lost on its way, as when the
+# SuperLink fails to store it: the client ran the handler), "late" (answered, but the reply
+# arrives only with the next push, i.e. during the next phase), "error" (error reply), a
+# RecordDict (replaces the content), a function of the content (changes it), or None (answer
+# normally).
 Fault = Callable[[int, Message, RecordDict | None], Any]
 
 
@@ -37,6 +39,7 @@ class FakeGrid(LocalGrid):
         # the reason of an injected "error" reply
         self.error_reason = "node unavailable (injected)"
         self.sent: list[tuple[int, str]] = []
+        self.lost: list[tuple[int, str]] = []  # (node, message type) of each reply lost
         self.faults: list[Fault] = []
         super().__init__(client_app, num_nodes, run_config, node_config)
 
@@ -70,6 +73,9 @@ class FakeGrid(LocalGrid):
                 self._replies[msg.metadata.message_id] = Message(
                     Error(code=2, reason=reason), reply_to=msg
                 )
+                continue
+            if action == "lost":
+                self.lost.append((node, msg.metadata.message_type))
                 continue
             if isinstance(action, RecordDict):
                 reply = Message(action, reply_to=msg)

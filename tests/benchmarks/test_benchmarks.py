@@ -64,3 +64,33 @@ def test_deploy_targets_compare_with_flower_and_the_floor(monkeypatch: Any) -> N
     missed = run._deploy_targets({**ours, "round-seconds": 6.0}, {"round-seconds": 12.0}, floor)
     assert not missed["ratio-met"] and not missed["floor-bound-met"]
     assert run._deploy_targets({"error": "x"}, {"round-seconds": 12.0}, floor) == {}
+
+
+def test_tree_memory_by_role_and_the_lost_messages_of_a_run(
+    monkeypatch: Any, tmp_path: Path
+) -> None:
+    """The nodes part's figures: a process tree's memory by role (a child that holds 64 MB of
+    its own shows up under its role and in the proportional total), and the resends and lost
+    messages read back from a deployed run's directory."""
+    import json
+    import subprocess
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    run = _load("run")
+    hold = "import time; b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(3)"
+    child = subprocess.Popen([sys.executable, "-c", hold, "client.worker"])
+    with run.TreeMemory(child.pid, every=0.1, roles=True) as memory:
+        child.wait(timeout=30)
+    assert memory.by_role["worker"]["n"] == 1 and memory.by_role["worker"]["max-mb"] >= 64
+    assert memory.peak_pss_mb is not None and memory.peak_pss_mb >= 64
+    assert memory.peak_mb is not None and memory.peak_mb >= memory.peak_pss_mb
+
+    procs = tmp_path / "processes"
+    procs.mkdir()
+    (procs / "superlink.log").write_text("x database is locked\ny database is locked\n")
+    (procs / "supernode-3.log").write_text("Failed to send message m: Internal server error\n")
+    events = [{"event": "resend", "nodes": [1, 2]}, {"event": "phase-end"}]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    assert run._lost_and_resent(tmp_path) == {
+        "resent": 2, "database-locked": 2, "failed-sends": 1,
+    }  # fmt: skip

@@ -122,6 +122,25 @@ def test_relayed_replies_equal_in_process_replies(
     assert _pid(node) == pid  # one worker served them all
 
 
+def test_one_worker_serves_the_nodes_that_share_it(
+    run_config: dict[str, Any], node: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`pollen deploy` gives all its SuperNodes one worker: messages of three clients,
+    interleaved, get the replies each client gets in-process, from one worker process."""
+    monkeypatch.setenv(relay.KEEP_ENV, "3")  # inherited by the worker the relay starts
+    cfg = {**run_config, "algorithm": "local"}
+    steps = [(t, r, c) for t, r in (("train", 1), ("train", 2), ("evaluate", 3)) for c in (0, 1, 2)]
+    relayed = [app(_message(t, r), _context(cfg, **{"partition-id": c})) for t, r, c in steps]
+    pid = _pid(node)
+    monkeypatch.delenv(relay.SOCKET_ENV)
+    local = {**cfg, "out-dir": str(tmp_path / "in-process")}
+    direct = [app(_message(t, r), _context(local, **{"partition-id": c})) for t, r, c in steps]
+    for a, b, step in zip(relayed, direct, steps, strict=True):
+        assert _plain(a.content) == _plain(b.content), step
+        assert a.content[protocol.ENVELOPE]["client-id"] == step[2]  # type: ignore[index]
+    assert _pid(node) == pid  # one worker served them all
+
+
 def test_a_worker_killed_between_messages_is_restarted_and_loses_nothing(
     run_config: dict[str, Any], node: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

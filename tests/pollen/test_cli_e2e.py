@@ -115,7 +115,9 @@ def test_deploy_exits_nonzero_when_the_run_fails(tmp_path: Path, shared_cache: P
     assert done.returncode == 1, done.stdout + done.stderr
     # one readable line: the run's reason and where the full log is
     [error] = [line for line in done.stderr.splitlines() if line.startswith("pollen: error:")]
-    assert "failed: PhaseFailed: only 0 of the 2 required clients connected within 2 s" in error
+    # deploy requires one client unless told (min-available-clients), and names the missing
+    assert "failed: PhaseFailed: only 0 of the 1 required clients connected within 2 s" in error
+    assert "missing: client(s) 0, 1" in error
     assert f"(full log: {out / 'server.log'})" in error
     assert "Traceback" not in done.stderr
     summary = json.loads((out / "summary.json").read_text())

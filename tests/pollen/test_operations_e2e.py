@@ -226,7 +226,8 @@ def test_deploy_a_killed_worker_is_replaced_and_the_results_are_unchanged(
     new worker (or its ClientApp answers itself), the run completes, and every reply and the
     final model equal a run without resident workers."""
     out = tmp_path / "run"
-    proc = _deploy_fedem(out, shared_cache, tmp_path / "home")
+    # a worker for each node (deploy's default is one shared by all its nodes)
+    proc = _deploy_fedem(out, shared_cache, tmp_path / "home", "--worker-per-node")
     try:
         _wait("round 2 training", _started(out, 2, "train"))
         pid = _worker_pid(out, 2)

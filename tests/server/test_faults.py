@@ -57,7 +57,9 @@ def test_a_restarted_node_takes_over_from_its_silent_predecessor(
     # round 3 greeted the new node only, and client 2 trained there
     assert [p["phase"] for p in rows[2]["phases"]] == ["query.hello", "train"]
     assert (202, "train") in grid.sent
-    assert [t for n, t in grid.sent if n == 102] == ["query.hello", "train", "train"]
+    # round 2's train instruction was sent again (resend-limit times) before the phase gave up
+    resent = ["train"] * int(cfg["resend-limit"])
+    assert [t for n, t in grid.sent if n == 102] == ["query.hello", "train", "train", *resent]
     # the restarted client went on from the state it had written before the crash
     assert at_crash == {"state-000001.npz": at_crash["state-000001.npz"]}
     saved = StateStore(state_dir).load(before_round=4)
@@ -124,7 +126,8 @@ def test_of_two_live_nodes_claiming_one_client_the_first_keeps_it(
     sent = {node: [t for n, t in grid.sent if n == node] for node in (102, 201, 202)}
     assert sent[201] == ["query.hello"]
     assert sent[202] == ["query.hello", "query.hello", "train", "evaluate"]
-    assert sent[102] == ["query.hello", "train", "train", "train"]
+    resent = ["train"] * int(cfg["resend-limit"])  # round 3's, before the phase gave up
+    assert sent[102] == ["query.hello", "train", "train", "train", *resent]
     refused = [e for e in read_jsonl(out / "events.jsonl") if e["event"] == "client-refused"]
     assert [(e["round"], e["client"], e["node"], e["holder"]) for e in refused] == [
         (1, 1, 201, 101),

@@ -32,7 +32,9 @@ def test_a_late_reply_is_never_mixed_into_a_later_phase_or_round(
 
     def settings(tag: str) -> dict[str, Any]:
         cfg = _settings(run_config, algorithm, f"{tag}-{phase}")
-        return {**cfg, "num-rounds": 2, "final-eval": False}
+        # no resends: this grid hands a late reply over at the next push, which a resend would
+        # make happen inside the phase (tests/server/test_resend.py covers resends)
+        return {**cfg, "num-rounds": 2, "final-eval": False, "resend-limit": 0}
 
     silent_cfg, late_cfg = settings("silent"), settings("late")
     silent, silent_summary = _run(silent_cfg, fault("drop"))
