@@ -275,22 +275,30 @@ def figure(table: Mapping[str, Any], path: Path) -> None:
     panels: dict[tuple[str, str], dict[str, dict[int, float]]] = {}
     for key, cell in table.items():
         alg, part, size, rule = key.split("/")
+        if rule not in RULES:  # a rule sized below the attackers: in the tables only
+            continue
         panels.setdefault((alg, part), {}).setdefault(rule, {})[int(size[1:])] = cell["worst"]
     names = sorted(panels)
+    colour = {rule: plt.get_cmap("tab10")(i) for i, rule in enumerate(RULES)}
     cols = min(3, len(names))
     rows_ = -(-len(names) // cols)
     fig, axes = plt.subplots(rows_, cols, figsize=(4.2 * cols, 3.4 * rows_), squeeze=False)
     for ax, name in zip(axes.flat, names, strict=False):
-        for rule, points in sorted(panels[name].items()):
+        for rule in RULES:
+            points = panels[name].get(rule)
+            if not points:
+                continue
             fs = sorted(points)
-            ax.plot(fs, [points[f] for f in fs], marker="o", label=rule)
+            ax.plot(fs, [points[f] for f in fs], marker="o", color=colour[rule], label=rule)
         ax.set_title(f"{name[0]}, {name[1]}")
         ax.set_xlabel("attackers f (10 honest)")
         ax.set_ylabel("worst-case test accuracy")
+        ax.set_xticks(range(4))
         ax.set_ylim(0, 1)
     for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
+    handles = [plt.Line2D([], [], color=colour[r], marker="o", label=r) for r in RULES]
+    fig.legend(handles=handles, loc="lower right", fontsize=9, title="rule (f = 0: clean)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
