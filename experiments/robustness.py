@@ -27,17 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ATTACKS = (
-    "sign-flip",
-    "gaussian",
-    "model-replacement",
-    "label-flip",
-    "alie",
-    "ipm",
-    "opt-alie",
-    "opt-ipm",
-    "min-max",
-)
+from pollen.settings import ATTACKS
+
 RULES: dict[str, dict[str, Any]] = {
     "mean": {"robust.rule": "mean"},
     "clip": {"robust.rule": "mean", "robust.clip-quantile": 0.5},

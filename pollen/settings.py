@@ -15,6 +15,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
+from robust.attacks import KINDS
+from robust.rules import RULES
+
 Scalar = int | float | str | bool
 
 
@@ -416,20 +419,10 @@ class DPSettings(SettingsGroup):
         return self.noise_multiplier > 0 or self.target_epsilon > 0
 
 
-ROBUST_RULES = ("mean", "median", "trimmed-mean", "krum", "multi-krum", "geomed", "centered-clip")
+ROBUST_RULES = RULES
 """The names of `robust.rule` (docs/robustness.md; the functions are robust.rules')."""
 
-ATTACKS = (
-    "sign-flip",
-    "gaussian",
-    "model-replacement",
-    "label-flip",
-    "alie",
-    "ipm",
-    "opt-alie",
-    "opt-ipm",
-    "min-max",
-)
+ATTACKS = KINDS
 """The names of `attack.kind` (docs/robustness.md#attacks; the functions are robust.attacks')."""
 
 NODE_ATTACKS = ("sign-flip", "gaussian", "model-replacement", "label-flip")

@@ -69,7 +69,7 @@ KINDS = (
     "opt-ipm",
     "min-max",
 )
-"""The attacks `attack_rows` knows (the same names as pollen.settings.ATTACKS)."""
+"""The attacks `attack_rows` knows: the values of the setting `attack.kind`."""
 
 ALIE_Z_MIN = 0.1
 """ALIE's z when the paper's z_max is not positive (one attacker among an even n: s = n/2

@@ -36,6 +36,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+RULES = ("mean", "median", "trimmed-mean", "krum", "multi-krum", "geomed", "centered-clip")
+"""The rules `aggregate` knows: the values of the setting `robust.rule`."""
+
 Rule = Callable[[np.ndarray, int], np.ndarray]
 """A rule as the adaptive attacks see it: (updates, f) -> the aggregate row."""
 

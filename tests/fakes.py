@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -13,6 +13,7 @@ from flwr.clientapp import ClientApp
 from torch import nn
 
 from server.local_grid import LocalGrid
+from strategies.base import ClientInfo
 
 # A fault decides, per (node id, message), what happens instead of a normal answer:
 # return "drop" (never answered), "lost" (answered, and the reply lost on its way, as when the
@@ -120,3 +121,60 @@ class FixedLogits(nn.Module):
 
     def forward(self, index: torch.Tensor) -> torch.Tensor:
         return self.logits[index]
+
+
+Answer = Callable[[int, str, RecordDict], RecordDict]
+"""A scripted client: (client id, message type, instruction) -> its reply."""
+
+
+class ScriptedFederation:
+    """A Federation (strategies.base) whose clients are a script: one round of a strategy driven
+    without the engine, each reply `answer(cid, message type, instruction)`. It records the
+    instructions and replies of each message type (`sent`, `replies`) and of the last exchange
+    (`last`)."""
+
+    def __init__(
+        self,
+        settings: Mapping[str, Any],
+        answer: Answer,
+        clients: Sequence[ClientInfo],
+        server_round: int = 1,
+    ) -> None:
+        self.settings = settings
+        self.server_round = server_round
+        self.answer = answer
+        self.clients = list(clients)
+        self.sent: dict[str, dict[int, RecordDict]] = {}
+        self.replies: dict[str, dict[int, RecordDict]] = {}
+        self.last: dict[int, RecordDict] = {}
+
+    def available(self) -> list[ClientInfo]:
+        return list(self.clients)
+
+    def unseen(self) -> list[ClientInfo]:
+        return []
+
+    def sample(self, clients: Sequence[ClientInfo] | None = None) -> list[ClientInfo]:
+        return list(self.clients if clients is None else clients)
+
+    def exchange(
+        self,
+        message_type: str,
+        payloads: Mapping[int, RecordDict],
+        validate: Any = None,
+        min_replies: int | None = None,
+        fold: Any = None,
+    ) -> dict[int, RecordDict]:
+        self.sent[message_type] = dict(payloads)
+        out = {}
+        for cid, content in payloads.items():
+            reply = self.answer(cid, message_type, content)
+            if validate is not None:
+                validate(cid, reply)
+            if fold is not None:
+                fold(cid, reply)
+            out[cid] = reply
+        assert len(out) >= (min_replies or 0)
+        self.replies[message_type] = out
+        self.last = out
+        return out

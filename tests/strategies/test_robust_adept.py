@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,49 +25,11 @@ from server.engine import PhaseFailed
 from strategies.adept import ADEPT, ADEPTAE, ADEPTPCA
 from strategies.base import ClientInfo
 from strategies.robust import Combiner
-from tests.fakes import FakeGrid, settings_of
+from tests.fakes import FakeGrid, ScriptedFederation, settings_of
 
 N, BAD = 10, (8, 9)
-Answer = Callable[[int, str, RecordDict], RecordDict]
 
-
-class ScriptedFederation:
-    """A Federation (strategies.base) of N clients that answer through `answer(cid, message
-    type, instruction)`; it keeps the replies of the last exchange."""
-
-    def __init__(self, settings: Mapping[str, Any], answer: Answer, server_round: int = 1):
-        self.settings = settings
-        self.server_round = server_round
-        self.answer = answer
-        self.clients = [ClientInfo(c, 100 + c, 100, 0, 10) for c in range(N)]
-        self.replies: dict[int, RecordDict] = {}
-
-    def available(self) -> list[ClientInfo]:
-        return list(self.clients)
-
-    def unseen(self) -> list[ClientInfo]:
-        return []
-
-    def sample(self, clients: Sequence[ClientInfo] | None = None) -> list[ClientInfo]:
-        return list(self.clients if clients is None else clients)
-
-    def exchange(
-        self,
-        message_type: str,
-        payloads: Mapping[int, RecordDict],
-        validate: Any = None,
-        min_replies: int | None = None,
-        fold: Any = None,
-    ) -> dict[int, RecordDict]:
-        out = {}
-        for cid, content in payloads.items():
-            reply = self.answer(cid, message_type, content)
-            if validate is not None:
-                validate(cid, reply)
-            out[cid] = reply
-        assert len(out) >= (min_replies or 0)
-        self.replies = out
-        return out
+CLIENTS = [ClientInfo(c, 100 + c, 100, 0, 10) for c in range(N)]
 
 
 def _pca(run_config: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -115,7 +77,7 @@ class Script:
 
 def _round(strategy: ADEPT, huge: float) -> ScriptedFederation:
     strategy.initialize(1)
-    fed = ScriptedFederation(strategy.settings, Script(strategy, huge))
+    fed = ScriptedFederation(strategy.settings, Script(strategy, huge), CLIENTS)
     strategy.run_round(fed)
     return fed
 
@@ -136,8 +98,8 @@ def test_the_plain_mean_is_the_old_server_step_bitwise(
     strategy.initialize(1)
     v0 = dict(strategy.mu)
     fed = _round(strategy, huge=1e3)
-    mus = [protocol.arrays_of(r, "mu") for r in fed.replies.values()]
-    sigmas = [protocol.arrays_of(r, "sigma") for r in fed.replies.values()]
+    mus = [protocol.arrays_of(r, "mu") for r in fed.last.values()]
+    sigmas = [protocol.arrays_of(r, "sigma") for r in fed.last.values()]
     expected = (
         {"V": server_update(v0["V"], [m["V"] for m in mus])} if strategy.pca else average(mus)
     )
@@ -152,7 +114,7 @@ def test_the_plain_mean_is_the_old_server_step_bitwise(
 
 def _honest(strategy: ADEPT, fed: ScriptedFederation, start: Mapping[str, np.ndarray]) -> Any:
     """The plain server step over the honest replies only."""
-    good = [r for cid, r in fed.replies.items() if cid not in BAD]
+    good = [r for cid, r in fed.last.items() if cid not in BAD]
     mus = [protocol.arrays_of(r, "mu") for r in good]
     sigma = average([protocol.arrays_of(r, "sigma") for r in good])
     mu = {"V": server_update(start["V"], [m["V"] for m in mus])} if strategy.pca else average(mus)

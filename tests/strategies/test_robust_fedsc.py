@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,53 +26,11 @@ from strategies.aggregate import weighted_average
 from strategies.base import ClientInfo
 from strategies.fedsc import FedSC
 from strategies.robust import Combiner
-from tests.fakes import FakeGrid, settings_of
+from tests.fakes import FakeGrid, ScriptedFederation, settings_of
 
 N, BAD, DIM = 10, (8, 9), 8
-Answer = Callable[[int, str, RecordDict], RecordDict]
 
-
-class ScriptedFederation:
-    """A Federation (strategies.base) of N clients that answer through `answer(cid, message
-    type, instruction)`; it records every instruction and reply by message type."""
-
-    def __init__(self, settings: Mapping[str, Any], answer: Answer, server_round: int = 1):
-        self.settings = settings
-        self.server_round = server_round
-        self.answer = answer
-        self.clients = [ClientInfo(c, 100 + c, 100 + 10 * c, 0, 10) for c in range(N)]
-        self.sent: dict[str, dict[int, RecordDict]] = {}
-        self.replies: dict[str, dict[int, RecordDict]] = {}
-
-    def available(self) -> list[ClientInfo]:
-        return list(self.clients)
-
-    def unseen(self) -> list[ClientInfo]:
-        return []
-
-    def sample(self, clients: Sequence[ClientInfo] | None = None) -> list[ClientInfo]:
-        return list(self.clients if clients is None else clients)
-
-    def exchange(
-        self,
-        message_type: str,
-        payloads: Mapping[int, RecordDict],
-        validate: Any = None,
-        min_replies: int | None = None,
-        fold: Any = None,
-    ) -> dict[int, RecordDict]:
-        self.sent[message_type] = dict(payloads)
-        out = {}
-        for cid, content in payloads.items():
-            reply = self.answer(cid, message_type, content)
-            if validate is not None:
-                validate(cid, reply)
-            if fold is not None:
-                fold(cid, reply)
-            out[cid] = reply
-        assert len(out) >= (min_replies or 0)
-        self.replies[message_type] = out
-        return out
+CLIENTS = [ClientInfo(c, 100 + c, 100 + 10 * c, 0, 10) for c in range(N)]
 
 
 def _cfg(run_config: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -127,7 +85,7 @@ def _round(
     strategy = FedSC(cfg)
     strategy.initialize(1)
     start = dict(strategy.weights)
-    fed = ScriptedFederation(cfg, Script(strategy, huge, bad_r=bad_r))
+    fed = ScriptedFederation(cfg, Script(strategy, huge, bad_r=bad_r), CLIENTS)
     strategy.run_round(fed)
     return strategy, fed, start
 
