@@ -62,6 +62,9 @@ class FakeFederation:
     def wait_nodes(self, count: int) -> None:
         pass
 
+    def spread_task_polls(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
     def stop(self) -> None:
         pass
 
