@@ -56,8 +56,9 @@ def answer(message_type: str, content: RecordDict, env: ClientEnv) -> RecordDict
 
 
 ATTACKING = "attacking"
-"""Metric of an attacking client's training reply: 1 (averaged over clients, the round's
-metrics show the share of attackers); an attack is never silent in the results."""
+"""Metric of an attacking client's training reply: 1 (honest replies do not carry it, so a
+round's metrics show `attacking` = 1 whenever an attacking client's reply was among them); an
+attack is never silent in the results."""
 
 
 def attacked(
