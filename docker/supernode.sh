@@ -55,16 +55,20 @@ for ((i = 0; i < clients; i++)); do
     if [[ "$(cat "$claims/$i/owner" 2>/dev/null || true)" == "$me" ]]; then part=$i; break; fi
 done
 deadline=$(($(date +%s) + wait_max))
+tries=0
 while [[ -z "$part" ]]; do
     for ((i = 0; i < clients; i++)); do
         if take "$i"; then part=$i; break; fi
     done
     [[ -n "$part" ]] && break
-    if (($(date +%s) >= deadline)); then
+    # give up only after one wait at least: `date +%s` counts whole seconds, so a short
+    # POLLEN_LEASE_WAIT could otherwise pass before the first look
+    if ((tries > 0 && $(date +%s) >= deadline)); then
         echo "supernode.sh: all $clients partitions are leased by live SuperNodes (leases in $claims; waited ${wait_max} s)" >&2
         exit 1
     fi
     echo "supernode.sh: all $clients partitions are leased; waiting for one to be released or to expire (${expiry} s without heartbeat)"
+    tries=$((tries + 1))
     sleep "$beat"
 done
 lease="$claims/$part"
