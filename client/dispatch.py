@@ -15,8 +15,11 @@ from flwr.app import MetricRecord, RecordDict
 
 from client.env import ClientConfigError, ClientEnv
 from pollen import protocol
-from pollen.registry import HELLO, get_algorithm
+from pollen.contracts import client_dp
+from pollen.registry import HELLO, AlgorithmSpec, get_algorithm
+from pollen.settings import ClientDPSettings
 from robust.attacks import attack_rows
+from robust.client_dp import privatize_update
 from robust.flat import flatten, unflatten
 from robust.rules import mean
 
@@ -48,10 +51,49 @@ def answer(message_type: str, content: RecordDict, env: ClientEnv) -> RecordDict
     codec = protocol.codec_seconds()
     handler = hello if spec is None else spec.client_handler(message_type)
     reply = handler(content, env)
+    if spec is not None and message_type == "train" and spec.client_dp:
+        reply = privatized(reply, content, env, spec)
     if spec is not None and message_type.startswith("train") and env.attack is not None:
         reply = attacked(reply, content, env, spec.model_reply)
     if timing:
         add_timing(reply, env, time.perf_counter() - entered, protocol.codec_seconds() - codec)
+    return reply
+
+
+def privatized(
+    reply: RecordDict, instruction: RecordDict, env: ClientEnv, spec: AlgorithmSpec
+) -> RecordDict:
+    """The training reply as client-level DP with the noise on the clients sends it
+    (`client-dp.noise-at=client`, docs/privacy.md#client-level-dp): the client's update of the
+    round (its model minus the model it received, and its other update records, as one
+    vector) clipped to `client-dp.clip`, plus N(0, (z clip)^2) on every coordinate, drawn from
+    the client's private seed. Unchanged in any other run."""
+    mech = client_dp.mechanism(env.settings)
+    if mech is None or not mech.at_client:
+        return reply
+    names = (protocol.ARRAYS, *spec.update_records)
+    parts = {name: protocol.arrays_of(reply, name) for name in names}
+    received = protocol.arrays_of(instruction) if spec.model_reply else None
+    keys = {name: list(arrays) for name, arrays in parts.items()}
+    starts = [
+        flatten(received, keys[name]) if name == protocol.ARRAYS and received is not None
+        else np.zeros(sum(np.size(a) for a in parts[name].values()))
+        for name in names
+    ]  # fmt: skip
+    base = np.concatenate(starts)
+    update = np.concatenate([flatten(parts[name], keys[name]) for name in names]) - base
+    rnd = protocol.round_of(instruction)
+    reproducible = ClientDPSettings.of(env.settings).reproducible
+    seed = env.seed(rnd, "client-dp") if reproducible else env.private_seed(rnd, "client-dp")
+    rng = np.random.default_rng(seed)
+    sent = base + privatize_update(update, mech.clip, mech.noise_multiplier, rng)
+    start = 0
+    for name in names:
+        size = sum(np.size(a) for a in parts[name].values())
+        reply[name] = protocol.to_record(
+            unflatten(sent[start : start + size], parts[name], keys[name])
+        )
+        start += size
     return reply
 
 

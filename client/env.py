@@ -180,6 +180,13 @@ class ClientEnv:
         text = f"{self.run.seed}/{self.cid}/{server_round}/{tag}"
         return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
 
+    def private_seed(self, server_round: int, tag: str) -> int:
+        """A seed fixed by (the client's secret, round, purpose): nobody else can know it, and
+        a round answered twice draws the same numbers (client.state.StateStore.secret)."""
+        text = f"{self.cid}/{server_round}/{tag}".encode()
+        digest = hashlib.sha256(self.state.secret() + text).digest()
+        return int.from_bytes(digest[:8], "little") >> 1
+
 
 class ResidentData:
     """The partitions a resident worker keeps in memory (client.worker): the newest few,

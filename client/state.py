@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import zipfile
 from collections.abc import Mapping
@@ -22,6 +23,8 @@ from pollen.files import atomic_write_bytes
 
 _META = "__meta__"
 _NAME = re.compile(r"^state-(\d{6})\.npz$")
+_SECRET = "secret"
+_SECRET_BYTES = 32
 
 
 class StateError(RuntimeError):
@@ -72,3 +75,29 @@ class StateStore:
                 "client afresh, or restore it from a backup"
             ) from None
         return arrays, meta
+
+    def secret(self) -> bytes:
+        """This client's secret: 32 random bytes drawn from the operating system the first time
+        it is asked for and kept beside the state files (readable by the client's user only),
+        never sent. Noise drawn from it (client.env.ClientEnv.private_seed) is unknown to
+        anyone else, yet the same when a round is answered twice (an instruction sent again,
+        a round replayed after a restart), so a repeated reply releases nothing new."""
+        path = self.dir / _SECRET
+        if not path.exists():
+            self.dir.mkdir(parents=True, exist_ok=True)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:  # another process of this client made it first
+                pass
+            else:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(os.urandom(_SECRET_BYTES))
+                    fh.flush()
+                    os.fsync(fh.fileno())
+        data = path.read_bytes()
+        if len(data) != _SECRET_BYTES:
+            raise StateError(
+                f"client secret {path} holds {len(data)} bytes, not {_SECRET_BYTES}; move it away "
+                "to draw a new one (the client's private noise then changes)"
+            )
+        return data

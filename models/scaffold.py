@@ -138,12 +138,13 @@ def robust_server_update(
     c: Arrays,
     delta_y: Arrays,
     delta_c: Arrays,
-    replied: int,
+    replied: float,
     num_clients: int,
     global_lr: float = 1.0,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """`server_update` given one combined delta_y and delta_c of |S| = `replied` clients (a
-    robust rule's estimate of mean_S): x + eta_g delta_y and c + (|S|/N) delta_c."""
+    robust rule's estimate of mean_S; client-level DP's noisy mean over the expected |S|):
+    x + eta_g delta_y and c + (|S|/N) delta_c."""
     if not 0 < replied <= num_clients:
         raise ValueError(f"{replied} replies from {num_clients} clients")
     new_x = {k: _apply(v, [delta_y], k, global_lr) for k, v in x.items()}

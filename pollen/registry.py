@@ -26,10 +26,12 @@ from pollen.contracts.fedem import DFedEMSettings, FedEMSettings
 from pollen.contracts.fedlrt import FeDLRTSettings
 from pollen.contracts.fedsc import BYOLSettings, FedSCSettings, SimCLRSettings
 from pollen.contracts.noop import NoOpSettings
+from pollen.contracts.scaffold import CONTROL_DELTA
 from pollen.settings import (
     COMMON_SETTINGS,
     ROBUST_RULES,
     AttackSettings,
+    ClientDPSettings,
     DPSettings,
     RobustSettings,
     RunSettings,
@@ -38,6 +40,7 @@ from pollen.settings import (
     SettingsError,
     SyntheticSettings,
 )
+from robust.client_dp import count_std, update_noise_multiplier
 from robust.rules import breakdown_note, clients_needed
 
 if TYPE_CHECKING:
@@ -71,6 +74,16 @@ class AlgorithmSpec:
     """Its clients train supervised models with the shared SGD loop, which runs as DP-SGD when
     the run asks for it (`dp.*`, docs/privacy.md); an algorithm without it refuses DP before
     anything starts."""
+    client_dp: bool = False
+    """It takes client-level DP (`client-dp.*`, docs/privacy.md#client-level-dp): the
+    arrays of its `train` reply (a model around the arrays it was sent with `model_reply`,
+    else an update around 0) and its `update_records` are the client's update of the round,
+    clipped and noised together; without it, client-level DP is refused with
+    `client_dp_note` as the reason."""
+    client_dp_note: str = ""
+    update_records: tuple[str, ...] = ()
+    """Records of its `train` reply, beside the arrays, that are updates around 0 (SCAFFOLD's
+    delta_c)."""
     robust_rules: tuple[str, ...] = ROBUST_RULES
     """The `robust.rule`s it takes; another is refused before anything starts, with
     `robust_note` as the reason (docs/robustness.md#per-algorithm)."""
@@ -88,6 +101,7 @@ class AlgorithmSpec:
     def setting_groups(self) -> set[str]:
         """The prefixes (`fedem` of `fedem.components`) of every setting this algorithm reads."""
         groups = {s.key.split(".")[0] for s in self.settings if "." in s.key} | set(self.uses)
+        groups |= {ClientDPSettings.PREFIX} if self.client_dp else set()
         return groups | ({DPSettings.PREFIX} if self.dp else set())
 
     def strategy_class(self) -> type[Strategy]:
@@ -119,6 +133,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             dp=True,
             local_steps=True,
             model_reply=True,
+            client_dp=True,
         ),
         AlgorithmSpec(
             name="fedavg-plus",
@@ -132,6 +147,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             dp=True,
             local_steps=True,
             model_reply=True,
+            client_dp=True,
         ),
         AlgorithmSpec(
             name="fedprox",
@@ -144,6 +160,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             dp=True,
             local_steps=True,
             model_reply=True,
+            client_dp=True,
         ),
         AlgorithmSpec(
             name="fedem",
@@ -157,6 +174,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             dp=True,
             local_steps=True,
             model_reply=True,
+            client_dp=True,
         ),
         AlgorithmSpec(
             name="d-fedem",
@@ -175,6 +193,10 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             dp=True,
             local_steps=True,
             model_reply=True,
+            client_dp_note=(
+                "it has no server sum to noise: each client's next model mixes its "
+                "neighbours' models, each one of them a single client's"
+            ),
         ),
         AlgorithmSpec(
             name="clustered",
@@ -188,6 +210,10 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             dp=True,
             local_steps=True,
             model_reply=True,
+            client_dp_note=(
+                "the split decision reads each client's update un-noised (their cosine "
+                "similarities)"
+            ),
         ),
         AlgorithmSpec(
             name="fedlrt",
@@ -205,6 +231,11 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             ),
             settings=FeDLRTSettings.declarations(),
             local_steps=True,
+            client_dp_note=(
+                "a round releases three combinations of each client's data (basis gradients, "
+                "the correction's mean, the coefficients), whose joint sensitivity to one "
+                "client is not one clipping bound"
+            ),
         ),
         AlgorithmSpec(
             name="fedlin",
@@ -220,6 +251,11 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             ),
             uses=("fedlrt",),
             local_steps=True,
+            client_dp_note=(
+                "a round releases two combinations of each client's data (its full gradient "
+                "for the correction, then its model), whose joint sensitivity to one client "
+                "is not one clipping bound"
+            ),
         ),
         AlgorithmSpec(
             name="fedsc",
@@ -231,6 +267,10 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             settings=FedSCSettings.declarations(),
             labels=False,
             model_reply=True,
+            client_dp_note=(
+                "its clients also release correlation matrices each round, protected per "
+                "example by DP-CalR (fedsc.*), not per client"
+            ),
         ),
         AlgorithmSpec(
             name="fedavg-sc",
@@ -242,6 +282,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             uses=("fedsc",),
             labels=False,
             model_reply=True,
+            client_dp=True,
         ),
         AlgorithmSpec(
             name="fedavg-simclr",
@@ -255,6 +296,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             labels=False,
             amp=True,
             model_reply=True,
+            client_dp=True,
         ),
         AlgorithmSpec(
             name="fedavg-byol",
@@ -269,6 +311,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             labels=False,
             amp=True,
             model_reply=True,
+            client_dp=True,
         ),
         AlgorithmSpec(
             name="adept-pca",
@@ -279,6 +322,10 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             message_types=ADEPT_MESSAGES,
             settings=AdeptSettings.declarations() + AdeptPCASettings.declarations(),
             labels=False,
+            client_dp_note=(
+                "its server step learns sigma from the spread of the clients' parameters, "
+                "which is not a mean of clipped updates"
+            ),
         ),
         AlgorithmSpec(
             name="adept-ae",
@@ -290,6 +337,10 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             uses=("adept",),
             settings=AdeptAESettings.declarations(),
             labels=False,
+            client_dp_note=(
+                "its server step learns sigma from the spread of the clients' parameters, "
+                "which is not a mean of clipped updates"
+            ),
         ),
         AlgorithmSpec(
             name="adept-dgm",
@@ -302,6 +353,10 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             uses=("adept", "adept-ae"),
             settings=AdeptDGMSettings.declarations(),
             labels=False,
+            client_dp_note=(
+                "its server step learns sigma from the spread of the clients' parameters, "
+                "which is not a mean of clipped updates"
+            ),
         ),
         AlgorithmSpec(
             name="scaffold",
@@ -313,6 +368,8 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             amp=True,
             dp=True,
             local_steps=True,
+            client_dp=True,
+            update_records=(CONTROL_DELTA,),
         ),
         AlgorithmSpec(
             name="local",
@@ -326,6 +383,9 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             evaluates_received=False,  # it tests its personal model after the round's training
             dp=True,
             local_steps=True,
+            client_dp_note=(
+                "local training combines nothing: nothing but metrics leaves a client"
+            ),
         ),
         AlgorithmSpec(
             name="noop",
@@ -338,6 +398,9 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             robust_rules=("mean",),
             robust_note="the no-op combines nothing",
             labels=False,
+            client_dp_note=(
+                "the no-op combines nothing"
+            ),
         ),
     )
 }
@@ -416,6 +479,7 @@ def _check_consistency(cfg: Mapping[str, Scalar]) -> None:
         )
     _check_dp(cfg, spec)
     _check_robust(cfg, spec)
+    _check_client_dp(cfg, spec)
     if int(cfg["local-steps"]) > 0 and not spec.local_steps:
         supported = ", ".join(sorted(n for n, a in ALGORITHMS.items() if a.local_steps))
         raise SettingsError(
@@ -468,6 +532,85 @@ def _check_dp(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
             f"local-steps={cfg['local-steps']} with DP-SGD: refused; DP-SGD's steps are "
             "local-epochs passes of Poisson-sampled batches, which its privacy accounting counts "
             "(docs/privacy.md)"
+        )
+
+
+def _check_client_dp(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
+    """Client-level DP only where the algorithm's aggregation has a stated sensitivity, one
+    way of setting its noise, robust rules only where they are post-processing (noise on the
+    clients), Poisson sampling that honours no minimum, and a planned epsilon within the
+    budget (docs/privacy.md#client-level-dp)."""
+    dp = ClientDPSettings.of(cfg)
+    if not dp.enabled:
+        return
+    if not spec.client_dp:
+        supported = ", ".join(sorted(n for n, a in ALGORITHMS.items() if a.client_dp))
+        raise SettingsError(
+            f"client-dp: {spec.name} refuses client-level DP ({spec.client_dp_note}); it is for "
+            f"{supported}"
+        )
+    if dp.noise_multiplier > 0 and dp.target_epsilon > 0:
+        raise SettingsError(
+            "client-dp.noise-multiplier and client-dp.target-epsilon both set: give one (the "
+            "noise, or the epsilon the noise is calibrated to)"
+        )
+    run, robust = RunSettings.of(cfg), RobustSettings.of(cfg)
+    if dp.noise_at == "client":
+        if dp.adaptive:
+            raise SettingsError(
+                "client-dp.target-quantile with client-dp.noise-at=client: refused; adaptive "
+                "clipping releases the noised count of unclipped updates, which only the server "
+                "can noise (a client's own bit would reach it in the clear)"
+            )
+    else:
+        if robust.rule != "mean":
+            raise SettingsError(
+                f"robust.rule={robust.rule} with client-level DP noised on the server: refused; "
+                "the noise is calibrated to a mean that one client moves by at most clip / m, "
+                f"which {robust.rule} does not guarantee. Use client-dp.noise-at=client (any "
+                "rule is then post-processing of noised updates) or robust.rule=mean"
+            )
+        if robust.clip_quantile > 0:
+            raise SettingsError(
+                "robust.clip-quantile with client-level DP noised on the server: refused; the "
+                "bound would be read from the updates un-noised. Use client-dp.target-quantile "
+                "(adaptive clipping with a noised count)"
+            )
+        if robust.nnm or robust.bucket > 1:
+            raise SettingsError(
+                "robust.nnm / robust.bucket with client-level DP noised on the server: refused; "
+                "they mix clients' updates before the noisy sum, so one client would move "
+                "several of its terms"
+            )
+        if run.fraction_train <= 0:
+            raise SettingsError(
+                "client-level DP with fraction-train=0: each client takes part in a round with "
+                "probability fraction-train; give it above 0"
+            )
+        if run.fraction_train < 1 and run.min_train_clients > 1:
+            raise SettingsError(
+                f"min-train-clients={run.min_train_clients} with client-level DP and "
+                f"fraction-train={run.fraction_train:g}: refused; clients are sampled "
+                "independently (Poisson sampling, as the privacy analysis assumes), which "
+                "honours no minimum"
+            )
+    from pollen.contracts import client_dp  # lazy: opacus
+
+    try:
+        mech = client_dp.mechanism(cfg)
+        assert mech is not None  # enabled
+        if dp.adaptive:
+            update_noise_multiplier(mech.noise_multiplier,
+                                    count_std(mech.denominator, dp.count_std))  # fmt: skip
+        planned = client_dp.planned_epsilon(mech, run.num_rounds)
+    except ValueError as exc:
+        raise SettingsError(f"client-dp: {exc}") from None
+    if dp.max_epsilon > 0 and planned > dp.max_epsilon:
+        raise SettingsError(
+            f"client-dp: {run.num_rounds} rounds at noise multiplier "
+            f"{mech.noise_multiplier:.4g} would spend epsilon {planned:.3g} (delta "
+            f"{dp.delta:g}), above the budget client-dp.max-epsilon={dp.max_epsilon:g}; lower "
+            "num-rounds, raise client-dp.noise-multiplier or give client-dp.target-epsilon"
         )
 
 

@@ -932,6 +932,7 @@ ROUND_COLUMNS: tuple[tuple[str, Callable[[Mapping[str, Any]], Any], int], ...] =
     ("server test-accuracy", lambda r: _number(_section(r, "server-eval").get("test-accuracy")), 4),
     ("train-loss", lambda r: _number(_section(r, "train").get("train-loss")), 4),
     ("epsilon", lambda r: _number(_section(r, "train").get("epsilon")), 3),
+    ("client-epsilon", lambda r: _number(_section(r, "train").get("client-epsilon")), 3),
     ("seconds", lambda r: _number(r.get("seconds")), 1),
     ("MB", _row_mb, 4),
 )
@@ -956,6 +957,12 @@ def _rounds_table(run: Run) -> list[str]:
             "",
             "epsilon: the largest over clients so far, at the run's delta (`dp.delta`; FedSC: "
             "`fedsc.delta`); -1: no guarantee (docs/privacy.md).",
+        ]
+    if any(name == "client-epsilon" for name, _, _ in columns):
+        lines += [
+            "",
+            "client-epsilon: client-level DP so far, at `client-dp.delta`: what the released "
+            "models say of everything one client contributed (docs/privacy.md).",
         ]
     return lines
 
@@ -1004,6 +1011,30 @@ def _threat_lines(summary: Mapping[str, Any]) -> list[str]:
         lines.append(
             f"- **simulated attack**: clients {_cell(str(attack.get('clients')))} act as "
             f"{_cell(str(attack.get('kind')))}"
+        )
+    return lines + _privacy_lines(summary)
+
+
+def _privacy_lines(summary: Mapping[str, Any]) -> list[str]:
+    """Each differential-privacy guarantee a run's summary states, with what it protects
+    (docs/privacy.md): client-level DP, and DP-SGD's example-level DP."""
+    privacy = summary.get("privacy")
+    if not isinstance(privacy, Mapping):
+        return []
+    lines = []
+    for key, label in (("client-level", "client-level DP"), ("example-level", "example-level DP")):
+        entry = privacy.get(key)
+        if not isinstance(entry, Mapping):
+            continue
+        eps = _number(entry.get("epsilon"))
+        spent = "no guarantee" if eps is not None and eps < 0 else f"epsilon {_fmt(eps, 3)}"
+        how = [f"{k} {_cell(str(entry[k]))}" for k in ("mechanism", "noise-multiplier", "clip",
+               "noise-at", "sample-rate") if k in entry]  # fmt: skip
+        if entry.get("adaptive-clipping"):
+            how.append("adaptive clipping")
+        lines.append(
+            f"- {label}: {spent} at delta {_cell(str(entry.get('delta')))} "
+            f"({', '.join(how)}); protects {_cell(str(entry.get('protects')))}"
         )
     return lines
 

@@ -419,6 +419,89 @@ class DPSettings(SettingsGroup):
         return self.noise_multiplier > 0 or self.target_epsilon > 0
 
 
+CLIENT_DP_NOISE_AT = ("server", "client")
+"""Where client-level DP's noise is added (`client-dp.noise-at`, docs/privacy.md)."""
+
+
+@dataclass(frozen=True)
+class ClientDPSettings(SettingsGroup):
+    """Client-level differential privacy (DP-FedAvg with fixed or adaptive clipping,
+    docs/privacy.md#client-level-dp), for the algorithms whose registry entry allows it. It
+    is on when `noise-multiplier` or `target-epsilon` is above 0."""
+
+    PREFIX: ClassVar[str] = "client-dp"
+
+    noise_multiplier: float = setting(
+        0.0,
+        "client-level DP: Gaussian noise std on the sum of the clipped client updates, in units "
+        "of client-dp.clip (0 and target-epsilon 0: off)",
+        minimum=0.0,
+    )
+    target_epsilon: float = setting(
+        0.0,
+        "client-level DP: instead of noise-multiplier, the noise that brings the run to this "
+        "epsilon after num-rounds rounds (0: off)",
+        minimum=0.0,
+    )
+    max_epsilon: float = setting(
+        0.0,
+        "client-level DP: the privacy budget; a run whose planned rounds would spend more "
+        "refuses to start (0: no budget)",
+        minimum=0.0,
+    )
+    clip: float = setting(
+        1.0,
+        "client-level DP: each client's update (everything it sends in a round, as one vector) "
+        "is clipped to this l2 norm; with target-quantile, the first round's bound",
+        minimum=1e-9,
+    )
+    delta: float = setting(
+        1e-5,
+        "client-level DP: delta of the reported (epsilon, delta); choose it below 1 / the "
+        "number of clients",
+        minimum=1e-12,
+        maximum=0.5,
+    )
+    target_quantile: float = setting(
+        0.0,
+        "client-level DP, adaptive clipping (Andrew et al. 2021): the share of updates the bound "
+        "should leave unclipped, e.g. 0.5; 0: fixed clipping at client-dp.clip",
+        minimum=0.0,
+        maximum=1.0,
+    )
+    clip_lr: float = setting(
+        0.2, "adaptive clipping: the bound's geometric learning rate eta_C", minimum=0.0
+    )
+    count_std: float = setting(
+        0.0,
+        "adaptive clipping: noise std on the count of unclipped updates; 0: the expected "
+        "clients per round / 20",
+        minimum=0.0,
+    )
+    noise_at: str = setting(
+        "server",
+        "where the noise is added: 'server' (the server clips each update and noises the sum) "
+        "or 'client' (each client clips and noises its own update: the server never sees it "
+        "un-noised)",
+        choices=CLIENT_DP_NOISE_AT,
+    )
+    reproducible: bool = setting(
+        False,
+        "client-level DP: draw the noise and the Poisson sampling of clients from the run's "
+        "seed (reproducible runs, for experiments); no privacy against anyone who knows the "
+        "seed",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the run's aggregation is client-level differentially private."""
+        return self.noise_multiplier > 0 or self.target_epsilon > 0
+
+    @property
+    def adaptive(self) -> bool:
+        return self.target_quantile > 0
+
+
 ROBUST_RULES = RULES
 """The names of `robust.rule` (docs/robustness.md; the functions are robust.rules')."""
 
@@ -542,6 +625,7 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
     RunSettings.declarations()
     + SyntheticSettings.declarations()
     + DPSettings.declarations()
+    + ClientDPSettings.declarations()
     + RobustSettings.declarations()
     + AttackSettings.declarations()
 )

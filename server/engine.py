@@ -30,8 +30,16 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 
 from pollen import protocol
+from pollen.contracts import client_dp, dp_sgd
 from pollen.registry import HELLO
-from pollen.settings import AttackSettings, RobustSettings, RunSettings, Scalar
+from pollen.settings import (
+    AttackSettings,
+    ClientDPSettings,
+    DPSettings,
+    RobustSettings,
+    RunSettings,
+    Scalar,
+)
 from server import checkpoint
 from server.results import ResultsWriter, brief
 from strategies.base import ClientInfo, Fold, InvalidReply, Strategy, Validator
@@ -96,6 +104,12 @@ class Engine:
         self.sleep = sleep
         self.server_round = 0
         self.rng = np.random.default_rng(self.run_settings.seed)
+        dp = ClientDPSettings.of(settings)
+        self._poisson: np.random.Generator | None = None
+        """Client-level DP's Poisson sampling of clients: from the engine's generator with
+        `client-dp.reproducible` (checkpointed with it), else from the system's entropy."""
+        if dp.enabled and dp.noise_at == "server":
+            self._poisson = self.rng if dp.reproducible else np.random.default_rng()
         self._clients: dict[int, ClientInfo] = {}  # by client id
         self._node_cids: dict[int, list[int]] = {}  # node id -> the clients it hosts
         self._packed: set[int] = set()  # nodes hosting several clients (packed messages)
@@ -124,6 +138,10 @@ class Engine:
         if not pool:
             raise PhaseFailed(f"round {self.server_round}: no clients available to sample")
         fraction = self.run_settings.fraction_train
+        if fraction < 1 and self._poisson is not None:
+            # client-level DP (noise on the server): each client independently, as its
+            # privacy analysis assumes (pollen.contracts.client_dp)
+            return [c for c in pool if self._poisson.random() < fraction]
         want = max(self.run_settings.min_train_clients, math.ceil(fraction * len(pool)))
         want = min(want, len(pool))
         if want == len(pool):
@@ -140,6 +158,8 @@ class Engine:
         fold: Fold | None = None,
     ) -> dict[int, RecordDict]:
         needed = self.run_settings.min_replies if min_replies is None else min_replies
+        if not payloads:  # nobody to ask (client-level DP's Poisson sample can be empty)
+            return {}
         answered, failures = self._exchange(message_type, payloads, validate, fold=fold)
         replies = {r.key: r.content for r in answered}
         if len(replies) < min(needed, len(payloads)):
@@ -761,6 +781,7 @@ class Engine:
                 "clients": sorted(self._clients),
                 "peak-rss-mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
                 **threats,
+                **privacy_summary(settings, last.get("train", {})),
             }
             self.results.summary(summary)
             return summary
@@ -807,6 +828,35 @@ def threat_summary(settings: Mapping[str, Scalar]) -> dict[str, Any]:
         out["attack"] = {"clients": list(attack.ids()), "kind": attack.kind,
                          "simulated": True}  # fmt: skip
     return out
+
+
+def privacy_summary(settings: Mapping[str, Scalar], train: Mapping[str, Any]) -> dict[str, Any]:
+    """What summary.json says of differential privacy (docs/privacy.md): each guarantee the run
+    gives, with the epsilon its last round reached (-1: none) and what it protects."""
+    out: dict[str, Any] = {}
+    mech = client_dp.mechanism(settings)
+    if mech is not None:
+        dp = ClientDPSettings.of(settings)
+        out["client-level"] = {
+            "epsilon": train.get(client_dp.EPSILON),
+            "delta": dp.delta,
+            "noise-multiplier": mech.noise_multiplier,
+            "clip": dp.clip,
+            "adaptive-clipping": dp.adaptive,
+            "noise-at": dp.noise_at,
+            "sample-rate": mech.sample_rate,
+            "protects": "everything one client contributes over the run"
+            + (", against the server too" if mech.at_client else ", against all but the server"),
+        }
+    example = DPSettings.of(settings)
+    if example.enabled:
+        out["example-level"] = {
+            "epsilon": train.get(dp_sgd.EPSILON),
+            "delta": example.delta,
+            "mechanism": "DP-SGD",
+            "protects": "one training example of a client, in everything the client sends",
+        }
+    return {"privacy": out} if out else {}
 
 
 def _times(count: int) -> str:

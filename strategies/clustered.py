@@ -128,7 +128,7 @@ class Clustered(Strategy):
         return split_clusters(
             clusters, updates, self.tol1, self.tol2, self.max_norm,
             f=self.combiner.robust.f, rule=self.combiner.aggregate_rows,
-            min_size=self.combiner.min_replies(),
+            min_size=self.combiner.rule_needs(),
         )  # fmt: skip
 
     def finalize(self, fed: Federation) -> dict[str, float]:

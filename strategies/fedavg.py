@@ -1,14 +1,15 @@
 """FedAvg (McMahan et al., 2017): sampled clients train the global model locally; the server
 averages their weights, weighted by training examples. FedProx and FedAvg+ share this server
 side; only their clients differ. A robust rule (`robust.*`, docs/robustness.md) combines the
-model updates w_i - w instead."""
+model updates w_i - w instead; client-level DP (`client-dp.*`, docs/privacy.md) makes the
+average DP-FedAvg's (McMahan et al., ICLR 2018, Alg. 1)."""
 
 from __future__ import annotations
 
 from flwr.app import RecordDict
 
 from pollen import protocol
-from strategies.aggregate import RunningMean, aggregate_metrics, num_examples
+from strategies.aggregate import aggregate_metrics, num_examples
 from strategies.base import Federation
 from strategies.global_classifier import GlobalClassifierStrategy
 from strategies.schedule import learning_rate
@@ -24,13 +25,17 @@ class FedAvg(GlobalClassifierStrategy):
             for c in clients
         }
         self.privacy.charge(clients)
-        if self.combiner.plain:
-            mean = RunningMean()  # each reply folded in as it comes, in client order
+        mean = self.combiner.accumulator(fed.server_round, "model", self.weights)
+        if mean is not None:  # each reply folded in as it comes, in client order
+            acc = mean
 
             def fold(_cid: int, reply: RecordDict) -> None:
-                mean.add(protocol.arrays_of(reply), num_examples(reply))
+                acc.add(protocol.arrays_of(reply), num_examples(reply))
 
-            replies = fed.exchange("train", payloads, self.validate, fold=fold)
+            replies = fed.exchange(
+                "train", payloads, self.validate, min_replies=self.combiner.min_replies(),
+                fold=fold,
+            )  # fmt: skip
             self.weights = mean.result()
         else:
             replies = fed.exchange(

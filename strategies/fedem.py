@@ -84,22 +84,45 @@ class FedEM(GlobalModelStrategy):
         self, fed: Federation, payloads: Mapping[int, RecordDict], pool: list[ClientInfo]
     ) -> dict[str, float]:
         """The round's training combined by the robust rule, each component on its own (the
-        mixture weights stay on the clients). Every client counts once: under 'stale'
-        aggregation the replies' share of the round is their number over the pool's."""
-        replies = fed.exchange(
-            "train", payloads, self.validate, min_replies=self.combiner.min_replies()
-        )
-        mine = {cid: unpack(protocol.arrays_of(r), self.num) for cid, r in replies.items()}
-        counts = {cid: num_examples(r) for cid, r in replies.items()}
-        mean = pack([
-            self.combiner.combine(fed.server_round, f"component-{m}",
-                                  {cid: comps[m] for cid, comps in mine.items()}, start, counts)
-            for m, start in enumerate(self.components())
-        ])  # fmt: skip
+        mixture weights stay on the clients); under client-level DP with the noise on the
+        server, the M components of a client as one update (clipped together: the client's
+        whole contribution of the round). Every client counts once: under 'stale'
+        aggregation the replies' share of the round is their number (DP: the expected number)
+        over the pool's."""
+        mean: dict[str, np.ndarray]
+        acc = self.combiner.accumulator(fed.server_round, "components", self.weights)
+        if acc is not None:  # client-level DP's mean, folded
+            fold_into = acc
+
+            def fold(_cid: int, reply: RecordDict) -> None:
+                fold_into.add(protocol.arrays_of(reply), num_examples(reply))
+
+            replies = fed.exchange("train", payloads, self.validate,
+                                   min_replies=self.combiner.min_replies(), fold=fold)  # fmt: skip
+            mean, share = acc.result(), acc.clients / max(len(pool), 1)
+        else:
+            replies = fed.exchange(
+                "train", payloads, self.validate, min_replies=self.combiner.min_replies()
+            )
+            counts = {cid: num_examples(r) for cid, r in replies.items()}
+            share = len(replies) / max(len(pool), 1)
+            if self.combiner.server_dp:
+                arrays = {cid: protocol.arrays_of(r) for cid, r in replies.items()}
+                mean = self.combiner.combine(fed.server_round, "components", arrays,
+                                             self.weights, counts)  # fmt: skip
+                share = self.combiner.denominator / max(len(pool), 1)
+            else:
+                mine = {cid: unpack(protocol.arrays_of(r), self.num) for cid, r in replies.items()}
+                mean = pack([
+                    self.combiner.combine(fed.server_round, f"component-{m}",
+                                          {cid: comps[m] for cid, comps in mine.items()}, start,
+                                          counts)
+                    for m, start in enumerate(self.components())
+                ])  # fmt: skip
         if self.fedem.aggregation == "renormalize":
             self.weights = mean
         else:
-            self.weights = stale_mix(self.weights, mean, [1] * len(replies), total=len(pool))
+            self.weights = mix(self.weights, mean, min(share, 1.0))
         return {
             **aggregate_metrics(replies), **self.privacy.metrics(), **self.combiner.metrics()
         }  # fmt: skip
@@ -159,7 +182,13 @@ def stale_mix(
     """`stale_average` given the replies' n_t-weighted mean."""
     if total <= 0 or sum(counts) > total:
         raise ValueError(f"client counts {counts} do not fit the total {total}")
-    share = sum(counts) / total
+    return mix(previous, mean, sum(counts) / total)
+
+
+def mix(
+    previous: Mapping[str, np.ndarray], mean: Mapping[str, np.ndarray], share: float
+) -> dict[str, np.ndarray]:
+    """(1 - share) previous + share mean, per array in float64, back in each dtype."""
     out = {}
     for key, old in previous.items():
         value = (1 - share) * old.astype(np.float64) + share * mean[key].astype(np.float64)

@@ -60,7 +60,6 @@ from pollen.dataspec import data_spec, model_input
 from pollen.paths import cache_dir
 from pollen.settings import RunSettings
 from strategies.aggregate import (
-    RunningMean,
     aggregate_metrics,
     expect_arrays,
     final_evaluation,
@@ -164,13 +163,18 @@ class FedSC(GlobalModelStrategy):
             config = {"lr": lr, "alpha": alpha}
             payloads[c.cid] = protocol.instruction(t, "train", config, arrays=model, **extra)
         uniform = self.fedsc.weighting == "uniform"
-        if self.combiner.plain:
-            mean = RunningMean()  # each reply folded in as it comes, in client order
+        self.privacy.charge(clients)  # client-level DP (the baselines), when the run has it
+        mean = self.combiner.accumulator(t, "model", self.weights)
+        if mean is not None:  # each reply folded in as it comes, in client order
+            acc = mean
 
             def fold(_cid: int, reply: RecordDict) -> None:
-                mean.add(protocol.arrays_of(reply), 1 if uniform else num_examples(reply))
+                acc.add(protocol.arrays_of(reply), 1 if uniform else num_examples(reply))
 
-            replies = fed.exchange("train", payloads, self.validate, fold=fold)
+            replies = fed.exchange(
+                "train", payloads, self.validate, min_replies=self.combiner.min_replies(),
+                fold=fold,
+            )  # fmt: skip
             self.weights = mean.result()
         else:
             replies = fed.exchange(
@@ -185,6 +189,7 @@ class FedSC(GlobalModelStrategy):
             )
         out.update(aggregate_metrics(replies))
         out.update(self._ledger())
+        out.update(self.privacy.metrics())
         out.update(self.combiner.metrics())
         return out
 
@@ -308,7 +313,7 @@ class FedSC(GlobalModelStrategy):
             "releases": {str(k): v for k, v in self.releases.items()},
             "sizes": {str(k): v for k, v in self.sizes.items()},
         }
-        return arrays, meta
+        return arrays, meta | self.privacy.state() | self.combiner.state()
 
     def load_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
         self.weights = {k: v for k, v in arrays.items() if not k.startswith(_STORE)}
@@ -319,6 +324,8 @@ class FedSC(GlobalModelStrategy):
         }
         self.releases = {int(k): int(v) for k, v in meta.get("releases", {}).items()}
         self.sizes = {int(k): int(v) for k, v in meta.get("sizes", {}).items()}
+        self.privacy.load_state(meta)
+        self.combiner.load_state(meta)
 
 
 class FedAvgSC(FedSC):

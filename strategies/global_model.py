@@ -36,8 +36,9 @@ class GlobalModelStrategy(Strategy):
         return self.weights
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        return dict(self.weights), self.privacy.state()
+        return dict(self.weights), self.privacy.state() | self.combiner.state()
 
     def load_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
         self.weights = dict(arrays)
         self.privacy.load_state(meta)
+        self.combiner.load_state(meta)

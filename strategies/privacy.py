@@ -1,4 +1,5 @@
-"""The server's copy of each client's DP-SGD privacy ledger (docs/privacy.md).
+"""The run's privacy ledger (docs/privacy.md): the server's copy of each client's DP-SGD
+ledger (example-level), and the client-level DP account (`client-dp.*`).
 
 As FedSC's server does for its correlation releases, the server keeps its own account of every
 client's privacy spending from what it asked: a client instructed to train in a round is
@@ -7,6 +8,11 @@ batch-size) at sample rate 1 / ceil(n / batch-size)), whether or not its reply a
 lost reply may still have been computed and sent. The round's metrics carry the largest epsilon
 over clients at `dp.delta`; each client's own figure (its ledger in its state, which also counts
 rounds replayed after a restart) is in clients.jsonl. The ledger goes into the checkpoint.
+
+Client-level DP (pollen.contracts.client_dp) is charged in the same call: with the noise on
+the server, one release of the sampled Gaussian mechanism per round; with the noise on the
+clients, one release per client asked to train. The round's metrics carry `client-epsilon` at
+`client-dp.delta` (noise on the clients: the largest over clients).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from pollen.contracts import client_dp as client_level
 from pollen.contracts.dp_sgd import EPSILON, client_dp, shown
 from pollen.settings import DPSettings, Scalar
 from strategies.base import ClientInfo
@@ -24,9 +31,9 @@ if TYPE_CHECKING:
 
 class PrivacyLedger:
     """Per-client DP-SGD ledgers ([(noise multiplier, sample rate, steps)], as the clients keep
-    theirs), charged when the server asks for training; inactive (no metrics, nothing
-    checkpointed) in a run without DP-SGD. `passes`: models each client trains on its data per
-    round (FedEM: its components)."""
+    theirs), charged when the server asks for training, and client-level DP's ledgers (charged
+    in the same call); inactive (no metrics, nothing checkpointed) in a run without either.
+    `passes`: models each client trains on its data per round (FedEM: its components)."""
 
     def __init__(self, settings: Mapping[str, Scalar], passes: int = 1) -> None:
         self.settings = settings
@@ -34,14 +41,26 @@ class PrivacyLedger:
         self.delta = DPSettings.of(settings).delta
         self.active = DPSettings.of(settings).enabled
         self.ledgers: dict[int, list[Entry]] = {}
+        self.client_level = client_level.mechanism(settings)
+        self.released: dict[int, list[Entry]] = {}
+        """Client-level DP's ledgers, [(noise multiplier, sample rate, releases)]: by client
+        (noise on the clients), or the run's under -1 (on the server)."""
 
     def charge(self, clients: Iterable[ClientInfo]) -> None:
         """One round of local training for each of `clients`, at the noise and sample rate of
         its number of examples (a resumed run with more rounds and `dp.target-epsilon`
-        calibrates anew: its new rounds are a new entry)."""
-        if not self.active:
+        calibrates anew: its new rounds are a new entry); one round of client-level DP."""
+        clients = list(clients)
+        mech = self.client_level
+        if mech is None and not self.active:
             return
         from models.privacy import add_steps  # lazy: torch (models)
+
+        if mech is not None:
+            for key in [c.cid for c in clients] if mech.at_client else [-1]:
+                self.released[key] = add_steps(self.released.get(key, []), *mech.ledger_entry(1))
+        if not self.active:
+            return
 
         for c in clients:
             dp = client_dp(self.settings, c.num_train, self.passes)
@@ -59,25 +78,47 @@ class PrivacyLedger:
 
         return epsilon(self.ledgers.get(cid, []), self.delta)
 
+    def client_epsilon(self) -> float:
+        """Client-level DP's epsilon so far (noise on the clients: the largest over them)."""
+        mech = self.client_level
+        if mech is None or not self.released:
+            return 0.0
+        from models.privacy import epsilon  # lazy: torch (models), opacus
+
+        return max(epsilon(entries, mech.delta) for entries in self.released.values())
+
     def metrics(self) -> dict[str, float]:
-        """The largest epsilon over clients so far (-1: no guarantee) and the most steps."""
+        """The largest DP-SGD epsilon over clients so far (-1: no guarantee) and the most
+        steps; client-level DP's epsilon."""
+        out: dict[str, float] = {}
+        if self.client_level is not None:
+            out[client_level.EPSILON] = shown(self.client_epsilon())
         if not self.active:
-            return {}
+            return out
         if not self.ledgers:
-            return {EPSILON: 0.0, "dp-steps-max": 0.0}
-        return {
+            return out | {EPSILON: 0.0, "dp-steps-max": 0.0}
+        return out | {
             EPSILON: shown(max(self.epsilon(cid) for cid in self.ledgers)),
             "dp-steps-max": float(max(self.steps(cid) for cid in self.ledgers)),
         }
 
     def state(self) -> dict[str, Any]:
-        """The ledgers for the checkpoint's meta (empty without DP-SGD)."""
-        if not self.active:
-            return {}
-        return {"dp-ledgers": {str(k): [list(e) for e in v] for k, v in self.ledgers.items()}}
+        """The ledgers for the checkpoint's meta (empty without DP)."""
+        out: dict[str, Any] = {}
+        if self.client_level is not None:
+            out["client-dp-ledgers"] = {
+                str(k): [list(e) for e in v] for k, v in self.released.items()
+            }
+        if self.active:
+            out["dp-ledgers"] = {str(k): [list(e) for e in v] for k, v in self.ledgers.items()}
+        return out
 
     def load_state(self, meta: Mapping[str, Any]) -> None:
         self.ledgers = {
             int(k): [(float(z), float(q), int(n)) for z, q, n in v]
             for k, v in meta.get("dp-ledgers", {}).items()
+        }
+        self.released = {
+            int(k): [(float(z), float(q), int(n)) for z, q, n in v]
+            for k, v in meta.get("client-dp-ledgers", {}).items()
         }

@@ -11,7 +11,15 @@ to the reference, each array in its own dtype.
 
 With `robust.rule=mean` and nothing else on (`Combiner.plain`) strategies keep folding replies
 one at a time into their weighted mean (memory of one model, results bitwise as before);
-everything else holds the point's rows at once.
+everything else holds the point's rows at once, except client-level DP's noisy sum, which
+folds too (`Combiner.accumulator`).
+
+Client-level DP (`client-dp.*`, docs/privacy.md#client-level-dp) is the last step of a point:
+with the noise on the server, each row (attackers' included) is clipped to the round's bound
+and the mean is DP-FedAvg's fixed-denominator noisy mean (robust.client_dp.NoisySum; the rule
+is the mean, refused otherwise before start-up); with the noise on the clients, the rows
+arrive noised and any rule combines them, unweighted. The adaptive bound is the combiner's
+only state across rounds (`state`, `load_state`).
 
 Claimed sizes: only the mean reads the example counts clients report. With any pre-aggregation
 step on, the mean's weights are capped at the round's median claim, so a client claiming 10^6
@@ -22,15 +30,62 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
-from pollen.settings import AttackSettings, RobustSettings, RunSettings, Scalar
-from robust import rules
+from pollen.contracts import client_dp as dp_contract
+from pollen.settings import AttackSettings, ClientDPSettings, RobustSettings, RunSettings, Scalar
+from robust import client_dp, rules
 from robust.attacks import attack_rows
 from robust.flat import flatten, unflatten
+from strategies.aggregate import RunningMean
 
 Arrays = Mapping[str, np.ndarray]
+
+
+class Accumulator(Protocol):
+    """A point's contributions folded one at a time (memory of one model)."""
+
+    clients: float
+    """How many clients the result is the mean over (known once `result` ran): the replies
+    folded, or client-level DP's fixed denominator."""
+
+    def add(self, arrays: Arrays, weight: float) -> None: ...
+
+    def result(self) -> dict[str, np.ndarray]: ...
+
+
+class _Mean:
+    """The (weighted, or with `unit` unweighted) running mean of the replies."""
+
+    def __init__(self, unit: bool) -> None:
+        self.mean = RunningMean()
+        self.unit = unit
+        self.clients = 0.0
+
+    def add(self, arrays: Arrays, weight: float) -> None:
+        self.mean.add(arrays, 1.0 if self.unit else weight)
+
+    def result(self) -> dict[str, np.ndarray]:
+        self.clients = float(len(self.mean))
+        return self.mean.result()
+
+
+class _NoisyMean:
+    """Client-level DP's fixed-denominator noisy mean of one point, folded."""
+
+    def __init__(self, combiner: Combiner, server_round: int, point: str, reference: Arrays):
+        self.combiner, self.server_round, self.point = combiner, server_round, point
+        self.sum = client_dp.NoisySum(reference, combiner.dp_bound())
+        self.clients = 0.0
+
+    def add(self, arrays: Arrays, weight: float) -> None:
+        self.sum.add(arrays)
+
+    def result(self) -> dict[str, np.ndarray]:
+        self.clients = self.combiner.denominator
+        return self.combiner.release(self.server_round, self.point, self.sum)
 
 
 class TooFewReplies(RuntimeError):
@@ -38,16 +93,35 @@ class TooFewReplies(RuntimeError):
 
 
 class Combiner:
-    """The run's combination rule, attackers included; stateless between rounds (its random
-    draws, bucketing and the gaussian attack, come from the run's seed, the round and the
-    point, so a resumed run draws the same)."""
+    """The run's combination rule, attackers and client-level DP included. Its random draws
+    (bucketing, the gaussian attack; DP's noise with `client-dp.reproducible`) come from the
+    run's seed, the round and the point, so a resumed run draws the same; its one state across
+    rounds is client-level DP's adaptive clipping bound (`state`)."""
 
     def __init__(self, settings: Mapping[str, Scalar]) -> None:
         self.robust = RobustSettings.of(settings)
         self.attack = AttackSettings.of(settings)
         self.attackers = frozenset(self.attack.ids())
         self.seed = RunSettings.of(settings).seed
+        self.min_valid = RunSettings.of(settings).min_replies
         self._metrics: dict[str, float] = {}
+        self.dp_settings = ClientDPSettings.of(settings)
+        self.dp = dp_contract.mechanism(settings)
+        """Client-level DP, or None."""
+        self.clip = self.dp.clip if self.dp is not None else 0.0
+        """Client-level DP's clipping bound of the next round (adaptive clipping moves it)."""
+
+    @property
+    def server_dp(self) -> bool:
+        """Client-level DP with the noise added here: every point's rows are clipped and its
+        mean noised."""
+        return self.dp is not None and not self.dp.at_client
+
+    @property
+    def denominator(self) -> float:
+        """Client-level DP's fixed denominator m = q N."""
+        assert self.dp is not None
+        return self.dp.denominator
 
     @property
     def injects(self) -> bool:
@@ -61,14 +135,91 @@ class Combiner:
 
     @property
     def plain(self) -> bool:
-        """The weighted mean with nothing around it: strategies may fold replies as they come."""
-        return self.robust.rule == "mean" and not self.pre_aggregation and not self.injects
+        """The weighted mean with nothing around it, as always: strategies may fold replies as
+        they come."""
+        return (
+            self.robust.rule == "mean"
+            and not self.pre_aggregation
+            and not self.injects
+            and self.dp is None
+        )
 
-    def min_replies(self) -> int:
-        """The fewest contributions a point needs: the rule's minimum for `robust.f`, counted
-        after bucketing, and more than f for nearest-neighbour mixing."""
+    def accumulator(self, server_round: int, point: str, reference: Arrays) -> Accumulator | None:
+        """A fold for the point's contributions (models around `reference`), or None when the
+        rule needs them all at once (`combine`): the weighted mean when `plain`; under
+        client-level DP with nothing but a fixed robust.clip around the mean, the noisy mean
+        (noise on the server) or the unweighted mean of the noised replies (on the clients)."""
+        if self.plain:
+            return _Mean(unit=False)
+        if self.dp is None or self.injects or self.robust.rule != "mean":
+            return None
+        r = self.robust
+        if r.clip_quantile > 0 or r.nnm or r.bucket > 1 or (r.clip > 0 and self.dp.at_client):
+            return None
+        if self.dp.at_client:
+            return _Mean(unit=True)
+        return _NoisyMean(self, server_round, point, reference)
+
+    def rule_needs(self) -> int:
+        """The fewest contributions the rule needs for `robust.f`: its minimum counted after
+        bucketing, and more than f for nearest-neighbour mixing."""
         r = self.robust
         return rules.clients_needed(r.rule, r.f, r.bucket, r.nnm)
+
+    def min_replies(self) -> int:
+        """The fewest valid replies a phase needs: `min-replies`, and what the rule needs
+        (client-level DP's noisy sum needs no more: a round whose Poisson sample is empty
+        releases noise alone)."""
+        if self.server_dp:
+            return self.min_valid
+        return max(self.min_valid, self.rule_needs())
+
+    def dp_bound(self) -> float:
+        """This round's clipping bound under client-level DP: the adaptive (or fixed) bound,
+        or robust.clip where that is smaller."""
+        r = self.robust.clip
+        return min(self.clip, r) if r > 0 else self.clip
+
+    def release(
+        self, server_round: int, point: str, total: client_dp.NoisySum
+    ) -> dict[str, np.ndarray]:
+        """The noisy mean of the clipped contributions in `total`, and the next round's bound
+        under adaptive clipping (Andrew et al. 2021, Alg. 1); the round's metrics record the
+        bound, the noise and the released share of unclipped updates."""
+        assert self.dp is not None
+        s = self.dp_settings
+        rng = self._noise_rng(server_round, point)
+        m = self.denominator
+        z = self.dp.noise_multiplier
+        if s.adaptive:
+            sigma_b = client_dp.count_std(m, s.count_std)
+            z = client_dp.update_noise_multiplier(z, sigma_b)
+        out = total.result(m, z, rng)
+        self._metrics[dp_contract.CLIP] = total.clip
+        self._metrics[dp_contract.NOISE_STD] = client_dp.noise_std(z, total.clip, m)
+        if s.adaptive:
+            share = client_dp.noisy_count(total.unclipped, m, sigma_b, rng)
+            self._metrics[dp_contract.UNCLIPPED] = share
+            self.clip = client_dp.next_clip(self.clip, share, s.target_quantile, s.clip_lr)
+        return out
+
+    def _noise_rng(self, server_round: int, point: str) -> np.random.Generator:
+        """The noise's randomness: the operating system's entropy, or with
+        `client-dp.reproducible` the run's seed."""
+        if self.dp_settings.reproducible:
+            return self._rng(server_round, point, "client-dp")
+        return np.random.default_rng()
+
+    def state(self) -> dict[str, Any]:
+        """The adaptive clipping bound, for the checkpoint (nothing without adaptive DP)."""
+        if self.dp is None or not self.dp_settings.adaptive:
+            return {}
+        return {dp_contract.STATE: {"clip": self.clip}}
+
+    def load_state(self, meta: Mapping[str, Any]) -> None:
+        saved = meta.get(dp_contract.STATE)
+        if isinstance(saved, Mapping) and self.dp is not None:
+            self.clip = float(saved["clip"])
 
     def _rng(self, server_round: int, point: str, purpose: str) -> np.random.Generator:
         tag = zlib.crc32(f"{point}/{purpose}".encode())
@@ -90,10 +241,10 @@ class Combiner:
         `attacked`, the contributions already went through `attack_replies`. Raises
         TooFewReplies when the rule cannot tolerate robust.f with this many contributions."""
         cids = sorted(contributions)
-        if not cids:
+        if not cids and not (self.server_dp and reference is not None):
             raise TooFewReplies(f"round {server_round}, {point}: no contributions to combine")
-        need = self.min_replies()
-        if len(cids) < need:
+        need = self.rule_needs()
+        if len(cids) < need and not self.server_dp:
             raise TooFewReplies(
                 f"round {server_round}, {point}: {len(cids)} valid replies, but "
                 f"robust.rule={self.robust.rule} with robust.f={self.robust.f} needs at least "
@@ -102,17 +253,40 @@ class Combiner:
         template = reference if reference is not None else contributions[cids[0]]
         keys = list(template)
         base = flatten(reference, keys) if reference is not None else None
-        x = np.stack([flatten(contributions[c], keys) for c in cids])
-        if base is not None:
+        x = np.stack([flatten(contributions[c], keys) for c in cids]) if cids else None
+        if x is not None and base is not None:
             x -= base
-        if not attacked:
+        if x is not None and not attacked:
             x = self._attack(server_round, point, cids, x)
+        if self.server_dp:
+            return self._noisy_combination(server_round, point, x, reference, template)
+        assert x is not None
+        if self.dp is not None:
+            weights = None  # noised rows count once each
         x, w = self._pre_aggregate(server_round, point, x, cids, weights)
         r = self.robust
         agg = rules.aggregate(r.rule, x, r.f, weights=w, tau=r.tau, iterations=r.iterations)
         if base is not None:
             agg += base
         return unflatten(agg, template, keys)
+
+    def _noisy_combination(
+        self,
+        server_round: int,
+        point: str,
+        x: np.ndarray | None,
+        reference: Arrays | None,
+        template: Arrays,
+    ) -> dict[str, np.ndarray]:
+        """Client-level DP's noisy mean of the rows (updates around `reference`; around 0 when
+        it is None), each clipped: what `_NoisyMean` folds, for a point whose rows were held
+        (simulated attackers)."""
+        if reference is None:
+            reference = {k: np.zeros_like(np.asarray(v)) for k, v in template.items()}
+        total = client_dp.NoisySum(reference, self.dp_bound())
+        for row in x if x is not None else ():
+            total.add_update(row)
+        return self.release(server_round, point, total)
 
     def attack_replies(
         self,
@@ -200,6 +374,8 @@ class Combiner:
         optimise against it; Clustered FL's split criterion measures the cluster's update by
         it."""
         x, _, _ = self._prepare(np.array(x, dtype=np.float64), np.random.default_rng(0))
+        if self.server_dp:
+            x = rules.clip_rows(x, self.dp_bound())
         r = self.robust
         size = r.f if f is None else f
         return rules.aggregate(r.rule, x, size, tau=r.tau, iterations=r.iterations)

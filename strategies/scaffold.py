@@ -4,7 +4,8 @@ the client's own; the server applies the mean model update and moves c by sum(de
 
 The server's state is the model x and c (one array per trainable parameter); both go into the
 checkpoint. Each client's c_i lives in its state store (client.scaffold). The update rules are
-models.scaffold's.
+models.scaffold's. A robust rule, or client-level DP, combines (delta_y, delta_c) as one update
+per client: one clipping bound covers everything a client sends in a round.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class Scaffold(GlobalClassifierStrategy):
             for c in clients
         }
         self.privacy.charge(clients)
-        if self.combiner.plain:
+        if self.combiner.plain:  # the paper's update, as always
             replies = fed.exchange("train", payloads, self.validate)
             delta_ys = [protocol.arrays_of(r) for r in replies.values()]
             delta_cs = [protocol.arrays_of(r, CONTROL_DELTA) for r in replies.values()]
@@ -95,13 +96,22 @@ class Scaffold(GlobalClassifierStrategy):
             for cid, r in replies.items()
         }
         weights = {cid: num_examples(r) for cid, r in replies.items()}
-        combined = self.combiner.combine(server_round, "updates", joint, None, weights)
+        # under client-level DP (noise on the server) the clients' updates are clipped and
+        # noised around 0, and a round may have no reply at all: the zero update gives the shape
+        zero = None
+        replied: float = len(replies)
+        if self.combiner.server_dp:
+            zero = {f"{_MODEL}{k}": np.zeros_like(v) for k, v in self.weights.items()} | {
+                f"{_STATE}{k}": np.zeros_like(v) for k, v in self.control.items()
+            }
+            replied = self.combiner.denominator  # the noisy mean is over m = qN clients
+        combined = self.combiner.combine(server_round, "updates", joint, zero, weights)
         self.weights, self.control = robust_server_update(
             self.weights,
             self.control,
             {k.removeprefix(_MODEL): v for k, v in combined.items() if k.startswith(_MODEL)},
             {k.removeprefix(_STATE): v for k, v in combined.items() if k.startswith(_STATE)},
-            len(replies),
+            replied,
             training_clients(self.run),
             GLOBAL_LR,
         )
@@ -109,7 +119,7 @@ class Scaffold(GlobalClassifierStrategy):
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         arrays = dict(self.weights)
         arrays.update({f"{_STATE}{k}": v for k, v in self.control.items()})
-        return arrays, self.privacy.state()
+        return arrays, self.privacy.state() | self.combiner.state()
 
     def load_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
         self.weights = {k: v for k, v in arrays.items() if not k.startswith(_STATE)}
@@ -117,3 +127,4 @@ class Scaffold(GlobalClassifierStrategy):
             k.removeprefix(_STATE): v for k, v in arrays.items() if k.startswith(_STATE)
         }
         self.privacy.load_state(meta)
+        self.combiner.load_state(meta)

@@ -1,0 +1,99 @@
+"""Client-level DP's contract between the server's aggregation (strategies.robust), its
+accounting (strategies.privacy) and, when the noise is added on the clients
+(`client-dp.noise-at=client`), the clients (client.dispatch): the mechanism a run's settings
+ask for, the noise multiplier a target epsilon calls for, and the names of its metrics
+(docs/privacy.md#client-level-dp).
+
+Server-side noise: every round releases the clipped, noised sum of the sampled clients'
+updates, a sampled Gaussian mechanism at noise multiplier z and sampling rate q =
+`fraction-train` (each training client sampled independently with probability q: Poisson
+sampling, as the analysis assumes), neighbouring federations differing by one client added or
+removed. Its epsilon after T rounds is the RDP analysis of models.privacy on [(z, q, T)].
+
+Client-side noise: each client sends its update clipped to C plus N(0, (z C)^2). The server
+sees that row: against it, replacing everything the client holds moves the clipped update by
+up to 2C, the Gaussian mechanism at noise multiplier z / 2, once in every round the client
+trains, with no amplification by sampling (the server knows whom it asked). Its epsilon after
+T rounds is that of [(z / 2, 1, T)]; whatever the server computes from the rows is
+post-processing and spends nothing more.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pollen.settings import ClientDPSettings, RunSettings, Scalar
+
+EPSILON = "client-epsilon"
+"""Metric: the client-level epsilon at `client-dp.delta` after this round (-1: none)."""
+CLIP = "client-dp-clip"
+"""Metric: the clipping bound of this round's updates."""
+NOISE_STD = "client-dp-noise-std"
+"""Metric: the noise's standard deviation on each coordinate of the released mean update."""
+UNCLIPPED = "client-dp-unclipped"
+"""Metric (adaptive clipping): the released, noised share of updates the bound left unclipped."""
+STATE = "client-dp"
+"""Checkpoint meta: the mechanism's state (the adaptive bound, the rounds accounted)."""
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """Client-level DP as a run's settings ask for it."""
+
+    noise_multiplier: float
+    """z: the noise's standard deviation on the sum, in units of the clipping bound."""
+    clip: float
+    """C: the (first) clipping bound."""
+    delta: float
+    sample_rate: float
+    """q: each training client takes part in a round with this probability (server side), 1
+    for the accounting of client-side noise."""
+    clients: int
+    """N: the training clients (all but the held-out unseen ones)."""
+    at_client: bool
+    """The noise is added by each client to its own update."""
+
+    @property
+    def denominator(self) -> float:
+        """m = q N: the expected number of clients a round, the fixed denominator."""
+        return self.sample_rate * self.clients if not self.at_client else float(self.clients)
+
+    def ledger_entry(self, rounds: int) -> tuple[float, float, int]:
+        """(noise multiplier, sample rate, steps) of `rounds` releases, as models.privacy
+        accounts them (client-side noise: z / 2 at rate 1, see the module's text)."""
+        if self.at_client:
+            return (self.noise_multiplier / 2, 1.0, rounds)
+        return (self.noise_multiplier, self.sample_rate, rounds)
+
+
+def training_clients(run: RunSettings) -> int:
+    """N: the clients that train (all but the held-out unseen ones)."""
+    return run.num_clients - math.floor(run.unseen_fraction * run.num_clients)
+
+
+def mechanism(settings: Mapping[str, Scalar]) -> Mechanism | None:
+    """The run's client-level DP, its noise calibrated to `client-dp.target-epsilon` over
+    `num-rounds` when asked; None when it is off. ValueError when no noise reaches the
+    target."""
+    dp = ClientDPSettings.of(settings)
+    if not dp.enabled:
+        return None
+    run = RunSettings.of(settings)
+    at_client = dp.noise_at == "client"
+    q = 1.0 if at_client else run.fraction_train
+    z = dp.noise_multiplier
+    if dp.target_epsilon > 0:
+        from models.privacy import noise_for_epsilon  # lazy: opacus
+
+        z = noise_for_epsilon(dp.target_epsilon, dp.delta, q, run.num_rounds)
+        z = 2 * z if at_client else z
+    return Mechanism(z, dp.clip, dp.delta, q, training_clients(run), at_client)
+
+
+def planned_epsilon(mech: Mechanism, rounds: int) -> float:
+    """Epsilon after `rounds` rounds (client-side noise: of a client that trains in each)."""
+    from models.privacy import epsilon  # lazy: opacus
+
+    return epsilon([mech.ledger_entry(rounds)], mech.delta)
