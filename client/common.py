@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import sys
 from collections.abc import Mapping
@@ -152,18 +153,29 @@ class Privacy:
 
     dp: ClientDP
     history: list[Entry] = field(default_factory=list)
+    secret: bytes = b""
+    """The client's secret (client.state.StateStore.secret); empty: the operating system's
+    entropy for every draw."""
 
     def generators(
         self, gen: torch.Generator, device: torch.device
     ) -> tuple[torch.Generator, torch.Generator]:
-        """(Poisson sampling, noise) generators: seeded by the operating system, which nobody
-        else knows; with `dp.reproducible`, from `gen` (the run's seed: no privacy)."""
+        """(Poisson sampling, noise) generators: seeded from the client's secret and `gen`'s
+        seed (the round and the model trained), which nobody else knows, and the same when a
+        round is answered twice (a resent instruction), so a repeated reply releases nothing
+        new; with `dp.reproducible`, from `gen` (the run's seed: no privacy)."""
         noise = torch.Generator(device=device)
         if self.dp.reproducible:
             derived = np.random.SeedSequence([gen.initial_seed(), 0xD9]).generate_state(1)
             return gen, noise.manual_seed(int(derived[0]))
-        sampling = torch.Generator().manual_seed(_entropy())
-        return sampling, noise.manual_seed(_entropy())
+        sampling = torch.Generator().manual_seed(self._private(gen, "sampling"))
+        return sampling, noise.manual_seed(self._private(gen, "noise"))
+
+    def _private(self, gen: torch.Generator, tag: str) -> int:
+        if not self.secret:
+            return _entropy()
+        text = f"{gen.initial_seed()}/{tag}".encode()
+        return int.from_bytes(hashlib.sha256(self.secret + text).digest()[:8], "little") >> 1
 
     def charge(self, steps: int) -> None:
         """Count `steps` DP-SGD steps at this client's noise multiplier and sample rate."""
@@ -199,7 +211,8 @@ def privacy(env: ClientEnv, passes: int = 1) -> Privacy | None:
         return None
     newest = env.state.load(before_round=sys.maxsize)
     ledger = newest[1].get(LEDGER, []) if newest is not None else []
-    return Privacy(dp, add_steps(ledger, 0.0, 0.0, 0))  # (adds nothing: entries as tuples)
+    # (add_steps adds nothing: the entries as tuples)
+    return Privacy(dp, add_steps(ledger, 0.0, 0.0, 0), env.state.secret())
 
 
 def privacy_meta(privacy: Privacy | None) -> dict[str, object]:

@@ -60,6 +60,20 @@ def test_noise_and_batches_are_private_unless_reproducible(
     assert same == reproducible
 
 
+def test_a_round_answered_twice_draws_the_same_private_noise(
+    run_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """An instruction sent again (docs/reliability.md) is answered from the same state: its
+    batches and noise come from the client's secret and the round, so the second answer is
+    the first, bit for bit, and releases nothing new; the next round draws anew."""
+    env = _env(run_config, tmp_path, **{"dp.noise-multiplier": 1.0})
+    _, first = _train(env, 1)
+    _, again = _train(env, 1)
+    _, later = _train(env, 2)
+    assert all(np.array_equal(first[k], again[k]) for k in first)
+    assert not all(np.array_equal(first[k], later[k]) for k in first)
+
+
 def test_client_and_server_build_the_same_dp_model(
     run_config: dict[str, Any], tmp_path: Path
 ) -> None:

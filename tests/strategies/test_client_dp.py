@@ -277,6 +277,26 @@ def test_noise_on_the_clients_lets_any_rule_combine_and_counts_each_client_once(
     np.testing.assert_allclose(median.combine(1, "model", models, ref)["w"], 2.0)
 
 
+def test_robust_clipping_and_client_level_dp_share_one_bound(run_config: dict[str, Any]) -> None:
+    """robust.clip below client-dp.clip: every update is clipped to the smaller bound, and the
+    noise is calibrated to it (the sensitivity is the bound actually enforced)."""
+    strategy = _fedavg_round(run_config, Updates(big=3, scale=1e6), **{"robust.clip": 0.1})
+    metrics = strategy.last_metrics  # type: ignore[attr-defined]
+    assert metrics[client_dp.CLIP] == 0.1
+    assert metrics[client_dp.NOISE_STD] == pytest.approx(1.0 * 0.1 / N)
+
+
+def test_simulated_attackers_are_clipped_like_everyone(run_config: dict[str, Any]) -> None:
+    """Under client-level DP with the noise on the server (the mean, sound), two sign-flipping
+    clients with a 10^6 boost move the model by at most 2 x 2C / m from the honest run: the
+    clipping that bounds a client's privacy loss bounds its influence too."""
+    honest = _flat(_fedavg_round(run_config, Updates()).weights)
+    attack = {"attack.clients": "8,9", "attack.kind": "sign-flip", "attack.scale": 1e6}
+    attacked = _fedavg_round(run_config, Updates(), **attack)
+    assert attacked.last_metrics["attackers"] == 2.0  # type: ignore[attr-defined]
+    assert np.linalg.norm(_flat(attacked.weights) - honest) <= 2 * 2 * 0.5 / N * (1 + 1e-4)
+
+
 # ---- before start-up -------------------------------------------------------------------------
 
 
