@@ -51,6 +51,7 @@ HEADLINE: dict[str, tuple[tuple[str, str], ...]] = {
         ("test-energy", "energy"),
         ("test-error", "error"),
         ("error-ratio", "error-ratio"),
+        ("client-epsilon", "client-eps"),
         ("epsilon", "epsilon"),
     ),
     "server-eval": (

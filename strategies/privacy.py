@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from pollen.contracts import client_dp as client_level
 from pollen.contracts.dp_sgd import EPSILON, client_dp, shown
-from pollen.settings import DPSettings, Scalar
+from pollen.settings import ClientDPSettings, DPSettings, RunSettings, Scalar, SettingsError
 from strategies.base import ClientInfo
 
 if TYPE_CHECKING:
@@ -122,3 +122,27 @@ class PrivacyLedger:
             int(k): [(float(z), float(q), int(n)) for z, q, n in v]
             for k, v in meta.get("client-dp-ledgers", {}).items()
         }
+        self._check_budget()
+
+    def _check_budget(self) -> None:
+        """A resumed run refuses to go on when the rounds it has left, at today's noise, would
+        bring the ledger above `client-dp.max-epsilon` (the check before start-up assumed the
+        same noise in every round; a resume may have changed it, with `--rounds` and
+        `client-dp.target-epsilon`)."""
+        mech, budget = self.client_level, ClientDPSettings.of(self.settings).max_epsilon
+        if mech is None or budget <= 0 or not self.released:
+            return
+        from models.privacy import add_steps, epsilon  # lazy: torch (models), opacus
+
+        total = RunSettings.of(self.settings).num_rounds
+        worst = 0.0
+        for entries in self.released.values():
+            left = total - sum(e[2] for e in entries)
+            z, q, _ = mech.ledger_entry(0)
+            worst = max(worst, epsilon(add_steps(entries, z, q, max(left, 0)), mech.delta))
+        if worst > budget:
+            raise SettingsError(
+                f"client-dp: the rounds spent so far and the {total} rounds planned would spend "
+                f"epsilon {worst:.3g} (delta {mech.delta:g}), above the budget "
+                f"client-dp.max-epsilon={budget:g}; resume with fewer rounds or more noise"
+            )

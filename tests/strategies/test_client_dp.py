@@ -108,6 +108,22 @@ def test_noise_on_the_clients_is_accounted_per_client_against_the_server() -> No
     assert again.released == ledger.released
 
 
+def test_a_resume_that_would_exceed_the_budget_is_refused() -> None:
+    """10 rounds spent at z = 1, then a resume to 20 rounds at z = 4 (within the budget had
+    every round been at 4): the ledger's past rounds count at their own noise."""
+    first = settings_of({"num-clients": N, "num-rounds": 10, "client-dp.noise-multiplier": 1.0})
+    ledger = PrivacyLedger(first)
+    for _ in range(10):
+        ledger.charge(CLIENTS)
+    meta = json.loads(json.dumps(ledger.state()))
+    resumed = settings_of({"num-clients": N, "num-rounds": 20, "client-dp.noise-multiplier": 4.0,
+                           "client-dp.max-epsilon": 12.0})  # fmt: skip
+    with pytest.raises(SettingsError, match=r"would spend epsilon 1\d\.\d+ .*above the budget"):
+        PrivacyLedger(resumed).load_state(meta)
+    within = {**resumed, "client-dp.max-epsilon": 30.0}
+    PrivacyLedger(within).load_state(meta)  # 19.1 + a little: within 30
+
+
 def test_a_target_epsilon_sets_the_noise_for_the_planned_rounds() -> None:
     settings = settings_of({"num-clients": 100, "fraction-train": 0.2, "num-rounds": 30,
                             "client-dp.target-epsilon": 3.0})  # fmt: skip
