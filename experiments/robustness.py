@@ -21,11 +21,11 @@ import argparse
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pollen.settings import ATTACKS
 
@@ -66,6 +66,16 @@ ALGORITHM: dict[str, dict[str, Any]] = {
     "fedem": {"algorithm": "fedem"},
     "fedlrt": {"algorithm": "fedlrt"},
 }
+
+
+class Federation(Protocol):
+    """One run of a grid (this module's Case, experiments.client_dp's): its name, its
+    settings and, as the row's `case`, its fields."""
+
+    @property
+    def name(self) -> str: ...
+
+    def settings(self, out: Path, cache: Path) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -133,7 +143,7 @@ def cases(
     return out
 
 
-def run_case(case: Case, out: Path, cache: Path) -> dict[str, Any]:
+def run_case(case: Federation, out: Path, cache: Path) -> dict[str, Any]:
     """One federation in this process; its result row (the final mean client test accuracy,
     or the reason it failed)."""
     import shutil
@@ -174,7 +184,7 @@ def done(out: Path) -> set[str]:
     return {json.loads(line)["name"] for line in path.read_text().splitlines() if line.strip()}
 
 
-def run(todo: list[Case], out: Path, jobs: int) -> None:
+def run(todo: Sequence[Federation], out: Path, jobs: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     cache = out / "cache"
     finished = done(out)

@@ -714,13 +714,14 @@ def model_round(algorithm: str, key: str, rnd: int) -> int:
 def foreign_settings(algorithm: str, keys: Iterable[str]) -> dict[str, list[str]]:
     """The keys among `keys` that `algorithm` does not read, each with the algorithms that do
     (`fedprox.mu` for `fedavg`: ['fedprox']). Common settings belong to every algorithm, except
-    `dp.*`: to the algorithms with DP-SGD."""
+    `dp.*` (to the algorithms with DP-SGD) and `client-dp.*` (with client-level DP)."""
     spec = ALGORITHMS.get(algorithm)
     if spec is None:
         return {}
     mine = spec.setting_groups()
     # synthetic.* too, though it has a prefix
-    common = {s.key for s in COMMON_SETTINGS} - {s.key for s in DPSettings.declarations()}
+    private = DPSettings.declarations() + ClientDPSettings.declarations()
+    common = {s.key for s in COMMON_SETTINGS} - {s.key for s in private}
     out: dict[str, list[str]] = {}
     for key in keys:
         group = key.split(".")[0] if "." in key else None

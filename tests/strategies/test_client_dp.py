@@ -28,7 +28,7 @@ from models.privacy import epsilon
 from pollen import protocol
 from pollen.contracts import client_dp
 from pollen.contracts.scaffold import CONTROL, CONTROL_DELTA
-from pollen.registry import ALGORITHMS, resolve
+from pollen.registry import ALGORITHMS, foreign_settings, resolve
 from pollen.settings import SettingsError
 from server.app import app as server_app
 from strategies.base import ClientInfo
@@ -352,10 +352,13 @@ def test_each_algorithm_takes_client_dp_or_says_why_not() -> None:
         cfg = {"algorithm": name, "num-clients": N, "client-dp.noise-multiplier": 1.0}
         if spec.client_dp:
             resolve(cfg)
+            assert foreign_settings(name, ["client-dp.clip"]) == {}
         else:
             assert spec.client_dp_note, name
             with pytest.raises(SettingsError, match="refuses client-level DP"):
                 resolve(cfg)
+            # `pollen settings` does not list client-dp.* for it; the command line names them
+            assert "fedavg" in foreign_settings(name, ["client-dp.clip"])["client-dp.clip"]
 
 
 def test_within_the_budget_a_run_starts() -> None:
