@@ -2,8 +2,10 @@
 builds, starts the federation, follows the run to its end and exits with its status.
 TLS + authentication and the insecure variant each finish 2 clients x 2 rounds; a normal start
 has no failed SuperNode; a SuperNode container killed with SIGKILL, then `down` (volumes kept)
-and `up` again: its replacement takes over the dead node's lease and the run finishes, and the
-kept SuperLink database is not registered again; a second run gets its own results directory.
+and `up` again: its replacement takes over the dead node's lease and the run finishes, and a
+kept SuperLink database (POLLEN_SUPERLINK_DATABASE) is not registered again; a second run gets
+its own results directory; sixteen SuperNodes on one machine (`--scale supernode=16`) finish
+3 rounds.
 
 Skipped, with the reason, where no Docker daemon with Compose v2 answers, or where the image
 cannot be built because the torch wheel index it would use (POLLEN_TORCH_INDEX, default
@@ -116,12 +118,13 @@ def test_a_tls_federation_runs_to_the_end_and_runs_again(project: str) -> None:
 
 
 def test_a_killed_supernode_is_replaced_after_down_and_up(project: str) -> None:
-    _completed(_up(project))
+    kept = {"POLLEN_SUPERLINK_DATABASE": "/state/superlink.db"}
+    _completed(_up(project, **kept))
     victim = _compose(project, "ps", "--format", "{{.Name}}", "supernode").split()[0]
     subprocess.run(["docker", "kill", "--signal", "KILL", victim], check=True,
                    capture_output=True, timeout=60)  # fmt: skip
     _compose(project, "down")  # containers go, volumes (leases, SuperLink database) stay
-    again = _up(project)
+    again = _up(project, **kept)
     _completed(again)
     nodes = _compose(project, "logs", "supernode")
     assert "lease expired" in nodes, nodes[-3000:]
@@ -136,3 +139,18 @@ def test_the_insecure_variant_runs_to_the_end(project: str) -> None:
     superlink = _compose(project, "-f", "docker-compose.yml", "-f", str(INSECURE), "logs",
                          "superlink")  # fmt: skip
     assert "pollen: warning: --insecure" in superlink
+
+
+def test_sixteen_supernodes_on_one_machine_finish_a_run(project: str) -> None:
+    """`POLLEN_CLIENTS=16 docker compose up --scale supernode=16`: sixteen SuperNode
+    containers on one machine (with the SuperLink's state in memory, the default) each lease a
+    partition and the run finishes its 3 rounds (docs/reliability.md: what the SuperLink's
+    SQLite file did to the same federation)."""
+    sixteen = {"POLLEN_CLIENTS": "16", "POLLEN_ROUNDS": "3"}
+    done = _up(project, timeout=1800, **sixteen)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "completed; results in /results/fedavg-digits-" in done.stdout
+    assert "query.hello: 16 clients answered from 16 nodes" in done.stdout
+    assert "round 3/3" in done.stdout and "16/16 valid replies" in done.stdout
+    nodes = _compose(project, "logs", "supernode")
+    assert all(f"serves partition {i} of 16" in nodes for i in range(16))
