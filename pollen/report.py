@@ -1022,7 +1022,9 @@ def _privacy_lines(summary: Mapping[str, Any]) -> list[str]:
     if not isinstance(privacy, Mapping):
         return []
     lines = []
-    for key, label in (("client-level", "client-level DP"), ("example-level", "example-level DP")):
+    labels = {"client-level": "client-level DP", "example-level": "example-level DP"}
+    for key in [*labels, *sorted(set(privacy) - set(labels))]:
+        label = labels.get(key, f"{key} DP")
         entry = privacy.get(key)
         if not isinstance(entry, Mapping):
             continue

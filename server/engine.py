@@ -781,7 +781,9 @@ class Engine:
                 "clients": sorted(self._clients),
                 "peak-rss-mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
                 **threats,
-                **privacy_summary(settings, last.get("train", {})),
+                **privacy_summary(
+                    settings, last.get("train", {}), self.strategy.privacy_guarantees()
+                ),
             }
             self.results.summary(summary)
             return summary
@@ -830,10 +832,15 @@ def threat_summary(settings: Mapping[str, Scalar]) -> dict[str, Any]:
     return out
 
 
-def privacy_summary(settings: Mapping[str, Scalar], train: Mapping[str, Any]) -> dict[str, Any]:
+def privacy_summary(
+    settings: Mapping[str, Scalar],
+    train: Mapping[str, Any],
+    own: Mapping[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     """What summary.json says of differential privacy (docs/privacy.md): each guarantee the run
-    gives, with the epsilon its last round reached (-1: none) and what it protects."""
-    out: dict[str, Any] = {}
+    gives, with the epsilon its last round reached (-1: none) and what it protects; `own`: the
+    algorithm's own (Strategy.privacy_guarantees)."""
+    out: dict[str, Any] = dict(own or {})
     mech = client_dp.mechanism(settings)
     if mech is not None:
         dp = ClientDPSettings.of(settings)

@@ -97,6 +97,12 @@ class Strategy(ABC):
         """The final model to save, if there is a global one."""
         return None
 
+    def privacy_guarantees(self) -> dict[str, dict[str, Any]]:
+        """Differential-privacy guarantees of the algorithm's own (FedSC's DP-CalR) for
+        summary.json's `privacy` entry, beside DP-SGD's and client-level DP's, which the
+        engine states from the settings: name -> epsilon, delta, mechanism, what it protects."""
+        return {}
+
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """Arrays and JSON-able data that restore this strategy exactly."""
         return {}, {}

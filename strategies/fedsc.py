@@ -274,6 +274,20 @@ class FedSC(GlobalModelStrategy):
             "releases-max": float(max(self.releases.values())),
         }
 
+    def privacy_guarantees(self) -> dict[str, dict[str, Any]]:
+        """DP-CalR's guarantee for the correlation matrices released so far (docs/privacy.md)."""
+        if not self.share_correlations:
+            return {}
+        return {
+            "correlations": {
+                "epsilon": self._ledger()["epsilon"],
+                "delta": self.fedsc.delta,
+                "mechanism": "DP-CalR",
+                "protects": "one image of a client, in the correlation matrices it releases "
+                "(the model weights travel in the clear)",
+            }
+        }
+
     def validate_correlation(self, _cid: int, content: RecordDict) -> None:
         """An H x H float32 matrix, symmetric, entries within what clipping allows: a clipped
         correlation has |R_ab| <= mu, and the noise adds at most a few sigma."""

@@ -118,13 +118,13 @@ def test_a_tls_federation_runs_to_the_end_and_runs_again(project: str) -> None:
 
 
 def test_a_killed_supernode_is_replaced_after_down_and_up(project: str) -> None:
-    kept = {"POLLEN_SUPERLINK_DATABASE": "/state/superlink.db"}
-    _completed(_up(project, **kept))
+    kept = "/state/superlink.db"  # the SuperLink's state in its file, kept in its volume
+    _completed(_up(project, POLLEN_SUPERLINK_DATABASE=kept))
     victim = _compose(project, "ps", "--format", "{{.Name}}", "supernode").split()[0]
     subprocess.run(["docker", "kill", "--signal", "KILL", victim], check=True,
                    capture_output=True, timeout=60)  # fmt: skip
     _compose(project, "down")  # containers go, volumes (leases, SuperLink database) stay
-    again = _up(project, **kept)
+    again = _up(project, POLLEN_SUPERLINK_DATABASE=kept)
     _completed(again)
     nodes = _compose(project, "logs", "supernode")
     assert "lease expired" in nodes, nodes[-3000:]
@@ -146,8 +146,7 @@ def test_sixteen_supernodes_on_one_machine_finish_a_run(project: str) -> None:
     containers on one machine (with the SuperLink's state in memory, the default) each lease a
     partition and the run finishes its 3 rounds (docs/reliability.md: what the SuperLink's
     SQLite file did to the same federation)."""
-    sixteen = {"POLLEN_CLIENTS": "16", "POLLEN_ROUNDS": "3"}
-    done = _up(project, timeout=1800, **sixteen)
+    done = _up(project, timeout=1800, POLLEN_CLIENTS="16", POLLEN_ROUNDS="3")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "completed; results in /results/fedavg-digits-" in done.stdout
     assert "query.hello: 16 clients answered from 16 nodes" in done.stdout

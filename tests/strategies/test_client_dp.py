@@ -427,3 +427,22 @@ def test_fedavg_with_client_level_dp_learns_and_reports_both_guarantees(
     })  # fmt: skip
     assert set(both["privacy"]) == {"client-level", "example-level"}
     assert both["privacy"]["example-level"]["epsilon"] > 0
+
+
+def test_the_summary_states_each_guarantee_and_fedsc_adds_dp_calr(
+    run_config: dict[str, Any],
+) -> None:
+    from server.engine import privacy_summary
+    from strategies.fedsc import FedSC
+
+    settings = settings_of({"num-clients": N, "client-dp.noise-multiplier": 1.0,
+                            "dp.noise-multiplier": 1.0})  # fmt: skip
+    train = {client_dp.EPSILON: 3.5, "epsilon": 1.25}
+    out = privacy_summary(settings, train, {"correlations": {"epsilon": 2.0}})["privacy"]
+    assert out["client-level"]["epsilon"] == 3.5 and out["example-level"]["epsilon"] == 1.25
+    assert out["correlations"] == {"epsilon": 2.0}
+    assert privacy_summary(settings_of({"num-clients": N}), {}) == {}
+    fedsc = FedSC(settings_of({**run_config, "algorithm": "fedsc", "fedsc.noise-std": 0.1}))
+    fedsc.releases, fedsc.sizes = {0: 3}, {0: 100}
+    own = fedsc.privacy_guarantees()["correlations"]
+    assert own["mechanism"] == "DP-CalR" and own["epsilon"] == fedsc._ledger()["epsilon"] > 0
