@@ -6,8 +6,6 @@ average DP-FedAvg's (McMahan et al., ICLR 2018, Alg. 1)."""
 
 from __future__ import annotations
 
-from flwr.app import RecordDict
-
 from pollen import protocol
 from strategies.aggregate import aggregate_metrics, num_examples
 from strategies.base import Federation
@@ -25,27 +23,5 @@ class FedAvg(GlobalClassifierStrategy):
             for c in clients
         }
         self.privacy.charge(clients)
-        mean = self.combiner.accumulator(fed.server_round, "model", self.weights)
-        if mean is not None:  # each reply folded in as it comes, in client order
-            acc = mean
-
-            def fold(_cid: int, reply: RecordDict) -> None:
-                acc.add(protocol.arrays_of(reply), num_examples(reply))
-
-            replies = fed.exchange(
-                "train", payloads, self.validate, min_replies=self.combiner.min_replies(),
-                fold=fold,
-            )  # fmt: skip
-            self.weights = mean.result()
-        else:
-            replies = fed.exchange(
-                "train", payloads, self.validate, min_replies=self.combiner.min_replies()
-            )
-            self.weights = self.combiner.combine(
-                fed.server_round,
-                "model",
-                {cid: protocol.arrays_of(r) for cid, r in replies.items()},
-                self.weights,
-                {cid: num_examples(r) for cid, r in replies.items()},
-            )
+        replies = self.train_model(fed, payloads, num_examples)
         return {**aggregate_metrics(replies), **self.privacy.metrics(), **self.combiner.metrics()}

@@ -164,29 +164,9 @@ class FedSC(GlobalModelStrategy):
             payloads[c.cid] = protocol.instruction(t, "train", config, arrays=model, **extra)
         uniform = self.fedsc.weighting == "uniform"
         self.privacy.charge(clients)  # client-level DP (the baselines), when the run has it
-        mean = self.combiner.accumulator(t, "model", self.weights)
-        if mean is not None:  # each reply folded in as it comes, in client order
-            acc = mean
-
-            def fold(_cid: int, reply: RecordDict) -> None:
-                acc.add(protocol.arrays_of(reply), 1 if uniform else num_examples(reply))
-
-            replies = fed.exchange(
-                "train", payloads, self.validate, min_replies=self.combiner.min_replies(),
-                fold=fold,
-            )  # fmt: skip
-            self.weights = mean.result()
-        else:
-            replies = fed.exchange(
-                "train", payloads, self.validate, min_replies=self.combiner.min_replies()
-            )
-            self.weights = self.combiner.combine(
-                t,
-                "model",
-                {cid: protocol.arrays_of(r) for cid, r in replies.items()},
-                self.weights,
-                {cid: 1 if uniform else num_examples(r) for cid, r in replies.items()},
-            )
+        replies = self.train_model(
+            fed, payloads, lambda r: 1 if uniform else num_examples(r)
+        )
         out.update(aggregate_metrics(replies))
         out.update(self._ledger())
         out.update(self.privacy.metrics())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -11,7 +11,7 @@ from flwr.app import RecordDict
 from pollen import protocol
 from pollen.settings import Scalar
 from strategies.aggregate import expect_arrays
-from strategies.base import Strategy
+from strategies.base import Federation, Strategy
 from strategies.privacy import PrivacyLedger
 from strategies.robust import Combiner
 
@@ -42,3 +42,37 @@ class GlobalModelStrategy(Strategy):
         self.weights = dict(arrays)
         self.privacy.load_state(meta)
         self.combiner.load_state(meta)
+
+    def train_model(
+        self,
+        fed: Federation,
+        payloads: Mapping[int, RecordDict],
+        weight: Callable[[RecordDict], float],
+    ) -> dict[int, RecordDict]:
+        """One `train` exchange whose replies are models of the global arrays' layout, combined
+        into the new global model: folded one at a time as they come, in client order, when the
+        combiner folds (the weighted mean; client-level DP's noisy mean), else held and
+        combined by the robust rule. `weight`: a reply's weight in the mean. The valid replies
+        (with `fold`, without their arrays)."""
+        mean = self.combiner.accumulator(fed.server_round, "model", self.weights)
+        if mean is not None:
+            acc = mean
+
+            def fold(_cid: int, reply: RecordDict) -> None:
+                acc.add(protocol.arrays_of(reply), weight(reply))
+
+            replies = fed.exchange("train", payloads, self.validate,
+                                   min_replies=self.combiner.min_replies(), fold=fold)  # fmt: skip
+            self.weights = mean.result()
+            return replies
+        replies = fed.exchange(
+            "train", payloads, self.validate, min_replies=self.combiner.min_replies()
+        )
+        self.weights = self.combiner.combine(
+            fed.server_round,
+            "model",
+            {cid: protocol.arrays_of(r) for cid, r in replies.items()},
+            self.weights,
+            {cid: weight(r) for cid, r in replies.items()},
+        )
+        return replies

@@ -178,3 +178,33 @@ class ScriptedFederation:
         self.replies[message_type] = out
         self.last = out
         return out
+
+
+def run_in_process(tmp: Any, cache: Any, name: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """One federation on `digits` (unless `settings` says otherwise) through the real ServerApp
+    and ClientApp over FakeGrid, its results in tmp/name; its summary.json, which must say
+    `completed`."""
+    import json
+    from pathlib import Path
+
+    from flwr.app import Context
+
+    from client.app import app as client_app
+    from pollen.registry import resolve
+    from server.app import app as server_app
+
+    tmp = Path(tmp)
+    cfg = dict(
+        resolve(
+            {
+                "dataset": "digits", "lr": 0.1, "batch-size": 16, "num-rounds": 6,
+                "server-eval": False, "cache-dir": str(cache), "out-dir": str(tmp / name),
+                "run-name": name, "client-state-dir": str(tmp / "state"), **settings,
+            }
+        )
+    )  # fmt: skip
+    grid = FakeGrid(client_app, int(cfg["num-clients"]), cfg)
+    server_app(grid, Context(1, 0, {}, RecordDict(), cfg))
+    summary: dict[str, Any] = json.loads((tmp / name / "summary.json").read_text())
+    assert summary["status"] == "completed", summary.get("reason")
+    return summary

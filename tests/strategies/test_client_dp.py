@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import Context, RecordDict
+from flwr.app import RecordDict
 from flwr.supercore.privacy_accounting import (
     GaussianPrivacyEvent,
     NeighboringRelation,
@@ -23,21 +23,19 @@ from flwr.supercore.privacy_accounting import (
 )
 from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
-from client.app import app as client_app
 from models.privacy import epsilon
 from pollen import protocol
 from pollen.contracts import client_dp
 from pollen.contracts.scaffold import CONTROL, CONTROL_DELTA
 from pollen.registry import ALGORITHMS, foreign_settings, resolve
 from pollen.settings import SettingsError
-from server.app import app as server_app
 from strategies.base import ClientInfo
 from strategies.fedavg import FedAvg
 from strategies.fedem import FedEM
 from strategies.privacy import PrivacyLedger
 from strategies.robust import Combiner
 from strategies.scaffold import Scaffold
-from tests.fakes import FakeGrid, ScriptedFederation, settings_of
+from tests.fakes import ScriptedFederation, run_in_process, settings_of
 
 N = 10
 CLIENTS = [ClientInfo(c, 100 + c, 50, 0, 10) for c in range(N)]
@@ -371,30 +369,13 @@ def test_within_the_budget_a_run_starts() -> None:
 # ---- through the real ServerApp and ClientApp ------------------------------------------------
 
 
-def _run(tmp: Path, cache: Path, name: str, settings: dict[str, Any]) -> dict[str, Any]:
-    cfg = dict(
-        resolve(
-            {
-                "dataset": "digits", "lr": 0.1, "batch-size": 16, "num-rounds": 6,
-                "server-eval": False, "cache-dir": str(cache), "out-dir": str(tmp / name),
-                "run-name": name, "client-state-dir": str(tmp / "state"), **settings,
-            }
-        )
-    )  # fmt: skip
-    grid = FakeGrid(client_app, int(cfg["num-clients"]), cfg)
-    server_app(grid, Context(1, 0, {}, RecordDict(), cfg))
-    summary: dict[str, Any] = json.loads((tmp / name / "summary.json").read_text())
-    assert summary["status"] == "completed", summary.get("reason")
-    return summary
-
-
 def test_a_poisson_sample_may_be_empty_and_the_run_goes_on(
     tmp_path: Path, shared_cache: Path
 ) -> None:
     """fraction-train 0.1 of 10 clients, each sampled on its own: some rounds ask nobody (the
     engine's generator, seeded: reproducible), they release noise, the run completes and its
     summary states the guarantee with the epsilon of its ledger."""
-    summary = _run(tmp_path, shared_cache, "poisson", {
+    summary = run_in_process(tmp_path, shared_cache, "poisson", {
         "num-clients": N, "fraction-train": 0.1, "num-rounds": 8, **DP,
         "client-dp.noise-multiplier": 0.01,
     })  # fmt: skip
@@ -414,15 +395,15 @@ def test_fedavg_with_client_level_dp_learns_and_reports_both_guarantees(
     """mnist-5k, 100 clients (all per round), z = 0.5 at clip 1: far above chance, a few points
     below the run without DP; with DP-SGD on too, the summary states both guarantees."""
     base = {"dataset": "mnist-5k", "num-clients": 100, "num-rounds": 5, "batch-size": 16}
-    clean = _run(tmp_path, shared_cache, "clean", base)
-    private = _run(tmp_path, shared_cache, "private", {
+    clean = run_in_process(tmp_path, shared_cache, "clean", base)
+    private = run_in_process(tmp_path, shared_cache, "private", {
         **base, "client-dp.noise-multiplier": 0.5, "client-dp.clip": 1.0,
     })  # fmt: skip
     acc = [s["final"]["eval"]["test-accuracy"] for s in (clean, private)]
     assert acc[0] > 0.7 and acc[0] - 0.1 < acc[1], acc
     eps = private["privacy"]["client-level"]["epsilon"]
     assert eps == pytest.approx(epsilon([(0.5, 1.0, 5)], 1e-5))
-    both = _run(tmp_path, shared_cache, "both", {
+    both = run_in_process(tmp_path, shared_cache, "both", {
         **base, "num-rounds": 1, "client-dp.noise-multiplier": 2.0, "dp.noise-multiplier": 1.0,
     })  # fmt: skip
     assert set(both["privacy"]) == {"client-level", "example-level"}

@@ -5,21 +5,17 @@ FedEM, SCAFFOLD, Clustered FL, D-FedEM)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import Context, RecordDict
 
-from client.app import app as client_app
 from pollen.registry import resolve
 from pollen.settings import SettingsError
 from robust import rules
-from server.app import app as server_app
 from strategies.robust import Combiner, TooFewReplies
-from tests.fakes import FakeGrid
+from tests.fakes import run_in_process
 
 
 def _combiner(**settings: Any) -> Combiner:
@@ -150,19 +146,7 @@ def test_settings_a_round_cannot_honour_are_refused_in_one_line(
 
 
 def _final_accuracy(tmp: Path, cache: Path, settings: dict[str, Any], name: str) -> float:
-    cfg = dict(
-        resolve(
-            {
-                "dataset": "digits", "lr": 0.1, "batch-size": 16, "num-rounds": 6,
-                "server-eval": False, "cache-dir": str(cache), "out-dir": str(tmp / name),
-                "run-name": name, "client-state-dir": str(tmp / "state"), **settings,
-            }
-        )
-    )  # fmt: skip
-    grid = FakeGrid(client_app, int(cfg["num-clients"]), cfg)
-    server_app(grid, Context(1, 0, {}, RecordDict(), cfg))
-    summary = json.loads((tmp / name / "summary.json").read_text())
-    assert summary["status"] == "completed"
+    summary = run_in_process(tmp, cache, name, settings)
     if settings.get("attack.clients"):  # a run under attack says so
         assert summary["attack"] == {"clients": [8, 9], "kind": "sign-flip", "simulated": True}
         assert summary["last-round"]["train"]["attackers"] == 2.0
