@@ -162,7 +162,7 @@ def markdown(table: Mapping[str, Any]) -> str:
 
 def figure(table: Mapping[str, Any], path: Path) -> None:
     """Test accuracy against epsilon (log scale), one line per algorithm and guarantee, the
-    runs without DP as dashed horizontal lines."""
+    runs without DP as broad pale horizontal lines."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -179,12 +179,12 @@ def figure(table: Mapping[str, Any], path: Path) -> None:
         if not points:
             continue
         xs, ys, sd = zip(*points, strict=True)
-        style = {"client": "-o", "adaptive": "--^", "example": ":s"}[level]
+        style = {"client": "-o", "adaptive": "-.^", "example": ":s"}[level]
         ax.errorbar(xs, ys, yerr=sd, fmt=style, color=colours[alg], label=label, capsize=3)
     for alg, colour in colours.items():
         clean = table.get(f"{alg}/none/0")
         if clean:
-            ax.axhline(clean["mean"], color=colour, linestyle="--", linewidth=1,
+            ax.axhline(clean["mean"], color=colour, linewidth=3, alpha=0.3,
                        label=f"{'FedAvg' if alg == 'fedavg' else 'FedEM'}, no DP")  # fmt: skip
     ax.set_xscale("log")
     ax.set_xlabel("epsilon at delta 1e-5 (client-level: per client; DP-SGD: per example)")
