@@ -57,8 +57,9 @@ class Mechanism:
 
     @property
     def denominator(self) -> float:
-        """m = q N: the expected number of clients a round, the fixed denominator."""
-        return self.sample_rate * self.clients if not self.at_client else float(self.clients)
+        """m = q N: the expected number of clients a round, the fixed denominator of the
+        server's noisy mean (noise on the clients: the server averages the replies it gets)."""
+        return self.sample_rate * self.clients
 
     def ledger_entry(self, rounds: int) -> tuple[float, float, int]:
         """(noise multiplier, sample rate, steps) of `rounds` releases, as models.privacy
