@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from statistics import NormalDist
 from typing import Any
@@ -180,6 +181,27 @@ def test_one_client_moves_fedavgs_model_by_at_most_clip_over_m(run_config: dict[
     start = _flat(plain.weights)
     plain.run_round(ScriptedFederation(plain.settings, Updates(big=3, scale=1e6), CLIENTS))
     assert np.linalg.norm(_flat(plain.weights) - start) > 1e3  # the mean alone is dragged away
+
+
+def test_noise_zero_and_a_bound_nobody_reaches_is_fedavgs_round_bit_for_bit(
+    run_config: dict[str, Any],
+) -> None:
+    """The strategy's client-level DP path (fold, clip, fixed denominator m = N, release) with
+    the mechanism's noise set to 0 and a bound of 10^12, against plain FedAvg's round on the same
+    replies (equal example counts, so FedAvg's weights are equal too): the same model, bit for
+    bit. (`client-dp.noise-multiplier=0` turns DP off, so the noise is set on the mechanism.)"""
+    plain = FedAvg(settings_of({**run_config, "num-clients": N}))
+    plain.initialize(1)
+    plain.run_round(ScriptedFederation(plain.settings, Updates(), CLIENTS))
+    private = FedAvg(settings_of({**run_config, "num-clients": N, **DP,
+                                  "client-dp.clip": 1e12}))  # fmt: skip
+    assert private.combiner.dp is not None and not private.combiner.plain
+    private.combiner.dp = replace(private.combiner.dp, noise_multiplier=0.0)
+    private.initialize(1)
+    private.run_round(ScriptedFederation(private.settings, Updates(), CLIENTS))
+    for key, value in plain.weights.items():
+        assert private.weights[key].dtype == value.dtype
+        np.testing.assert_array_equal(private.weights[key], value)
 
 
 def test_the_noise_has_the_stated_std_and_the_denominator_is_fixed(
