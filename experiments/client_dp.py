@@ -17,16 +17,14 @@ are those of the mechanism, for anyone who does not know the seed.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.robustness import rows, run
+from experiments.robustness import grid_cli, names, rows, run
 
 BASE: dict[str, Any] = {
     "dataset": "mnist-5k",
@@ -197,22 +195,13 @@ def figure(table: Mapping[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("run", help="run (the missing part of) the grid")
-    p.add_argument("--out", type=Path, required=True)
+    parser, p = grid_cli(__doc__)
     p.add_argument("--algorithms", default="fedavg,fedem")
     p.add_argument("--levels", default="client,adaptive,example")
-    p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2)))
-    t = sub.add_parser("tabulate", help="table, JSON and figure of what DIR holds")
-    t.add_argument("out", type=Path)
     args = parser.parse_args(argv)
     if args.command == "run":
-        split = lambda s: [x for x in s.split(",") if x]  # noqa: E731
-        todo = cases(split(args.algorithms), split(args.levels),
-                     [int(x) for x in split(args.seeds)])  # fmt: skip
-        run(todo, args.out, args.jobs)
+        seeds = [int(x) for x in names(args.seeds)]
+        run(cases(names(args.algorithms), names(args.levels), seeds), args.out, args.jobs)
         return 0
     table = summarise(args.out, rows(args.out))
     (args.out / "client_dp.json").write_text(json.dumps(table, indent=1, sort_keys=True))

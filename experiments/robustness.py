@@ -304,24 +304,36 @@ def figure(table: Mapping[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def grid_cli(doc: str) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """An experiment's command line: `run --out DIR [--seeds] [--jobs]` (the caller adds its
+    grid's options to the second parser returned) and `tabulate DIR`."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="run (the missing part of) a grid")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2)))
+    t = sub.add_parser("tabulate", help="table, JSON and figure of what DIR holds")
+    t.add_argument("out", type=Path)
+    return parser, p
+
+
+def names(text: str) -> list[str]:
+    """A comma-separated option's items."""
+    return [x for x in text.split(",") if x]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, p = grid_cli(__doc__)
     p.add_argument("--algorithms", default="fedavg,fedem,fedlrt")
     p.add_argument("--partitions", default=",".join(PARTITIONS))
     p.add_argument("--f", default="0,1,2,3")
     p.add_argument("--attacks", default=",".join(ATTACKS))
     p.add_argument("--rules", default=",".join(RULES))
-    p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--size", type=int, help="robust.f of the rules (default: the attackers)")
-    p.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2)))
-    t = sub.add_parser("tabulate", help="table, JSON and figure of what DIR holds")
-    t.add_argument("out", type=Path)
     args = parser.parse_args(argv)
     if args.command == "run":
-        split = lambda s: [x for x in s.split(",") if x]  # noqa: E731
+        split = names
         todo = cases(
             split(args.algorithms),
             split(args.partitions),
