@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import sys
 from collections.abc import Mapping
@@ -16,6 +15,7 @@ from torch import nn
 
 from client.dp_sgd import train_private
 from client.env import ClientEnv
+from client.state import private_seed
 from client.training import SGD, ProximalTerm, to_device, train_classifier
 from federated_data import ArrayDataset
 from models import build_model
@@ -174,8 +174,7 @@ class Privacy:
     def _private(self, gen: torch.Generator, tag: str) -> int:
         if not self.secret:
             return _entropy()
-        text = f"{gen.initial_seed()}/{tag}".encode()
-        return int.from_bytes(hashlib.sha256(self.secret + text).digest()[:8], "little") >> 1
+        return private_seed(self.secret, f"{gen.initial_seed()}/{tag}")
 
     def charge(self, steps: int) -> None:
         """Count `steps` DP-SGD steps at this client's noise multiplier and sample rate."""

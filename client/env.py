@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from flwr.app import Context, RecordDict
 
-from client.state import StateStore
+from client.state import StateStore, private_seed
 from pollen.dataspec import data_spec, partition_of
 from pollen.paths import cache_dir
 from pollen.registry import from_run_config
@@ -183,9 +183,7 @@ class ClientEnv:
     def private_seed(self, server_round: int, tag: str) -> int:
         """A seed fixed by (the client's secret, round, purpose): nobody else can know it, and
         a round answered twice draws the same numbers (client.state.StateStore.secret)."""
-        text = f"{self.cid}/{server_round}/{tag}".encode()
-        digest = hashlib.sha256(self.state.secret() + text).digest()
-        return int.from_bytes(digest[:8], "little") >> 1
+        return private_seed(self.state.secret(), f"{self.cid}/{server_round}/{tag}")
 
 
 class ResidentData:

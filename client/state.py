@@ -8,6 +8,7 @@ replay a round exactly even when the client had already answered it before the s
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -25,6 +26,13 @@ _META = "__meta__"
 _NAME = re.compile(r"^state-(\d{6})\.npz$")
 _SECRET = "secret"
 _SECRET_BYTES = 32
+
+
+def private_seed(secret: bytes, text: str) -> int:
+    """A seed from a client's secret (StateStore.secret) and `text` (what it seeds): the same
+    for the same text, unknown to anyone without the secret."""
+    digest = hashlib.sha256(secret + text.encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
 
 
 class StateError(RuntimeError):

@@ -618,7 +618,7 @@ def expected_round_clients(cfg: Mapping[str, Scalar]) -> int:
     """How many clients a round samples when every training client is connected (the
     engine's sampling: max(min-train-clients, ceil(fraction-train x pool)), at most the pool)."""
     run = RunSettings.of(cfg)
-    pool = run.num_clients - math.floor(run.unseen_fraction * run.num_clients)
+    pool = run.training_clients
     want = max(run.min_train_clients, math.ceil(run.fraction_train * pool))
     return min(want, pool)
 
@@ -653,7 +653,7 @@ def _check_robust(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
     if not ids:
         return
     run = RunSettings.of(cfg)
-    pool = run.num_clients - math.floor(run.unseen_fraction * run.num_clients)
+    pool = run.training_clients
     outside = [i for i in ids if i >= pool]
     if outside:
         raise SettingsError(

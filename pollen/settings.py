@@ -11,6 +11,7 @@ there; `tests/pollen/test_settings.py` keeps the two identical.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
@@ -333,6 +334,12 @@ class RunSettings(SettingsGroup):
         "loss scaling on GPUs without bfloat16; bfloat16 on CPU); algorithms whose math must stay "
         "float32 refuse it (docs/deployment.md#gpu)",
     )
+
+    @property
+    def training_clients(self) -> int:
+        """N: the clients that train, all but the held-out unseen ones (the last
+        floor(unseen-fraction x num-clients) ids)."""
+        return self.num_clients - math.floor(self.unseen_fraction * self.num_clients)
 
 
 @dataclass(frozen=True)

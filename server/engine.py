@@ -124,8 +124,7 @@ class Engine:
     # ---- what strategies use -------------------------------------------------------------
     @property
     def first_unseen(self) -> int:
-        total = self.run_settings.num_clients
-        return total - math.floor(self.run_settings.unseen_fraction * total)
+        return self.run_settings.training_clients
 
     def available(self) -> list[ClientInfo]:
         return [self._clients[c] for c in sorted(self._clients) if c < self.first_unseen]

@@ -89,40 +89,29 @@ class FedEM(GlobalModelStrategy):
         whole contribution of the round). Every client counts once: under 'stale'
         aggregation the replies' share of the round is their number (DP: the expected number)
         over the pool's."""
-        mean: dict[str, np.ndarray]
-        acc = self.combiner.accumulator(fed.server_round, "components", self.weights)
-        if acc is not None:  # client-level DP's mean, folded
-            fold_into = acc
-
-            def fold(_cid: int, reply: RecordDict) -> None:
-                fold_into.add(protocol.arrays_of(reply), num_examples(reply))
-
-            replies = fed.exchange("train", payloads, self.validate,
-                                   min_replies=self.combiner.min_replies(), fold=fold)  # fmt: skip
-            mean, share = acc.result(), acc.clients / max(len(pool), 1)
+        previous = self.weights
+        if self.combiner.folds or self.combiner.server_dp:  # client-level DP: one update
+            replies = self.train_model(fed, payloads, num_examples, point="components")
+            mean = self.weights
+            combined = self.combiner.denominator if self.combiner.server_dp else len(replies)
+            share = combined / max(len(pool), 1)
         else:
             replies = fed.exchange(
                 "train", payloads, self.validate, min_replies=self.combiner.min_replies()
             )
             counts = {cid: num_examples(r) for cid, r in replies.items()}
+            mine = {cid: unpack(protocol.arrays_of(r), self.num) for cid, r in replies.items()}
+            mean = pack([
+                self.combiner.combine(fed.server_round, f"component-{m}",
+                                      {cid: comps[m] for cid, comps in mine.items()}, start,
+                                      counts)
+                for m, start in enumerate(self.components())
+            ])  # fmt: skip
             share = len(replies) / max(len(pool), 1)
-            if self.combiner.server_dp:
-                arrays = {cid: protocol.arrays_of(r) for cid, r in replies.items()}
-                mean = self.combiner.combine(fed.server_round, "components", arrays,
-                                             self.weights, counts)  # fmt: skip
-                share = self.combiner.denominator / max(len(pool), 1)
-            else:
-                mine = {cid: unpack(protocol.arrays_of(r), self.num) for cid, r in replies.items()}
-                mean = pack([
-                    self.combiner.combine(fed.server_round, f"component-{m}",
-                                          {cid: comps[m] for cid, comps in mine.items()}, start,
-                                          counts)
-                    for m, start in enumerate(self.components())
-                ])  # fmt: skip
         if self.fedem.aggregation == "renormalize":
             self.weights = mean
         else:
-            self.weights = mix(self.weights, mean, min(share, 1.0))
+            self.weights = mix(previous, mean, min(share, 1.0))
         return {
             **aggregate_metrics(replies), **self.privacy.metrics(), **self.combiner.metrics()
         }  # fmt: skip

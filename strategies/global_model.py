@@ -48,13 +48,15 @@ class GlobalModelStrategy(Strategy):
         fed: Federation,
         payloads: Mapping[int, RecordDict],
         weight: Callable[[RecordDict], float],
+        point: str = "model",
     ) -> dict[int, RecordDict]:
         """One `train` exchange whose replies are models of the global arrays' layout, combined
         into the new global model: folded one at a time as they come, in client order, when the
         combiner folds (the weighted mean; client-level DP's noisy mean), else held and
-        combined by the robust rule. `weight`: a reply's weight in the mean. The valid replies
-        (with `fold`, without their arrays)."""
-        mean = self.combiner.accumulator(fed.server_round, "model", self.weights)
+        combined by the robust rule. `weight`: a reply's weight in the mean; `point`: the
+        combination's name (its reproducible draws). The valid replies (folded ones without
+        their arrays)."""
+        mean = self.combiner.accumulator(fed.server_round, point, self.weights)
         if mean is not None:
             acc = mean
 
@@ -70,7 +72,7 @@ class GlobalModelStrategy(Strategy):
         )
         self.weights = self.combiner.combine(
             fed.server_round,
-            "model",
+            point,
             {cid: protocol.arrays_of(r) for cid, r in replies.items()},
             self.weights,
             {cid: weight(r) for cid, r in replies.items()},

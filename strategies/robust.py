@@ -47,10 +47,6 @@ Arrays = Mapping[str, np.ndarray]
 class Accumulator(Protocol):
     """A point's contributions folded one at a time (memory of one model)."""
 
-    clients: float
-    """How many clients the result is the mean over (known once `result` ran): the replies
-    folded, or client-level DP's fixed denominator."""
-
     def add(self, arrays: Arrays, weight: float) -> None: ...
 
     def result(self) -> dict[str, np.ndarray]: ...
@@ -62,13 +58,11 @@ class _Mean:
     def __init__(self, unit: bool) -> None:
         self.mean = RunningMean()
         self.unit = unit
-        self.clients = 0.0
 
     def add(self, arrays: Arrays, weight: float) -> None:
         self.mean.add(arrays, 1.0 if self.unit else weight)
 
     def result(self) -> dict[str, np.ndarray]:
-        self.clients = float(len(self.mean))
         return self.mean.result()
 
 
@@ -78,13 +72,11 @@ class _NoisyMean:
     def __init__(self, combiner: Combiner, server_round: int, point: str, reference: Arrays):
         self.combiner, self.server_round, self.point = combiner, server_round, point
         self.sum = client_dp.NoisySum(reference, combiner.dp_bound())
-        self.clients = 0.0
 
     def add(self, arrays: Arrays, weight: float) -> None:
         self.sum.add(arrays)
 
     def result(self) -> dict[str, np.ndarray]:
-        self.clients = self.combiner.denominator
         return self.combiner.release(self.server_round, self.point, self.sum)
 
 
@@ -144,20 +136,27 @@ class Combiner:
             and self.dp is None
         )
 
-    def accumulator(self, server_round: int, point: str, reference: Arrays) -> Accumulator | None:
-        """A fold for the point's contributions (models around `reference`), or None when the
-        rule needs them all at once (`combine`): the weighted mean when `plain`; under
-        client-level DP with nothing but a fixed robust.clip around the mean, the noisy mean
-        (noise on the server) or the unweighted mean of the noised replies (on the clients)."""
+    @property
+    def folds(self) -> bool:
+        """Whether a point's contributions fold one at a time (`accumulator`): the weighted
+        mean when `plain`; under client-level DP with nothing but a fixed robust.clip around
+        the mean, the noisy mean (noise on the server) or the unweighted mean of the noised
+        replies (on the clients)."""
         if self.plain:
-            return _Mean(unit=False)
+            return True
         if self.dp is None or self.injects or self.robust.rule != "mean":
-            return None
+            return False
         r = self.robust
-        if r.clip_quantile > 0 or r.nnm or r.bucket > 1 or (r.clip > 0 and self.dp.at_client):
+        held = r.clip_quantile > 0 or r.nnm or r.bucket > 1
+        return not (held or (r.clip > 0 and self.dp.at_client))
+
+    def accumulator(self, server_round: int, point: str, reference: Arrays) -> Accumulator | None:
+        """A fold for the point's contributions (models around `reference`) when the combiner
+        `folds`, else None (the rule needs them all at once: `combine`)."""
+        if not self.folds:
             return None
-        if self.dp.at_client:
-            return _Mean(unit=True)
+        if self.dp is None or self.dp.at_client:
+            return _Mean(unit=self.dp is not None)
         return _NoisyMean(self, server_round, point, reference)
 
     def rule_needs(self) -> int:
@@ -241,7 +240,9 @@ class Combiner:
         `attacked`, the contributions already went through `attack_replies`. Raises
         TooFewReplies when the rule cannot tolerate robust.f with this many contributions."""
         cids = sorted(contributions)
-        if not cids and not (self.server_dp and reference is not None):
+        if self.server_dp and reference is None:
+            raise ValueError(f"{point}: client-level DP clips updates around a reference")
+        if not cids and not self.server_dp:
             raise TooFewReplies(f"round {server_round}, {point}: no contributions to combine")
         need = self.rule_needs()
         if len(cids) < need and not self.server_dp:
@@ -259,7 +260,8 @@ class Combiner:
         if x is not None and not attacked:
             x = self._attack(server_round, point, cids, x)
         if self.server_dp:
-            return self._noisy_combination(server_round, point, x, reference, template)
+            assert reference is not None
+            return self._noisy_combination(server_round, point, x, reference)
         assert x is not None
         if self.dp is not None:
             weights = None  # noised rows count once each
@@ -275,14 +277,10 @@ class Combiner:
         server_round: int,
         point: str,
         x: np.ndarray | None,
-        reference: Arrays | None,
-        template: Arrays,
+        reference: Arrays,
     ) -> dict[str, np.ndarray]:
-        """Client-level DP's noisy mean of the rows (updates around `reference`; around 0 when
-        it is None), each clipped: what `_NoisyMean` folds, for a point whose rows were held
-        (simulated attackers)."""
-        if reference is None:
-            reference = {k: np.zeros_like(np.asarray(v)) for k, v in template.items()}
+        """Client-level DP's noisy mean of the rows (updates around `reference`), each clipped:
+        what `_NoisyMean` folds, for a point whose rows were held (simulated attackers)."""
         total = client_dp.NoisySum(reference, self.dp_bound())
         for row in x if x is not None else ():
             total.add_update(row)

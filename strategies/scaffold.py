@@ -10,7 +10,6 @@ per client: one clipping bound covers everything a client sends in a round.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,7 +19,7 @@ from flwr.app import RecordDict
 from models.scaffold import norm, robust_server_update, server_update, zeros_like
 from pollen import protocol
 from pollen.contracts.scaffold import CONTROL, CONTROL_DELTA
-from pollen.settings import RunSettings, Scalar
+from pollen.settings import Scalar
 from strategies.aggregate import aggregate_metrics, expect_arrays, num_examples
 from strategies.base import Federation
 from strategies.classifier import parameter_keys
@@ -30,12 +29,6 @@ from strategies.schedule import learning_rate
 GLOBAL_LR = 1.0  # eta_g, the global step of the paper's experiments
 _STATE = f"{CONTROL}/"  # checkpoint keys of c (state-dict keys are dotted module paths)
 _MODEL = "model/"  # delta_y's keys beside delta_c's in one robust combination
-
-
-def training_clients(run: RunSettings) -> int:
-    """N: the clients that train (all but the held-out unseen ones), connected or not; c is the
-    mean of their c_i."""
-    return run.num_clients - math.floor(run.unseen_fraction * run.num_clients)
 
 
 class Scaffold(GlobalClassifierStrategy):
@@ -72,7 +65,7 @@ class Scaffold(GlobalClassifierStrategy):
                 self.control,
                 delta_ys,
                 delta_cs,
-                training_clients(self.run),
+                self.run.training_clients,  # N, connected or not: c is the mean of their c_i
                 GLOBAL_LR,
             )
         else:
@@ -112,7 +105,7 @@ class Scaffold(GlobalClassifierStrategy):
             {k.removeprefix(_MODEL): v for k, v in combined.items() if k.startswith(_MODEL)},
             {k.removeprefix(_STATE): v for k, v in combined.items() if k.startswith(_STATE)},
             replied,
-            training_clients(self.run),
+            self.run.training_clients,
             GLOBAL_LR,
         )
 

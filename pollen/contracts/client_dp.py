@@ -20,7 +20,6 @@ post-processing and spends nothing more.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -69,11 +68,6 @@ class Mechanism:
         return (self.noise_multiplier, self.sample_rate, rounds)
 
 
-def training_clients(run: RunSettings) -> int:
-    """N: the clients that train (all but the held-out unseen ones)."""
-    return run.num_clients - math.floor(run.unseen_fraction * run.num_clients)
-
-
 def mechanism(settings: Mapping[str, Scalar]) -> Mechanism | None:
     """The run's client-level DP, its noise calibrated to `client-dp.target-epsilon` over
     `num-rounds` when asked; None when it is off. ValueError when no noise reaches the
@@ -90,7 +84,7 @@ def mechanism(settings: Mapping[str, Scalar]) -> Mechanism | None:
 
         z = noise_for_epsilon(dp.target_epsilon, dp.delta, q, run.num_rounds)
         z = 2 * z if at_client else z
-    return Mechanism(z, dp.clip, dp.delta, q, training_clients(run), at_client)
+    return Mechanism(z, dp.clip, dp.delta, q, run.training_clients, at_client)
 
 
 def planned_epsilon(mech: Mechanism, rounds: int) -> float:
