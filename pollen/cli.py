@@ -4,6 +4,7 @@ and read results (report)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -19,13 +20,15 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from client import relay
-from pollen import board, registry
+from pollen import board, preflight, registry
 from pollen import settings as settings_mod
 from pollen.dataspec import check_model_fits, data_spec, model_input
+from pollen.diagnosis import no_space
 from pollen.files import atomic_write_json
 from pollen.launcher import (
-    FLWR_ENV,
+    START_TIMEOUT,
     TLS,
+    DiskFull,
     Federation,
     LaunchError,
     allow_list,
@@ -33,6 +36,7 @@ from pollen.launcher import (
     bin_path,
     follow,
     free_port,
+    load_certificate,
     node_key,
     runner_secret,
     serve_node,
@@ -62,6 +66,14 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--timeout", type=float, default=24 * 3600, help="stop the run after this many seconds"
+    )
+    p.add_argument(
+        "--start-timeout",
+        type=_seconds,
+        default=START_TIMEOUT,
+        metavar="S",
+        help="stop the run when its ServerApp has written nothing this many seconds after the "
+        "submission (it cannot start)",
     )
     p.add_argument(
         "--plain",
@@ -140,10 +152,10 @@ def resolve_run_settings(
     out = (
         Path(args.out)
         if args.out
-        else Path("results")
-        / (f"{run.algorithm}-{run.dataset}-{time.strftime('%Y%m%d-%H%M%S')}")
+        else Path("results") / (f"{run.algorithm}-{run.dataset}-{time.strftime('%Y%m%d-%H%M%S')}")
     )
-    _check_writable(out)
+    preflight.check_writable_dir(out, "--out")
+    preflight.check_free_space(out, "--out")
     if not args.resume and (out / "checkpoint").exists():
         raise SettingsError(
             f"{out} already holds a run; pass --resume to continue it or choose another --out"
@@ -168,13 +180,17 @@ class Watch:
     """True: plain lines; None: plain unless the output is a terminal (pollen.progress)."""
     tensorboard: Path | None = None
     """TensorBoard writes to this directory's subdirectory named after the results one."""
+    start_timeout: float = START_TIMEOUT
+    """Seconds the ServerApp may take to start (pollen.launcher.follow)."""
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> Watch:
         board = getattr(args, "tensorboard", None)
+        start = getattr(args, "start_timeout", START_TIMEOUT)
         return cls(
             plain=True if getattr(args, "plain", False) else None,
             tensorboard=Path(board) if board else None,
+            start_timeout=start,
         )
 
 
@@ -186,7 +202,7 @@ def _check_tensorboard(directory: str | None) -> None:
     reason = board.missing()
     if reason is not None:
         raise SettingsError(reason)
-    _check_writable(Path(directory), "--tensorboard")
+    preflight.check_writable_dir(Path(directory), "--tensorboard")
 
 
 def _check_device(device: str) -> None:
@@ -199,23 +215,6 @@ def _check_device(device: str) -> None:
         raise SettingsError(
             f"device={device}: torch sees no CUDA GPU on this machine; use device=auto or cpu"
         )
-
-
-def _check_writable(out: Path, option: str = "--out") -> None:
-    """The directory `option` names is (or can become) one this process can write to."""
-    if out.exists() and not out.is_dir():
-        raise SettingsError(f"{option} {out} is a file, not a directory")
-    probe = out
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir():
-        raise SettingsError(f"{option} {out}: {probe} is a file, not a directory")
-    try:
-        os.rmdir(tempfile.mkdtemp(dir=probe, prefix=".pollen-write-check-"))
-    except OSError as exc:
-        raise SettingsError(
-            f"{option} {out} cannot be written: {exc.strerror or exc} (in {probe})"
-        ) from None
 
 
 def _check_resumable(out: Path, resolved: dict[str, Scalar]) -> None:
@@ -562,7 +561,9 @@ def simulate_run(
     for attempt in range(1, RUNTIME_START_ATTEMPTS):
         code = _run_and_report(fed, resolved, timeout, watch)
         log = out / "server.log"
-        if code == 0 or RUNTIME_START_FAILURE not in log.read_text(errors="replace"):
+        if code == 0 or not log.exists():
+            return code
+        if RUNTIME_START_FAILURE not in log.read_text(errors="replace"):
             return code
         log.replace(out / f"server-attempt{attempt}.log")
         if not run.resume:  # what the failed attempt wrote; a resume keeps its history
@@ -637,6 +638,27 @@ def _failure(out: Path, status: Mapping[str, Any]) -> str:
     return f"failed: {brief(reason, limit=600)} (full log: {out / 'server.log'})"
 
 
+def _no_space(out: Path, detail: str) -> str:
+    """The line for a run stopped by a full disk: where, what is kept, how to go on."""
+    from server import checkpoint  # lazy: only on this path
+
+    try:
+        kept = checkpoint.load(out).server_round
+    except checkpoint.CheckpointError:
+        kept = 0
+    then = (
+        f"its checkpoint of round {kept} is kept: free space, then continue it with --resume "
+        f"--out {out}"
+        if kept
+        else "no round was saved: free space, then start it again"
+    )
+    if not detail.startswith("no space left on device"):
+        detail = (
+            f"no space left on device in {out} ({preflight.free_mb(out):.1f} MB free; {detail})"
+        )
+    return f"{detail}; the run was stopped and {then}"
+
+
 def _record_restarts(summary_path: Path, restarts: list[dict[str, Any]]) -> None:
     """Add the SuperNode restarts of this run to the summary the ServerApp wrote."""
     try:
@@ -667,18 +689,26 @@ def _run_and_report(
     try:
         status = follow(
             fed, run_id, out, timeout, num_rounds=run.num_rounds, history=run.resume,
-            plain=watch.plain, sinks=sinks,
+            plain=watch.plain, sinks=sinks, start_timeout=watch.start_timeout,
         )  # fmt: skip
     except KeyboardInterrupt:
         fed.stop_run(run_id)
         raise
+    except DiskFull as exc:
+        print(f"pollen: error: run {run_id}: {_no_space(out, str(exc))}", file=sys.stderr)
+        return 1
     log = fed.server_log(run_id)
-    (out / "server.log").write_text(log)
+    with contextlib.suppress(OSError):  # a full disk: said below
+        (out / "server.log").write_text(log)
     if fed.restart_log:
         _record_restarts(out / "summary.json", fed.restart_log)
     state = status.get("status", "unknown")
     lost = fed.lost_messages()  # what Flower's processes logged about messages they lost
     if state != "finished:completed":
+        if no_space(log) or preflight.free_mb(out) < 1:
+            print(f"pollen: error: run {run_id}: {_no_space(out, 'the ServerApp could not write')}",
+                  file=sys.stderr)  # fmt: skip
+            return 1
         cause = f"; {lost}" if lost else ""
         print(f"pollen: error: run {run_id} {_failure(out, status)}{cause}", file=sys.stderr)
         return 1
@@ -706,12 +736,31 @@ def cmd_server(args: argparse.Namespace) -> int:
         raise LaunchError("--allow-list is for --auth: give both")
     api_host = _api_host(args)
     secret = _superexec_secret(args)
+    _check_server_machine(args, api_host)
     for line in _server_warnings(args, api_host, secret):
         print(f"pollen: warning: {line}", file=sys.stderr, flush=True)
-    argv = superlink_argv(args, tls)
-    if not args.allow_list and not args.ready_file:
-        return _exec(argv)
-    return _serve_supervised(argv, args, tls)
+    return _serve_supervised(superlink_argv(args, tls), args, tls)
+
+
+def _check_server_machine(args: argparse.Namespace, api_host: str) -> None:
+    """What this machine must offer the SuperLink, checked before it starts: its two ports
+    free, its database's directory there and writable, the files and directories it is given
+    usable (docs/reliability.md#operator-mistakes)."""
+    if args.port == args.fleet_port:
+        raise LaunchError(
+            f"--port and --fleet-port are both {args.port}: the HTTP API and the Fleet API "
+            "need a port each"
+        )
+    preflight.check_port_free(api_host, args.port, "--port")
+    preflight.check_port_free(args.fleet_host, args.fleet_port, "--fleet-port")
+    if args.database:
+        preflight.check_database(args.database)
+    if args.workdir:
+        preflight.check_writable_dir(Path(args.workdir), "--workdir")
+    if args.ready_file:
+        preflight.check_writable_dir(Path(args.ready_file).parent, "--ready-file")
+    if args.allow_list:
+        preflight.check_input_dir(Path(args.allow_list), "--allow-list")
 
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -806,8 +855,9 @@ def superlink_argv(args: argparse.Namespace, tls: TLS | None) -> list[str]:
         args.isolation,
         *tls_args_superlink(tls),
     ]
-    if args.database:
-        argv += ["--database", args.database]
+    if args.database:  # (the SuperLink runs in its work directory: the path must be absolute)
+        memory = args.database == ":memory:"
+        argv += ["--database", args.database if memory else str(Path(args.database).resolve())]
     if args.auth:
         argv.append("--enable-supernode-auth")
     if args.superexec_auth_secret_file:
@@ -824,8 +874,9 @@ def _serve_supervised(argv: list[str], args: argparse.Namespace, tls: TLS | None
     ready = Path(args.ready_file) if args.ready_file else None
     if ready is not None:
         ready.unlink(missing_ok=True)  # a restarted server is not ready until it says so again
-    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="superlink-"))
-    fed = Federation(workdir)
+    scratch = None if args.workdir else Path(tempfile.mkdtemp(prefix="superlink-"))
+    fed = Federation(scratch or Path(args.workdir))
+    print("starting:", " ".join(argv), flush=True)
     proc = fed.spawn("superlink", [bin_path(argv[0]), *argv[1:]], console=True)
     try:
         local = "127.0.0.1" if args.expose_api else _api_host(args)
@@ -843,11 +894,15 @@ def _serve_supervised(argv: list[str], args: argparse.Namespace, tls: TLS | None
         if ready is not None:
             ready.parent.mkdir(parents=True, exist_ok=True)
             ready.write_text(f"{os.getpid()}\n")
-        return proc.popen.wait()
+        if proc.popen.wait() != 0:
+            raise proc.failure()
+        return 0
     finally:
         if ready is not None:
             ready.unlink(missing_ok=True)
         fed.stop()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def cmd_client(args: argparse.Namespace) -> int:
@@ -874,6 +929,7 @@ def cmd_client(args: argparse.Namespace) -> int:
             "--insecure to connect unencrypted on a network you trust"
         )
     trusted = _trusted_key(args)
+    _check_client_machine(args)
     if args.insecure:
         _warn(
             "--insecure: the model and this client's updates travel unencrypted; anyone on "
@@ -904,6 +960,23 @@ def cmd_client(args: argparse.Namespace) -> int:
         except relay.WorkerUnavailable as exc:
             raise LaunchError(f"cannot place the node's worker socket: {exc}") from None
     return serve_node(argv, runner, args.superlink, waited, env_extra=gpu, worker_socket=worker)
+
+
+def _check_client_machine(args: argparse.Namespace) -> None:
+    """What this machine must offer the SuperNode, checked before it starts (not when its first
+    message fails, on a machine nobody may be watching): a state directory it can write, the
+    data directory there, its local port free, its certificate and key readable."""
+    preflight.check_writable_dir(Path(args.state_dir), "--state-dir")
+    if args.data_dir:
+        preflight.check_input_dir(Path(args.data_dir), "--data-dir")
+    if args.cache_dir:
+        preflight.check_writable_dir(Path(args.cache_dir), "--cache-dir")
+    if args.port is not None:
+        preflight.check_port_free("127.0.0.1", args.port, "--port")
+    if args.root_certificates:
+        load_certificate(Path(args.root_certificates))
+    if args.auth_key:
+        preflight.check_readable_file(Path(args.auth_key), "--auth-key")
 
 
 def _warn(text: str) -> None:
@@ -992,16 +1065,6 @@ def _add_attack_options(p: argparse.ArgumentParser, who: str) -> None:
         metavar="S",
         help="sign-flip sends -S x the honest update; model-replacement boosts by S",
     )
-
-
-def _exec(argv: list[str]) -> NoReturn:
-    """Become the Flower daemon (signals reach it directly); it finds its helpers on PATH."""
-    env = dict(os.environ, **FLWR_ENV)
-    bindir = str(Path(sys.executable).parent)
-    env["PATH"] = os.pathsep.join([bindir, env.get("PATH", "")])
-    argv = [bin_path(argv[0]), *argv[1:]]
-    print("exec:", " ".join(argv), flush=True)
-    os.execve(argv[0], argv, env)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -1101,7 +1164,7 @@ def cmd_data_summary(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-        _check_writable(plot.parent if str(plot.parent) else Path("."), "--plot")
+        preflight.check_writable_dir(plot.parent if str(plot.parent) else Path("."), "--plot")
     try:
         resolved = registry.resolve(settings_mod.parse_assignments(args.set))
         summary = partition_summary(data_spec(resolved), cache_dir(resolved))
@@ -1211,8 +1274,7 @@ EXAMPLES = {
         "--signing-key certs/signing.key --algorithm fedavg --clients 2 --rounds 20"
     ),
     "server": (
-        "pollen server --tls-dir certs --auth --allow-list certs/supernodes --database "
-        "superlink.db"
+        "pollen server --tls-dir certs --auth --allow-list certs/supernodes --database superlink.db"
     ),
     "client": (
         "pollen client --superlink server.example.org:9092 --root-certificates ca.crt "
@@ -1227,8 +1289,7 @@ EXAMPLES = {
     "data": "pollen data summary --set dataset=mnist-5k --set num-clients=5",
     "download": "pollen data download cifar10 --data-dir ~/data",
     "summary": (
-        "pollen data summary --set dataset=mnist-5k --set num-clients=5 --set "
-        "partitioner=dirichlet"
+        "pollen data summary --set dataset=mnist-5k --set num-clients=5 --set partitioner=dirichlet"
     ),
     "settings": "pollen settings fedem",
     "algorithms": "pollen algorithms",
@@ -1267,8 +1328,37 @@ def _add_worker_option(p: argparse.ArgumentParser, nodes: str) -> None:
     )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's mistakes in Pollen's form: one line, `pollen: error: ...`, exit 2 (argparse
+    prints the usage first, then `pollen COMMAND: error: ...`)."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.removeprefix("pollen").strip()
+        where = f"pollen {command} --help" if command else "pollen --help"
+        self.exit(2, f"pollen: error: {message} (see {where})\n")
+
+
+def _port(text: str) -> int:
+    """argparse `type=` of a port option: 1 to 65535, or argparse's one line."""
+    try:
+        return preflight.port_number(text)
+    except preflight.PreflightError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _seconds(text: str) -> float:
+    """argparse `type=` of a duration: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pollen", description=__doc__)
+    parser = _Parser(prog="pollen", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = _command(sub, "deploy", help="SuperLink + N SuperNodes as processes on loopback (gRPC)")
@@ -1359,7 +1449,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "server", help="start a SuperLink for clients on other machines")
     p.add_argument(
-        "--port", type=int, default=9093, help="HTTP API (Control + Runtime): runs are submitted"
+        "--port", type=_port, default=9093, help="HTTP API (Control + Runtime): runs are submitted"
     )
     p.add_argument(
         "--api-host",
@@ -1372,7 +1462,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="bind the HTTP API to all interfaces: whoever reaches --port can then submit a run "
         "(run code in the ServerApp and on every client)",
     )
-    p.add_argument("--fleet-port", type=int, default=9092, help="Fleet API (gRPC) for SuperNodes")
+    p.add_argument("--fleet-port", type=_port, default=9092, help="Fleet API (gRPC) for SuperNodes")
     p.add_argument(
         "--fleet-host", default="0.0.0.0", help="interface of the Fleet API (all, by default)"
     )
@@ -1420,7 +1510,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", help="directory with torchvision datasets")
     p.add_argument("--cache-dir", help="partition cache directory")
     p.add_argument(
-        "--port", type=int, help="local Runtime API port for its ClientApps (default: a free one)"
+        "--port", type=_port, help="local Runtime API port for its ClientApps (default: a free one)"
     )
     p.add_argument(
         "--max-wait-time",
@@ -1494,9 +1584,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="simulation: each client reserves F of a GPU, passed to every `pollen simulate` "
         "(without it, simulated clients train on the CPU)",
     )
-    p.add_argument(
-        "--parallel", type=int, metavar="N", help="simulation: clients trained at once"
-    )
+    p.add_argument("--parallel", type=int, metavar="N", help="simulation: clients trained at once")
     p.set_defaults(func=cmd_experiment)
 
     data = _command(sub, "data", help="datasets: download, partition summary")
@@ -1542,7 +1630,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args)
         return code
-    except (SettingsError, LaunchError) as exc:
+    except (SettingsError, LaunchError, preflight.PreflightError) as exc:
         print(f"pollen: error: {exc}", file=sys.stderr)
         return 2
     except NothingToDo as exc:

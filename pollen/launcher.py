@@ -30,6 +30,8 @@ from typing import Any, TextIO
 
 from client import relay
 from pollen.contracts.launcher import LAUNCHER_PID
+from pollen.diagnosis import ConsoleCopy, known_cause, no_space
+from pollen.preflight import free_mb
 from pollen.progress import NODE_RESTART_LIMIT, Progress, Sink
 from pollen.settings import Scalar, toml_value
 
@@ -56,6 +58,17 @@ FLWR_TIMED_OUT = 124
 
 class LaunchError(RuntimeError):
     """A process did not start, a run could not be submitted, or a run failed."""
+
+
+class DiskFull(LaunchError):
+    """A process of the federation logged a full disk: the run cannot go on."""
+
+
+START_TIMEOUT = 300.0
+"""Seconds a submitted run's ServerApp may take to write its first event before the run is
+stopped (`--start-timeout`): on a loaded 2-core machine it starts in well under a minute; a
+ServerApp that cannot start (no SuperExec serving the SuperLink, a full disk, a crashed child)
+never does."""
 
 
 def _die_with_parent() -> None:
@@ -186,12 +199,45 @@ class Proc:
     name: str
     popen: subprocess.Popen[bytes]
     log_path: Path
+    console: ConsoleCopy | None = None
+    """The process's output goes to this process's (`Federation.spawn(console=True)`)."""
 
     def tail(self, lines: int = 15) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
+
+    def failure(self) -> LaunchError:
+        """The error to raise for the process's exit: DiskFull when the disk its log is on is
+        full (the process could not write, and often not even log why), else LaunchError with
+        `exit_reason`."""
+        code = self.popen.returncode
+        where = self.log_path.parent
+        if free_mb(where) < 1:
+            return DiskFull(
+                f"no space left on device in {where} ({free_mb(where):.1f} MB free): "
+                f"{self.name} exited (code {code})"
+            )
+        return LaunchError(self.exit_reason())
+
+    def exit_reason(self) -> str:
+        """Why the process exited, for `pollen: error:`: one line when its output shows a
+        cause the operator can fix (pollen.diagnosis), else its exit code and its last lines
+        (on the console, the traceback held back is shown first)."""
+        code = self.popen.returncode
+        if self.console is not None:
+            held = self.console.finish()
+            cause = known_cause(self.console.tail)
+            if cause is not None:
+                return cause
+            self.console.show(held)
+            return f"{self.name} exited (code {code}); its output is above"
+        tail = self.tail(200)
+        cause = known_cause([tail])
+        if cause is not None:
+            return f"{self.name}: {cause} (its log: {self.log_path})"
+        return f"{self.name} exited (code {code}):\n{self.tail()}"
 
 
 @dataclass
@@ -248,6 +294,8 @@ class Federation:
     SuperNodes to run into (docs/reliability.md#load)."""
     _shared_socket: Path | None = None
     _owner_locks: list[tuple[Path, int]] = field(default_factory=list)
+    _log_read: dict[Path, int] = field(default_factory=dict)
+    """How far `disk_full` has read each process's log."""
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -296,17 +344,18 @@ class Federation:
         `console`); `track`: it must stay alive (`check_alive`)."""
         log_path = self.workdir / f"{name}.log"
         with open(log_path, "ab") as log:
+            self._log_read[log_path] = log.tell()  # what an earlier process wrote is not news
             popen = subprocess.Popen(
                 list(argv),
-                stdout=None if console else log,
-                stderr=None if console else subprocess.STDOUT,
+                stdout=subprocess.PIPE if console else log,
+                stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=dict(env or self.env),
                 start_new_session=True,
                 cwd=self.workdir,
                 preexec_fn=_die_with_parent,
             )
-        proc = Proc(name, popen, log_path)
+        proc = Proc(name, popen, log_path, ConsoleCopy(popen) if console else None)
         if track:
             self.procs.append(proc)
         return proc
@@ -448,9 +497,7 @@ class Federation:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if proc.popen.poll() is not None:
-                raise LaunchError(
-                    f"{proc.name} exited (code {proc.popen.returncode}):\n{proc.tail()}"
-                )
+                raise proc.failure()
             try:
                 with urllib.request.urlopen(url, timeout=2, context=ctx) as resp:
                     if resp.status == 200:
@@ -469,10 +516,26 @@ class Federation:
                 continue  # (a process replaced by a restart earlier in this loop)
             node = next((n for n in self.started_nodes.values() if proc in n.procs), None)
             if node is None or not self.restart_nodes:
-                raise LaunchError(
-                    f"{proc.name} exited (code {proc.popen.returncode}):\n{proc.tail()}"
-                )
+                raise proc.failure()
             self._revive(node, proc)
+
+    def disk_full(self) -> str | None:
+        """Which process's log says, since the last call, that the disk is full (Flower's
+        SuperLink: `database or disk is full`; any Python process: `No space left on
+        device`), in words; None when none does. Reads only what the logs gained."""
+        for proc in [*self.procs, *self.workers]:
+            path = proc.log_path
+            start = self._log_read.get(path, 0)
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(max(0, start - 64))  # a sign cut in two by the last read
+                    news = fh.read()
+            except OSError:
+                continue
+            self._log_read[path] = max(0, start - 64) + len(news)
+            if no_space(news.decode(errors="replace")):
+                return f"{proc.name} could not write (its log: {path})"
+        return None
 
     def _revive(self, node: Node, dead: Proc) -> None:
         now = time.monotonic()
@@ -664,9 +727,7 @@ class Federation:
             args += ["--client-resources-num-gpus", f"{gpus_per_client:g}"]
         if num_gpus is not None:
             args += ["--init-args-num-gpus", str(num_gpus)]
-        done = self.flwr(
-            "federation", "simulation-config", "@none/default", self.connection, *args
-        )
+        done = self.flwr("federation", "simulation-config", "@none/default", self.connection, *args)
         if done.returncode != 0:
             raise LaunchError(f"could not configure the simulation:\n{done.stdout}{done.stderr}")
 
@@ -998,8 +1059,11 @@ def follow(
     history: bool = False,
     plain: bool | None = None,
     sinks: Sequence[Sink] = (),
+    start_timeout: float = START_TIMEOUT,
 ) -> dict[str, Any]:
-    """Show progress until the run finishes; returns its final status record.
+    """Show progress until the run finishes; returns its final status record. The run is
+    stopped (LaunchError) when its ServerApp has not started after `start_timeout` seconds, or
+    when a process of the federation logs a full disk (DiskFull).
 
     Each status query is a `flwr ls` process (about a CPU-second of imports), so the run's
     status is asked at once when the server writes its summary.json (at the end of a run, also a
@@ -1013,7 +1077,7 @@ def follow(
         out_dir, stream, num_rounds, history, plain=plain, clock=time.monotonic, sinks=sinks
     )
     try:
-        return _follow(fed, run_id, out_dir, timeout, progress)
+        return _follow(fed, run_id, out_dir, timeout, progress, start_timeout)
     finally:
         progress.close()
 
@@ -1033,9 +1097,15 @@ class _StatusQuery(threading.Thread):
 
 
 def _follow(
-    fed: Federation, run_id: str, out_dir: Path, timeout: float, progress: Progress
+    fed: Federation,
+    run_id: str,
+    out_dir: Path,
+    timeout: float,
+    progress: Progress,
+    start_timeout: float = START_TIMEOUT,
 ) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
+    t0 = time.monotonic()
+    deadline = t0 + timeout
     summary = out_dir / "summary.json"
     summary_seen = before = _mtime(summary)  # a resumed run's directory may hold an old one
     interval = STATUS_POLL_MIN
@@ -1044,6 +1114,18 @@ def _follow(
     while True:
         progress.poll()
         fed.check_alive()
+        full = fed.disk_full()
+        if full is not None:
+            fed.stop_run(run_id)
+            raise DiskFull(full)
+        if progress.state.doing == "start" and time.monotonic() - t0 > start_timeout:
+            fed.stop_run(run_id)
+            raise LaunchError(
+                f"run {run_id}: its ServerApp wrote nothing to {out_dir} within "
+                f"{start_timeout:g} s of the submission (--start-timeout), so it never started "
+                "(a SuperLink with no SuperExec to run it, or Flower's processes failing: "
+                f"their logs are in {fed.workdir}); stopped the run"
+            )
         written = _mtime(summary)
         if query is None and (written != summary_seen or time.monotonic() >= next_status):
             summary_seen = written

@@ -12,8 +12,10 @@ Layout (one directory per run):
 
 from __future__ import annotations
 
+import errno
 import io
 import json
+import os
 import re
 import sys
 import time
@@ -82,9 +84,7 @@ class ResultsWriter:
         if self._truncate is not None and name in (METRICS, CLIENTS):
             last, self._truncate = self._truncate, None
             self._drop_after(last)
-        with open(self.dir / name, "a") as fh:
-            fh.write(json.dumps(obj, sort_keys=True, default=_jsonable) + "\n")
-            fh.flush()
+        append_line(self.dir / name, json.dumps(obj, sort_keys=True, default=_jsonable) + "\n")
 
     def write_config(self, config: Mapping[str, Any]) -> None:
         atomic_write_json(self.dir / CONFIG, dict(config))
@@ -136,6 +136,23 @@ class ResultsWriter:
             atomic_write_bytes(
                 path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode()
             )
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append one line whole or not at all: a write the disk cannot take (ENOSPC) is undone,
+    so that the file stays a list of complete lines and a resumed run appends after them."""
+    data = line.encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            if os.write(fd, data) != len(data):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        except OSError:
+            os.ftruncate(fd, size)
+            raise
+    finally:
+        os.close(fd)
 
 
 def _jsonable(value: Any) -> Any:
