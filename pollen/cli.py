@@ -746,13 +746,6 @@ def _check_server_machine(args: argparse.Namespace, api_host: str) -> None:
     """What this machine must offer the SuperLink, checked before it starts: its two ports
     free, its database's directory there and writable, the files and directories it is given
     usable (docs/reliability.md#operator-mistakes)."""
-    if args.port == args.fleet_port:
-        raise LaunchError(
-            f"--port and --fleet-port are both {args.port}: the HTTP API and the Fleet API "
-            "need a port each"
-        )
-    preflight.check_port_free(api_host, args.port, "--port")
-    preflight.check_port_free(args.fleet_host, args.fleet_port, "--fleet-port")
     if args.database:
         preflight.check_database(args.database)
     if args.workdir:
@@ -761,6 +754,13 @@ def _check_server_machine(args: argparse.Namespace, api_host: str) -> None:
         preflight.check_writable_dir(Path(args.ready_file).parent, "--ready-file")
     if args.allow_list:
         preflight.check_input_dir(Path(args.allow_list), "--allow-list")
+    if args.port == args.fleet_port:
+        raise LaunchError(
+            f"--port and --fleet-port are both {args.port}: the HTTP API and the Fleet API "
+            "need a port each"
+        )
+    preflight.check_port_free(api_host, args.port, "--port")
+    preflight.check_port_free(args.fleet_host, args.fleet_port, "--fleet-port")
 
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -976,7 +976,26 @@ def _check_client_machine(args: argparse.Namespace) -> None:
     if args.root_certificates:
         load_certificate(Path(args.root_certificates))
     if args.auth_key:
-        preflight.check_readable_file(Path(args.auth_key), "--auth-key")
+        _check_node_key(Path(args.auth_key))
+
+
+def _check_node_key(path: Path) -> None:
+    """`--auth-key`: a private key (OpenSSH or PEM, as scripts/generate-certs.sh --nodes makes
+    them) that this process can read."""
+    from cryptography.hazmat.primitives import serialization  # lazy: cryptography
+
+    preflight.check_readable_file(path, "--auth-key")
+    data = path.read_bytes()
+    try:
+        if b"OPENSSH PRIVATE KEY" in data:
+            serialization.load_ssh_private_key(data, password=None)
+        else:
+            serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError) as exc:
+        raise LaunchError(
+            f"--auth-key {path} is not a private key ({exc}); give this node's key "
+            "(scripts/generate-certs.sh DIR --nodes N makes DIR/supernodes/node-I.key)"
+        ) from None
 
 
 def _warn(text: str) -> None:

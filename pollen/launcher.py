@@ -294,8 +294,8 @@ class Federation:
     SuperNodes to run into (docs/reliability.md#load)."""
     _shared_socket: Path | None = None
     _owner_locks: list[tuple[Path, int]] = field(default_factory=list)
-    _log_read: dict[Path, int] = field(default_factory=dict)
-    """How far `disk_full` has read each process's log."""
+    _log_read: dict[Path, tuple[int, bytes]] = field(default_factory=dict)
+    """How far `disk_full` has read each process's log, and the end of what it read."""
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -344,7 +344,7 @@ class Federation:
         `console`); `track`: it must stay alive (`check_alive`)."""
         log_path = self.workdir / f"{name}.log"
         with open(log_path, "ab") as log:
-            self._log_read[log_path] = log.tell()  # what an earlier process wrote is not news
+            self._log_read[log_path] = (log.tell(), b"")  # what was there before is not news
             popen = subprocess.Popen(
                 list(argv),
                 stdout=subprocess.PIPE if console else log,
@@ -525,15 +525,15 @@ class Federation:
         device`), in words; None when none does. Reads only what the logs gained."""
         for proc in [*self.procs, *self.workers]:
             path = proc.log_path
-            start = self._log_read.get(path, 0)
+            start, carry = self._log_read.get(path, (0, b""))
             try:
                 with open(path, "rb") as fh:
-                    fh.seek(max(0, start - 64))  # a sign cut in two by the last read
+                    fh.seek(start)
                     news = fh.read()
             except OSError:
                 continue
-            self._log_read[path] = max(0, start - 64) + len(news)
-            if no_space(news.decode(errors="replace")):
+            self._log_read[path] = (start + len(news), news[-64:])  # a sign cut in two
+            if news and no_space((carry + news).decode(errors="replace")):
                 return f"{proc.name} could not write (its log: {path})"
         return None
 
@@ -1120,11 +1120,13 @@ def _follow(
             raise DiskFull(full)
         if progress.state.doing == "start" and time.monotonic() - t0 > start_timeout:
             fed.stop_run(run_id)
+            log = fed.workdir / "superlink.log"
+            where = str(log) if log.exists() else "on the SuperLink's machine"
             raise LaunchError(
                 f"run {run_id}: its ServerApp wrote nothing to {out_dir} within "
                 f"{start_timeout:g} s of the submission (--start-timeout), so it never started "
                 "(a SuperLink with no SuperExec to run it, or Flower's processes failing: "
-                f"their logs are in {fed.workdir}); stopped the run"
+                f"the SuperLink's log {where} says which); stopped the run"
             )
         written = _mtime(summary)
         if query is None and (written != summary_seen or time.monotonic() >= next_status):

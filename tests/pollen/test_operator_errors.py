@@ -13,6 +13,7 @@ import io
 import json
 import os
 import shutil
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,9 +97,24 @@ def world(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Itera
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(readonly)],
                              capture_output=True, check=False).returncode == 0  # fmt: skip
     (tmp / ".readonly-mounted").write_text("1" if mounted else "")
+    tiny = tmp / "tiny"  # a filesystem with 1 MB: too little for a run
+    tiny.mkdir()
+    if mounted:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(tiny)],
+                       capture_output=True, check=True)  # fmt: skip
     yield tmp
     if mounted:
-        subprocess.run(["umount", str(readonly)], capture_output=True, check=False)
+        for mount in (readonly, tiny):
+            subprocess.run(["umount", str(mount)], capture_output=True, check=False)
+
+
+@pytest.fixture(scope="module")
+def taken_port() -> Iterator[int]:
+    """A port another program listens on, on every interface (as on a real server)."""
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        held.listen()
+        yield held.getsockname()[1]
 
 
 # (case id, arguments with {w} for the prepared directory, what the one error line says)
@@ -186,6 +202,45 @@ CASES: list[tuple[str, list[str], str]] = [
                               "--signing-key", "{w}/junk.key"], "is not a private key"),
     ("run-address-without-port", ["run", "--superlink", "localhost", "--dataset", "digits"],
      "is not HOST:PORT"),
+    ("server-port-not-a-number", ["server", "--insecure", "--port", "web"],
+     "'web' is not a port number (1 to 65535)"),
+    ("server-port-out-of-range", ["server", "--insecure", "--fleet-port", "70000"],
+     "70000 is not a port number (1 to 65535)"),
+    ("server-ports-the-same", ["server", "--insecure", "--port", "9092"],
+     "--port and --fleet-port are both 9092"),
+    ("server-fleet-port-taken", ["server", "--insecure", "--port", "{free}", "--fleet-port",
+                                 "{taken}"], "is already in use by another program"),
+    ("server-api-port-taken", ["server", "--insecure", "--port", "{taken}", "--fleet-port",
+                               "{free}"], "is already in use by another program"),
+    ("server-fleet-host-elsewhere", ["server", "--insecure", "--port", "{free}", "--fleet-host",
+                                     "192.0.2.1"], "192.0.2.1 is not an address of this machine"),
+    ("server-database-directory-missing", ["server", "--insecure", "--database",
+                                           "/some/missing/dir/superlink.db"],
+     "the directory /some/missing/dir does not exist"),
+    ("server-database-is-a-directory", ["server", "--insecure", "--database", "{w}"],
+     "is a directory; give the database file's path"),
+    ("server-database-not-sqlite", ["server", "--insecure", "--database", "{w}/afile"],
+     "is not an SQLite database"),
+    ("client-state-dir-in-proc", [*CLIENT, "--partition-id", "0", "--state-dir",
+                                  "/proc/pollen-x"],
+     "--state-dir /proc/pollen-x cannot be written"),
+    ("client-state-dir-a-file", [*CLIENT, "--partition-id", "0", "--state-dir", "{w}/afile"],
+     "is a file, not a directory"),
+    ("client-data-dir-a-file", [*CLIENT, "--partition-id", "0", "--data-dir", "{w}/afile"],
+     "is a file, not a directory"),
+    ("client-data-dir-missing", [*CLIENT, "--partition-id", "0", "--data-dir",
+                                 "{w}/nothing-here"], "does not exist"),
+    ("client-port-taken", [*CLIENT, "--partition-id", "0", "--port", "{taken}"],
+     "is already in use by another program"),
+    ("client-root-certificates-junk", [*CLIENT[:-2], "--allow-any-app", "--partition-id", "0",
+                                       "--root-certificates", "{w}/afile"],
+     "is not a PEM certificate"),
+    ("client-auth-key-junk", [*CLIENT[:-2], "--allow-any-app", "--partition-id", "0",
+                              "--root-certificates", "{w}/certs/ca.crt", "--auth-key",
+                              "{w}/junk.key"], "is not a private key"),
+    ("out-no-space", [*SIM, "--out", "{w}/tiny/run"], "no space left on device"),
+    ("start-timeout-not-positive", [*SIM, "--start-timeout", "0"],
+     "'0' is not a positive number of seconds"),
     ("settings-of-an-unknown-algorithm", ["settings", "fedme"], "did you mean fedem"),
     ("experiment-file-missing", ["experiment", "{w}/nothing.toml"], "nothing.toml"),
 ]  # fmt: skip
@@ -193,17 +248,21 @@ CASES: list[tuple[str, list[str], str]] = [
 
 @pytest.mark.parametrize(("args", "says"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_a_mistake_is_one_line_before_anything_starts(
-    world: Path, shared_cache: Path, args: list[str], says: str
+    world: Path, shared_cache: Path, taken_port: int, args: list[str], says: str
 ) -> None:
-    if "{w}/readonly" in " ".join(args) and not (world / ".readonly-mounted").read_text():
-        pytest.skip("mounting a read-only tmpfs is not permitted here")
+    mounts = ("{w}/readonly", "{w}/tiny")
+    if any(m in " ".join(args) for m in mounts) and not (world / ".readonly-mounted").read_text():
+        pytest.skip("mounting a tmpfs is not permitted here")
     if "no CUDA GPU" in says:
         import torch  # lazy: only these cases
 
         if torch.cuda.is_available():
             pytest.skip("this machine has a CUDA GPU")
     before = _digests(world / "done")
-    argv = [a.replace("{w}", str(world)) for a in args]
+    from pollen.launcher import free_port
+
+    argv = [a.replace("{w}", str(world)).replace("{taken}", str(taken_port))
+            .replace("{free}", str(free_port())) for a in args]  # fmt: skip
     cwd = world / "cwd"  # a default results/ directory would land here
     cwd.mkdir(exist_ok=True)
     env = dict(os.environ, POLLEN_CACHE_DIR=str(shared_cache), FLWR_TELEMETRY_ENABLED="0",
@@ -221,6 +280,7 @@ def test_a_mistake_is_one_line_before_anything_starts(
     assert _digests(world / "done") == before  # the completed run, byte for byte
     assert list(cwd.iterdir()) == []  # nothing written
     assert not (world / "readonly" / "run").exists()
+    assert not (world / "tiny" / "run").exists()
 
 
 def test_resuming_a_run_that_completed_every_round_changes_nothing(

@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from pollen.launcher import Progress
@@ -246,9 +247,22 @@ class _Federation:
         self.clock = clock
         self.finished_at = finished_at
         self.queries: list[float] = []
+        self.stopped = []
+        self.workdir = Path("/nonexistent")
+
+    full_at: float | None = None
+    stopped: list[str]
 
     def check_alive(self) -> None:
         pass
+
+    def disk_full(self) -> str | None:
+        if self.full_at is not None and self.clock.now >= self.full_at:
+            return "superlink could not write"
+        return None
+
+    def stop_run(self, run_id: str) -> None:
+        self.stopped.append(run_id)
 
     def run_status(self, run_id: str) -> dict[str, str]:
         self.queries.append(self.clock.now)
@@ -256,7 +270,15 @@ class _Federation:
         return {"status": "finished:completed" if done else "running"}
 
 
-def _follow(tmp_path: Path, finished_at: float, summary_at: float | None, monkeypatch) -> tuple:
+def _follow(
+    tmp_path: Path,
+    finished_at: float,
+    summary_at: float | None,
+    monkeypatch,
+    full_at: float | None = None,
+    start_timeout: float = 300.0,
+    fed_out: list | None = None,
+) -> tuple:
     import pollen.launcher as launcher
 
     def tick(now: float) -> None:
@@ -270,8 +292,46 @@ def _follow(tmp_path: Path, finished_at: float, summary_at: float | None, monkey
     clock = _Clock(tick)
     monkeypatch.setattr(launcher, "time", clock)
     fed = _Federation(clock, finished_at)
-    status = launcher.follow(fed, "1", tmp_path, timeout=1000, stream=io.StringIO())  # type: ignore[arg-type]
+    fed.full_at = full_at
+    if fed_out is not None:
+        fed_out.append(fed)
+    status = launcher.follow(fed, "1", tmp_path, timeout=1000, stream=io.StringIO(),  # type: ignore[arg-type]
+                             start_timeout=start_timeout)  # fmt: skip
     return status, fed.queries, clock.now
+
+
+def test_follow_stops_a_run_whose_serverapp_never_starts(tmp_path: Path, monkeypatch) -> None:
+    """Nothing in the results directory `start_timeout` seconds after the submission: the run
+    is stopped with one line, instead of "waiting for the ServerApp to start" for ever."""
+    import pollen.launcher as launcher
+
+    feds: list = []
+    says = r"wrote nothing to .* within 60 s of the submission \(--start-timeout\)"
+    with pytest.raises(launcher.LaunchError, match=says) as info:
+        _follow(tmp_path, finished_at=1e9, summary_at=None, monkeypatch=monkeypatch,
+                start_timeout=60.0, fed_out=feds)  # fmt: skip
+    assert not isinstance(info.value, launcher.DiskFull)
+    assert feds[0].stopped == ["1"]
+    assert 60.0 < feds[0].clock.now < 62.0
+
+
+def test_follow_lets_a_started_serverapp_run_past_the_start_timeout(
+    tmp_path: Path, monkeypatch
+) -> None:
+    (tmp_path / "events.jsonl").write_text('{"event": "round-start", "round": 1, "rounds": 2}\n')
+    status, _, ended = _follow(tmp_path, finished_at=100.0, summary_at=None,
+                               monkeypatch=monkeypatch, start_timeout=30.0)  # fmt: skip
+    assert status["status"] == "finished:completed" and ended >= 100.0
+
+
+def test_follow_stops_the_run_when_a_process_logs_a_full_disk(tmp_path: Path, monkeypatch) -> None:
+    import pollen.launcher as launcher
+
+    feds: list = []
+    with pytest.raises(launcher.DiskFull, match="superlink could not write"):
+        _follow(tmp_path, finished_at=1e9, summary_at=None, monkeypatch=monkeypatch,
+                full_at=20.0, fed_out=feds)  # fmt: skip
+    assert feds[0].stopped == ["1"] and 20.0 <= feds[0].clock.now < 21.0
 
 
 def test_follow_asks_for_the_status_at_once_when_the_summary_is_written(
