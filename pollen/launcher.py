@@ -918,8 +918,14 @@ def app_runner_argv(
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+NODE_EXIT_UNKNOWN = "the SuperNode exited; its log is above"
+
+
 def explain_node_exit(lines: Sequence[str], superlink: str, waited: float | None) -> str:
     """One line saying why a SuperNode that could not stay connected exited, from its log."""
+    known = known_cause(lines)
+    if known is not None:
+        return known
     text = ANSI.sub("", "\n".join(lines))
     if "SuperNode authentication is enabled" in text:
         return (
@@ -944,7 +950,7 @@ def explain_node_exit(lines: Sequence[str], superlink: str, waited: float | None
             "started, a firewall), or a TLS mismatch (--insecure against a TLS SuperLink, "
             "--root-certificates not its CA, or an address its certificate does not name)"
         )
-    return "the SuperNode exited; its log is above"
+    return NODE_EXIT_UNKNOWN
 
 
 def serve_node(
@@ -996,24 +1002,12 @@ def serve_node(
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    tail: list[str] = []
-
-    def copy_output() -> None:
-        assert node.stdout is not None
-        for raw in node.stdout:
-            line = raw.decode(errors="replace")
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            tail.append(line)
-            del tail[:-60]
-
-    reader = threading.Thread(target=copy_output, daemon=True)
-    reader.start()
+    console = ConsoleCopy(node)  # a traceback is held back until it is known to be fatal
     code = node.wait()
     # what the SuperNode started (its SuperExec, ClientApps) may outlive it and hold its output
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(node.pid, signal.SIGKILL)
-    reader.join(timeout=10)
+    held = console.finish()
     for child in (helper, worker):
         if child is None:
             continue
@@ -1028,7 +1022,10 @@ def serve_node(
     if stopping:
         return 0
     if code != 0:
-        print(f"pollen: error: {explain_node_exit(tail, superlink, waited)}", file=sys.stderr)
+        reason = explain_node_exit(console.tail, superlink, waited)
+        if reason == NODE_EXIT_UNKNOWN:
+            console.show(held)
+        print(f"pollen: error: {reason}", file=sys.stderr)
     return code
 
 

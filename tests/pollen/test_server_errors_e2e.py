@@ -89,3 +89,21 @@ def test_a_run_whose_serverapp_never_starts_stops_after_the_start_timeout(
     assert "Traceback" not in done.stderr
     assert took < 200, took
     assert _processes_under(out) == []
+
+
+def test_a_clients_port_taken_after_the_check_is_one_line(tmp_path: Path, taken: int) -> None:
+    """`pollen client --port P`: the SuperNode's local Runtime API port, taken between the check
+    and the SuperNode's bind. Before: uvicorn's error, then Flower's traceback ending in
+    `RuntimeError: SuperNode Runtime HTTP API failed to start.`"""
+    env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_HOME=str(tmp_path / "home"))
+    done = subprocess.run(
+        [sys.executable, "-c", RACE, "client", "--superlink", "127.0.0.1:9", "--partition-id",
+         "0", "--num-partitions", "2", "--insecure", "--allow-any-app", "--no-worker",
+         "--state-dir", str(tmp_path / "state"), "--port", str(taken)],
+        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode != 0, done.stdout + done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("pollen: error:")]
+    assert len(errors) == 1 and f"127.0.0.1:{taken} is already in use" in errors[0], done.stderr
+    assert "choose another --port" in errors[0]
+    assert "Traceback" not in done.stdout + done.stderr
