@@ -894,7 +894,12 @@ def _serve_supervised(argv: list[str], args: argparse.Namespace, tls: TLS | None
         if ready is not None:
             ready.parent.mkdir(parents=True, exist_ok=True)
             ready.write_text(f"{os.getpid()}\n")
-        if proc.popen.wait() != 0:
+        try:
+            code = proc.popen.wait()
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: a clean stop (as `pollen client`'s)
+            print("pollen: stopping the SuperLink", file=sys.stderr, flush=True)
+            return 0
+        if code != 0:
             raise proc.failure()
         return 0
     finally:
