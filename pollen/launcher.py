@@ -515,8 +515,8 @@ class Federation:
             if proc not in self.procs or proc.popen.poll() is None:
                 continue  # (a process replaced by a restart earlier in this loop)
             node = next((n for n in self.started_nodes.values() if proc in n.procs), None)
-            if node is None or not self.restart_nodes:
-                raise proc.failure()
+            if node is None or not self.restart_nodes or free_mb(self.workdir) < 1:
+                raise proc.failure()  # (a node restarted on a full disk would die again)
             self._revive(node, proc)
 
     def disk_full(self) -> str | None:

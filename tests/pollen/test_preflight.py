@@ -107,21 +107,3 @@ def test_free_space_is_that_of_the_filesystem_that_would_hold_the_path(tmp_path:
     finally:
         subprocess.run(["umount", str(small)], capture_output=True, check=False)
 
-
-def test_a_full_disk_in_a_log_is_news_only_once_and_only_if_new(tmp_path: Path) -> None:
-    """`Federation.disk_full` reads what each process's log gained: a full disk an earlier
-    process logged (the log of the run a resume continues) is not news."""
-    from pollen.launcher import Federation
-
-    fed = Federation(tmp_path)
-    (tmp_path / "superlink.log").write_text("ERROR: (sqlite3.OperationalError) database or "
-                                            "disk is full\n")  # fmt: skip
-    proc = fed.spawn("superlink", ["sleep", "30"])
-    try:
-        assert fed.disk_full() is None
-        with open(proc.log_path, "a") as log:
-            log.write("INFO: fine\nOSError: [Errno 28] No space left on device\n")
-        assert fed.disk_full() == f"superlink could not write (its log: {proc.log_path})"
-        assert fed.disk_full() is None  # said once
-    finally:
-        fed.stop()
