@@ -27,6 +27,8 @@ CASES: dict[str, dict[str, Any]] = {
     "fedlin": {},
     "adept-pca": {"dataset": "pca-synthetic", "partitioner": "natural", "adept.lr-sigma": 1e-5},
     "adept-ae": {},
+    "fedsc": {"fedsc.dim": 8, "fedsc.passes": 1, "fedsc.views-per-pass": 1, "fedsc.knn-k": 20,
+              "fedsc.probe-epochs": 3, "batch-size": 64},
 }
 
 

@@ -42,6 +42,7 @@ from models.stiefel import polar_factor, top_eigenvectors
 from models.weights import get_weights, set_weights
 from pollen import protocol
 from pollen.contracts.adept import (
+    LR_GLOBAL,
     MU,
     SIGMA,
     AdeptAESettings,
@@ -69,7 +70,7 @@ def _vectors(env: ClientEnv, split: str) -> np.ndarray:
 def _global_rate(content: RecordDict, adept: AdeptSettings) -> float:
     """eta2 of this round: the server's `lr-global` (adept.lr-global under the run's
     lr-schedule), or adept.lr-global itself."""
-    rate = protocol.config_of(content).get("lr-global")
+    rate = protocol.config_of(content).get(LR_GLOBAL)
     if isinstance(rate, int | float) and not isinstance(rate, bool):
         return float(rate)
     return adept.lr_global

@@ -14,14 +14,15 @@ from client.common import split_tensors, test_metrics
 from client.env import ClientEnv
 from client.fedem import packed_models
 from pollen import protocol
+from pollen.contracts.clustered import CLUSTERS
 
 
 def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
     config = protocol.config_of(content)
-    if not config.get("unseen"):
+    if not config.get(protocol.UNSEEN):
         return fedavg.evaluate(content, env)
     torch.set_num_threads(1)
-    models = packed_models(content, protocol.as_int(config["clusters"]), env)
+    models = packed_models(content, protocol.as_int(config[CLUSTERS]), env)
     train = split_tensors(env, "train")
     fits = [test_metrics(m, train, "train") for m in models]
     # with no training data there is nothing to choose by: the first (largest) cluster

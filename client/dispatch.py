@@ -16,7 +16,8 @@ from flwr.app import MetricRecord, RecordDict
 from client.env import ClientConfigError, ClientEnv
 from pollen import protocol
 from pollen.contracts import client_dp
-from pollen.registry import HELLO, AlgorithmSpec, get_algorithm
+from pollen.protocol import HELLO, Hello
+from pollen.registry import AlgorithmSpec, get_algorithm
 from pollen.settings import ClientDPSettings
 from robust.attacks import attack_rows
 from robust.client_dp import privatize_update
@@ -29,15 +30,8 @@ log = logging.getLogger("flwr.pollen")
 def hello(content: RecordDict, env: ClientEnv) -> RecordDict:
     """Tell the server who this node is and how much data it holds."""
     data = env.data
-    return protocol.reply(
-        content,
-        env.cid,
-        {
-            protocol.NUM_EXAMPLES: len(data.train),
-            "val-examples": len(data.val),
-            "test-examples": len(data.test),
-        },
-    )
+    hello_of = Hello(len(data.train), len(data.val), len(data.test))
+    return protocol.reply(content, env.cid, hello_of.metrics())
 
 
 def answer(message_type: str, content: RecordDict, env: ClientEnv) -> RecordDict:

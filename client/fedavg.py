@@ -71,7 +71,7 @@ def _model_metrics(
         epochs=FedAvgPlusSettings.of(env.settings).adapt_epochs,
         steps=0,
     )
-    if protocol.config_of(content).get("unseen"):
+    if protocol.config_of(content).get(protocol.UNSEEN):
         # A newcomer's own schedule has not started: the reference code counts each client's own
         # local epochs, so it tunes at the initial rate, not at the decayed rate of the last round.
         sgd = dataclasses.replace(sgd, lr=env.run.lr)
@@ -107,7 +107,7 @@ def _train(
 def _evaluate(content: RecordDict, env: ClientEnv, *, adapt: bool = False) -> RecordDict:
     model = _received(content, env)
     metrics = _model_metrics(model, content, env, adapt)
-    if protocol.config_of(content).get("unseen"):  # the paper reports their train split too
+    if protocol.config_of(content).get(protocol.UNSEEN):  # the paper reports their train split too
         metrics.update(_model_metrics(model, content, env, adapt, split="train"))
     metrics[protocol.NUM_EXAMPLES] = len(env.data.train)
     return protocol.reply(content, env.cid, metrics)

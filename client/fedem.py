@@ -160,7 +160,7 @@ def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
     models = _components(content, env)
     train_data = split_tensors(env, "train")
     metrics: dict[str, int | float] = {protocol.NUM_EXAMPLES: len(train_data)}
-    if protocol.config_of(content).get("unseen"):
+    if protocol.config_of(content).get(protocol.UNSEEN):
         fedem = FedEMSettings.of(env.settings)
         losses = _losses(models, train_data)
         if fedem.unseen_protocol == "one-step":

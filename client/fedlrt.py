@@ -35,8 +35,8 @@ from models.losses import per_sample_loss
 from models.lowrank import factorized_layers, load_low_rank
 from models.weights import get_weights, set_weights
 from pollen import protocol
-
-GRADS, BASES, CORRECTIONS = "grads", "bases", "corrections"
+from pollen.contracts import fedlrt as contract
+from pollen.contracts.fedlrt import BASES, CORRECTIONS, GRADS, UBAR, VBAR
 
 
 def _model(arrays: Mapping[str, np.ndarray], env: ClientEnv) -> nn.Module:
@@ -86,10 +86,10 @@ def _stored_round(env: ClientEnv, rnd: int) -> dict[str, np.ndarray]:
 def _augmented(stored: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Wire arrays of the augmented model Ũ S̃ Ṽ^T with S̃ = [[diag(s), 0], [0, 0]]."""
     layers = factorized_layers(stored)
-    own = {f"{n}.{part}" for n in layers for part in ("U", "s", "V", "Ubar", "Vbar")}
+    own = {f"{n}.{part}" for n in layers for part in ("U", "s", "V", UBAR, VBAR)}
     out = {k: v for k, v in stored.items() if k not in own}
     for name in layers:
-        u_bar, v_bar = stored[f"{name}.Ubar"], stored[f"{name}.Vbar"]
+        u_bar, v_bar = stored[f"{name}.{UBAR}"], stored[f"{name}.{VBAR}"]
         out[f"{name}.U"] = np.hstack([stored[f"{name}.U"], u_bar])
         out[f"{name}.V"] = np.hstack([stored[f"{name}.V"], v_bar])
         coef = padded_coefficients(stored[f"{name}.s"].astype(np.float64), u_bar.shape[1])
@@ -105,9 +105,9 @@ def basis(content: RecordDict, env: ClientEnv) -> RecordDict:
     metrics = test_metrics(model, tensors(env.data.test, env.device))
     layers = list(factorized_layers(arrays))
     names = [f"{n}.{side}" for n in layers for side in ("U", "V")]
-    if config.get("var-cor") == "simplified":
+    if config.get(contract.VAR_COR) == "simplified":
         names += [f"{n}.S" for n in layers]
-    if config.get("dense-grads"):
+    if config.get(contract.DENSE_GRADS):
         names += _dense_parameter_names(model, layers)
     data = tensors(env.data.train, env.device)
     started = time.perf_counter()
@@ -208,7 +208,7 @@ def warm_start(content: RecordDict, env: ClientEnv) -> RecordDict:
     training split (the run's batch size, momentum and weight decay; the round's lr)."""
     torch.set_num_threads(1)
     rnd = protocol.round_of(content)
-    steps = int(protocol.config_of(content).get("steps", 0))
+    steps = int(protocol.config_of(content).get(contract.STEPS, 0))
     model = new_model(env)
     set_weights(model, protocol.arrays_of(content))
     sgd = sgd_for_round(content, env)
@@ -228,15 +228,15 @@ def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
 
 
 HANDLERS = {
-    "train.fedlrt_warm_start": warm_start,
-    "query.fedlrt_basis": basis,
-    "query.fedlrt_coef_grad": coefficient_gradient,
-    "train.fedlrt_coef": train,
-    "evaluate": evaluate,
+    contract.WARM_START: warm_start,
+    contract.BASIS: basis,
+    contract.COEF_GRAD: coefficient_gradient,
+    contract.TRAIN: train,
+    contract.EVALUATE: evaluate,
 }
 FEDLIN_HANDLERS = {
-    "train.fedlrt_warm_start": warm_start,
-    "query.fedlin_grad": basis,
-    "train.fedlin": train,
-    "evaluate": evaluate,
+    contract.WARM_START: warm_start,
+    contract.FEDLIN_GRAD: basis,
+    contract.FEDLIN_TRAIN: train,
+    contract.EVALUATE: evaluate,
 }

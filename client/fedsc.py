@@ -46,7 +46,17 @@ from models.ssl_eval import embed, knn_accuracy
 from models.ssl_nets import ContrastiveNet, build_contrastive_net
 from models.weights import get_weights, set_weights
 from pollen import protocol
-from pollen.contracts.fedsc import CORRELATION, OTHERS, BYOLSettings, FedSCSettings, SimCLRSettings
+from pollen.contracts.fedsc import (
+    ALPHA,
+    CLIPPED_FRACTION,
+    CORRELATION,
+    CORRELATION_PHASE,
+    OTHERS,
+    BYOLSettings,
+    FedSCSettings,
+    R,
+    SimCLRSettings,
+)
 from pollen.dataspec import model_input
 
 
@@ -130,10 +140,10 @@ def correlation(content: RecordDict, env: ClientEnv) -> RecordDict:
         protocol.NUM_EXAMPLES: n,
         "releases": releases + 1,
         "epsilon": epsilon if math.isfinite(epsilon) else -1.0,  # -1: no guarantee (sigma = 0)
-        "clipped-fraction": clipped,
+        CLIPPED_FRACTION: clipped,
     }
     r32 = r.cpu().numpy().astype(np.float32)
-    return protocol.reply(content, env.cid, metrics, **{CORRELATION: {"r": r32}})
+    return protocol.reply(content, env.cid, metrics, **{CORRELATION: {R: r32}})
 
 
 def _train(
@@ -179,14 +189,14 @@ def train(content: RecordDict, env: ClientEnv) -> RecordDict:
     metrics = knn_metrics(model, env, fedsc)
     others = None
     if OTHERS in content:
-        others = to_device(protocol.arrays_of(content, OTHERS)["r"], env.device)
-    alpha = float(protocol.config_of(content).get("alpha", 1.0)) if others is not None else 1.0
+        others = to_device(protocol.arrays_of(content, OTHERS)[R], env.device)
+    alpha = float(protocol.config_of(content).get(ALPHA, 1.0)) if others is not None else 1.0
     mu = fedsc.mu
 
     def objective(z1: torch.Tensor, z2: torch.Tensor) -> torch.Tensor:
         return local_objective(norm_clip(z1, mu), norm_clip(z2, mu), alpha, others)
 
-    metrics["alpha"] = alpha
+    metrics[ALPHA] = alpha
     # float32 always (see the module's docstring): amp never touches the correlation matrices
     return _train(content, env, fedsc, model, objective, fedsc.loss_scale, metrics, amp=False)
 
@@ -225,7 +235,7 @@ def evaluate(content: RecordDict, env: ClientEnv, *, predictor: bool = False) ->
 
 
 HANDLERS: dict[str, ClientHandler] = {
-    "query.correlation": correlation,
+    CORRELATION_PHASE: correlation,
     "train": train,
     "evaluate": evaluate,
 }

@@ -123,7 +123,7 @@ def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
     model = new_model(env)
     set_weights(model, protocol.arrays_of(content))
     metrics = test_metrics(model, split_tensors(env, "test"))
-    if protocol.config_of(content).get("unseen"):
+    if protocol.config_of(content).get(protocol.UNSEEN):
         metrics.update(test_metrics(model, split_tensors(env, "train"), "train"))
     metrics[protocol.NUM_EXAMPLES] = len(env.data.train)
     return protocol.reply(content, env.cid, metrics)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-from pollen.registry import HELLO
+from pollen.protocol import HELLO
 
 EVENTS = "events.jsonl"
 METRICS = "metrics.jsonl"

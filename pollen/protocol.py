@@ -11,7 +11,8 @@ import json
 import math
 import time
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
@@ -22,6 +23,46 @@ METRICS = "metrics"
 ARRAYS = "arrays"
 NUM_EXAMPLES = "num-examples"
 ROUND = "round"
+MESSAGE_TYPE = "message-type"
+CLIENT_ID = "client-id"
+"""The envelope's keys: the round and message type an instruction belongs to (a reply repeats
+them), and the client a reply is from."""
+
+UNSEEN = "unseen"
+"""Config key of an `evaluate` instruction: the client never trained in this run (an unseen
+client, evaluated after one step of personalisation where the algorithm has one)."""
+
+HELLO = "query.hello"
+"""Sent to every newly seen node before it takes part (server.engine); answered by
+client.dispatch.hello with the client's id and its `Hello`."""
+
+
+@dataclass(frozen=True)
+class Hello:
+    """What a client tells the server of itself in its hello reply: the sizes of its
+    partition's splits (the train size is the reply's `num-examples`)."""
+
+    num_train: int
+    num_val: int
+    num_test: int
+
+    VAL: ClassVar[str] = "val-examples"
+    TEST: ClassVar[str] = "test-examples"
+
+    def metrics(self) -> dict[str, int | float]:
+        return {NUM_EXAMPLES: self.num_train, self.VAL: self.num_val, self.TEST: self.num_test}
+
+    @classmethod
+    def of(cls, metrics: Mapping[str, Any]) -> Hello:
+        """The hello in a reply's metrics; TypeError naming the count that is missing or not
+        an integer."""
+        counts = []
+        for key in (NUM_EXAMPLES, cls.VAL, cls.TEST):
+            try:
+                counts.append(as_int(metrics.get(key)))
+            except TypeError:
+                raise TypeError(f"hello without a count {key}") from None
+        return cls(*counts)
 
 
 def instruction(
@@ -32,7 +73,7 @@ def instruction(
 ) -> RecordDict:
     """An instruction; each keyword becomes a named ArrayRecord."""
     content = RecordDict(
-        {ENVELOPE: ConfigRecord({"round": server_round, "message-type": message_type})}
+        {ENVELOPE: ConfigRecord({ROUND: server_round, MESSAGE_TYPE: message_type})}
     )
     if config:
         content[CONFIG] = ConfigRecord(dict(config))
@@ -52,9 +93,9 @@ def reply(
         {
             ENVELOPE: ConfigRecord(
                 {
-                    "round": round_of(request),
-                    "message-type": str(env["message-type"]),  # type: ignore[index]
-                    "client-id": client_id,
+                    ROUND: round_of(request),
+                    MESSAGE_TYPE: str(env[MESSAGE_TYPE]),  # type: ignore[index]
+                    CLIENT_ID: client_id,
                 }
             ),
             METRICS: MetricRecord(dict(metrics)),

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pollen.contracts import fedlrt as fedlrt_contract
 from pollen.contracts.adept import (
     AdeptAESettings,
     AdeptDGMSettings,
@@ -24,9 +25,10 @@ from pollen.contracts.clustered import ClusteredSettings
 from pollen.contracts.fedavg import FedAvgPlusSettings, FedProxSettings
 from pollen.contracts.fedem import DFedEMSettings, FedEMSettings
 from pollen.contracts.fedlrt import FeDLRTSettings
-from pollen.contracts.fedsc import BYOLSettings, FedSCSettings, SimCLRSettings
+from pollen.contracts.fedsc import CORRELATION_PHASE, BYOLSettings, FedSCSettings, SimCLRSettings
 from pollen.contracts.noop import NoOpSettings
 from pollen.contracts.scaffold import CONTROL_DELTA
+from pollen.protocol import HELLO
 from pollen.settings import (
     COMMON_SETTINGS,
     ROBUST_RULES,
@@ -222,13 +224,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             "the augmented coefficients with optional variance correction",
             strategy="strategies.fedlrt:FeDLRT",
             client="client.fedlrt",
-            message_types=(
-                "train.fedlrt_warm_start",
-                "query.fedlrt_basis",
-                "query.fedlrt_coef_grad",
-                "train.fedlrt_coef",
-                "evaluate",
-            ),
+            message_types=fedlrt_contract.FEDLRT_PHASES,
             settings=FeDLRTSettings.declarations(),
             local_steps=True,
             client_dp_note=(
@@ -243,12 +239,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             "and the client's full gradient at the round's start (2 phases)",
             strategy="strategies.fedlrt:FedLin",
             client="client.fedlrt:FEDLIN_HANDLERS",
-            message_types=(
-                "train.fedlrt_warm_start",
-                "query.fedlin_grad",
-                "train.fedlin",
-                "evaluate",
-            ),
+            message_types=fedlrt_contract.FEDLIN_PHASES,
             uses=("fedlrt",),
             local_steps=True,
             client_dp_note=(
@@ -263,7 +254,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             "clients share DP-protected correlation matrices of their representations",
             strategy="strategies.fedsc:FedSC",
             client="client.fedsc",
-            message_types=("query.correlation", "train", "evaluate"),
+            message_types=(CORRELATION_PHASE, "train", "evaluate"),
             settings=FedSCSettings.declarations(),
             labels=False,
             model_reply=True,
@@ -405,8 +396,6 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
     )
 }
 
-# Sent to every newly seen node before it takes part; answered by client.app directly.
-HELLO = "query.hello"
 
 
 def all_message_types() -> tuple[str, ...]:

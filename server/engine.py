@@ -31,7 +31,7 @@ from flwr.serverapp import Grid
 
 from pollen import protocol
 from pollen.contracts import client_dp, dp_sgd
-from pollen.registry import HELLO
+from pollen.protocol import HELLO
 from pollen.settings import (
     AttackSettings,
     ClientDPSettings,
@@ -505,12 +505,13 @@ class Engine:
             raise InvalidReply(
                 f"reply for round {envelope.get('round')!r}, expected {self.server_round}"
             )
-        if envelope.get("message-type") != message_type:
+        phase = envelope.get(protocol.MESSAGE_TYPE)
+        if phase != message_type:
+            raise InvalidReply(f"reply for phase {phase!r}, expected {message_type!r}")
+        if cid is not None and envelope.get(protocol.CLIENT_ID) != cid:
             raise InvalidReply(
-                f"reply for phase {envelope.get('message-type')!r}, expected {message_type!r}"
+                f"reply from client {envelope.get(protocol.CLIENT_ID)!r}, expected {cid}"
             )
-        if cid is not None and envelope.get("client-id") != cid:
-            raise InvalidReply(f"reply from client {envelope.get('client-id')!r}, expected {cid}")
         metrics = content.get(protocol.METRICS)
         if not isinstance(metrics, MetricRecord):
             raise InvalidReply("no metrics record")
@@ -563,8 +564,8 @@ class Engine:
         hello = {n: protocol.instruction(self.server_round, HELLO) for n in new}
         replies, _ = self._exchange(HELLO, hello, self._check_hello, hello=True)
         for node_id, _key, content in replies:  # of simultaneous claims, the lowest node id
-            cid = protocol.as_int(content[protocol.ENVELOPE]["client-id"])  # type: ignore[index]
-            m = protocol.metrics_of(content)
+            cid = protocol.as_int(content[protocol.ENVELOPE][protocol.CLIENT_ID])  # type: ignore[index]
+            hello_of = protocol.Hello.of(protocol.metrics_of(content))
             old = self._clients.get(cid)
             # a node that went silent is taken to be the crashed predecessor of a restarted one
             # (Flower lists a crashed node as online until its heartbeat expires, ~1 min); a
@@ -594,9 +595,9 @@ class Engine:
             self._clients[cid] = ClientInfo(
                 cid=cid,
                 node_id=node_id,
-                num_train=protocol.as_int(m[protocol.NUM_EXAMPLES]),
-                num_val=protocol.as_int(m["val-examples"]),
-                num_test=protocol.as_int(m["test-examples"]),
+                num_train=hello_of.num_train,
+                num_val=hello_of.num_val,
+                num_test=hello_of.num_test,
             )
             self._node_cids.setdefault(node_id, []).append(cid)
         self.results.event("clients", round=self.server_round, clients=sorted(self._clients))
@@ -608,17 +609,15 @@ class Engine:
         return info is not None and info.node_id in online and info.node_id not in self._silent
 
     def _check_hello(self, _node: int, content: RecordDict) -> None:
-        cid = content[protocol.ENVELOPE].get("client-id")  # type: ignore[union-attr]
+        cid = content[protocol.ENVELOPE].get(protocol.CLIENT_ID)  # type: ignore[union-attr]
         if not isinstance(cid, int) or isinstance(cid, bool):
             raise InvalidReply(f"hello without an integer client-id: {cid!r}")
         if not 0 <= cid < self.run_settings.num_clients:
             raise InvalidReply(f"client-id {cid} outside [0, num-clients)")
-        m = protocol.metrics_of(content)
-        for key in ("val-examples", "test-examples"):
-            try:
-                protocol.as_int(m.get(key))
-            except TypeError:
-                raise InvalidReply(f"hello without a count {key}") from None
+        try:
+            protocol.Hello.of(protocol.metrics_of(content))
+        except TypeError as exc:
+            raise InvalidReply(str(exc)) from None
 
     def wait_for_clients(self) -> None:
         """Wait until every client of the run is connected. Once at least min-available-clients

@@ -38,6 +38,7 @@ from models.stiefel import random_point
 from models.weights import get_weights
 from pollen import protocol
 from pollen.contracts.adept import (
+    LR_GLOBAL,
     MU,
     SIGMA,
     AdeptAESettings,
@@ -139,7 +140,7 @@ class ADEPT(Strategy):
         of their Adams); eta3 (sigma) stays constant."""
         lr = learning_rate(self.settings, server_round)
         factor = lr / self.run.lr if self.run.lr > 0 else 1.0
-        return {"lr": lr, "lr-global": self.adept.lr_global * factor}
+        return {"lr": lr, LR_GLOBAL: self.adept.lr_global * factor}
 
     def run_round(self, fed: Federation) -> dict[str, float]:
         rnd = fed.server_round

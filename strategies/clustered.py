@@ -22,7 +22,7 @@ from flwr.app import RecordDict
 
 from models.clustered import flat_update, split_clusters, update_norms
 from pollen import protocol
-from pollen.contracts.clustered import ClusteredSettings
+from pollen.contracts.clustered import CLUSTERS, ClusteredSettings
 from pollen.contracts.fedem import pack, unpack
 from strategies.aggregate import (
     aggregate_metrics,
@@ -138,11 +138,11 @@ class Clustered(Strategy):
 
         def instruction(client: ClientInfo, unseen: bool) -> RecordDict:
             if unseen:
-                config = {"unseen": True, "clusters": len(by_size)}
+                config = {protocol.UNSEEN: True, CLUSTERS: len(by_size)}
                 return protocol.instruction(fed.server_round, "evaluate", config, arrays=every)
             model = self.models[self.cluster_of(client.cid)]
             return protocol.instruction(
-                fed.server_round, "evaluate", {"unseen": False}, arrays=model
+                fed.server_round, "evaluate", {protocol.UNSEEN: False}, arrays=model
             )
 
         out = final_evaluation(fed, instruction)

@@ -131,7 +131,7 @@ class FedEM(GlobalModelStrategy):
         if not clients:
             return {}
         model = protocol.to_record(self.weights)
-        config = {"unseen": True}
+        config = {protocol.UNSEEN: True}
         payloads = {
             c.cid: protocol.instruction(fed.server_round, "evaluate", config, arrays=model)
             for c in clients
@@ -144,7 +144,7 @@ class FedEM(GlobalModelStrategy):
         return final_evaluation(
             fed,
             lambda c, new: protocol.instruction(
-                fed.server_round, "evaluate", {"unseen": new}, arrays=model
+                fed.server_round, "evaluate", {protocol.UNSEEN: new}, arrays=model
             ),
         )
 

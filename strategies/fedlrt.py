@@ -67,7 +67,8 @@ from models.fedlrt import (
 )
 from models.lowrank import load_low_rank, select_layers
 from pollen import protocol
-from pollen.contracts.fedlrt import FeDLRTSettings
+from pollen.contracts import fedlrt as contract
+from pollen.contracts.fedlrt import BASES, CORRECTIONS, GRADS, FeDLRTSettings
 from pollen.dataspec import model_input
 from pollen.settings import Scalar
 from strategies.aggregate import (
@@ -81,10 +82,6 @@ from strategies.base import Federation, Strategy
 from strategies.classifier import ServerEvaluator, initial_weights
 from strategies.robust import Combiner
 from strategies.schedule import learning_rate
-
-GRADS = "grads"
-BASES = "bases"
-CORRECTIONS = "corrections"
 
 
 def _spec(shape: tuple[int, ...]) -> np.ndarray:
@@ -107,10 +104,10 @@ def _as64(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 class FeDLRT(Strategy):
-    warm_phase = "train.fedlrt_warm_start"
-    basis_phase = "query.fedlrt_basis"
-    coef_phase = "query.fedlrt_coef_grad"
-    train_phase = "train.fedlrt_coef"
+    warm_phase = contract.WARM_START
+    basis_phase = contract.BASIS
+    coef_phase = contract.COEF_GRAD
+    train_phase = contract.TRAIN
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
         super().__init__(settings)
@@ -200,8 +197,8 @@ class FeDLRT(Strategy):
         rnd = fed.server_round
         config: dict[str, Scalar] = {
             "lr": learning_rate(self.settings, rnd),
-            "var-cor": self.var_cor,
-            "dense-grads": self.dense_correction,
+            contract.VAR_COR: self.var_cor,
+            contract.DENSE_GRADS: self.dense_correction,
         }
         warm = self._warm_start(fed, config) if self._warm_start_from is not None else {}
         traffic = Traffic()
@@ -302,7 +299,7 @@ class FeDLRT(Strategy):
         payload = protocol.instruction(
             fed.server_round,
             self.warm_phase,
-            {"lr": config["lr"], "steps": self.fedlrt.warm_start},
+            {"lr": config["lr"], contract.STEPS: self.fedlrt.warm_start},
             arrays=protocol.to_record(start),
         )
 
@@ -352,7 +349,7 @@ class FeDLRT(Strategy):
         bases = {
             f"{name}.{side}": b.astype(np.float32)
             for name, (ub, vb) in bars.items()
-            for side, b in (("Ubar", ub), ("Vbar", vb))
+            for side, b in ((contract.UBAR, ub), (contract.VBAR, vb))
         }
 
         # the client gradients the corrections are built from
@@ -457,7 +454,7 @@ class FeDLRT(Strategy):
         return final_evaluation(
             fed,
             lambda c, new: protocol.instruction(
-                fed.server_round, "evaluate", {"unseen": new}, arrays=arrays
+                fed.server_round, "evaluate", {protocol.UNSEEN: new}, arrays=arrays
             ),
         )
 
@@ -469,8 +466,8 @@ class FedLin(FeDLRT):
     """FedLin: every client corrects its local gradients by G − G_c, G the average full
     gradient at the round's start point (two phases per round, nothing factorized)."""
 
-    basis_phase = "query.fedlin_grad"
-    train_phase = "train.fedlin"
+    basis_phase = contract.FEDLIN_GRAD
+    train_phase = contract.FEDLIN_TRAIN
 
     def __init__(self, settings: Mapping[str, Any]) -> None:
         super().__init__(settings)

@@ -55,7 +55,15 @@ from models.ssl_eval import embed, knn_accuracy, linear_probe
 from models.ssl_nets import build_contrastive_net
 from models.weights import get_weights, set_weights
 from pollen import protocol
-from pollen.contracts.fedsc import CORRELATION, OTHERS, FedSCSettings
+from pollen.contracts.fedsc import (
+    ALPHA,
+    CLIPPED_FRACTION,
+    CORRELATION,
+    CORRELATION_PHASE,
+    OTHERS,
+    FedSCSettings,
+    R,
+)
 from pollen.dataspec import data_spec, model_input
 from pollen.paths import cache_dir
 from pollen.settings import RunSettings
@@ -159,8 +167,8 @@ class FedSC(GlobalModelStrategy):
                     q[c.cid] / sum(q.values()),
                 )
             rbar = self._others(t, q, c.cid) if alpha < 1 else None
-            extra = {OTHERS: {"r": rbar.astype(np.float32)}} if rbar is not None else {}
-            config = {"lr": lr, "alpha": alpha}
+            extra = {OTHERS: {R: rbar.astype(np.float32)}} if rbar is not None else {}
+            config = {"lr": lr, ALPHA: alpha}
             payloads[c.cid] = protocol.instruction(t, "train", config, arrays=model, **extra)
         uniform = self.fedsc.weighting == "uniform"
         self.privacy.charge(clients)  # client-level DP (the baselines), when the run has it
@@ -179,7 +187,7 @@ class FedSC(GlobalModelStrategy):
         into the accepted box (module docstring); None when no other client has shared."""
         if self.combiner.plain:
             return others(self.latest, q, cid)
-        rest = {k: {"r": r} for k, r in sorted(self.latest.items()) if k != cid}
+        rest = {k: {R: r} for k, r in sorted(self.latest.items()) if k != cid}
         if not rest:
             return None
         weights = {k: q[k] for k in rest}
@@ -187,7 +195,7 @@ class FedSC(GlobalModelStrategy):
             server_round, f"correlations-{cid}", rest, None, weights, attacked=True
         )
         bound = self.fedsc.mu + 10 * self.fedsc.noise_std
-        return within_bound(psd_projection(combined["r"]), bound)
+        return within_bound(psd_projection(combined[R]), bound)
 
     def _share(self, fed: Federation, asked: list[ClientInfo]) -> dict[str, float]:
         asked = [c for c in asked if self._within_budget(c.cid)]
@@ -195,23 +203,23 @@ class FedSC(GlobalModelStrategy):
             return {"shared": 0.0}
         model = protocol.to_record(self.weights)
         payloads = {
-            c.cid: protocol.instruction(fed.server_round, "query.correlation", arrays=model)
+            c.cid: protocol.instruction(fed.server_round, CORRELATION_PHASE, arrays=model)
             for c in asked
         }
         for c in asked:  # counted when requested: a lost reply may still have been released
             self.releases[c.cid] = self.releases.get(c.cid, 0) + 1
-        replies = fed.exchange("query.correlation", payloads, self.validate_correlation)
+        replies = fed.exchange(CORRELATION_PHASE, payloads, self.validate_correlation)
         fresh = {
-            cid: protocol.arrays_of(content, CORRELATION)["r"].astype(np.float64)
+            cid: protocol.arrays_of(content, CORRELATION)[R].astype(np.float64)
             for cid, content in replies.items()
         }
         if self.combiner.injects:
             fresh = self._attacked(fed.server_round, fresh)
         self.latest.update(fresh)
         out = {"shared": float(len(replies))}
-        clipped = aggregate_metrics(replies).get("clipped-fraction")
+        clipped = aggregate_metrics(replies).get(CLIPPED_FRACTION)
         if clipped is not None:
-            out["clipped-fraction"] = clipped
+            out[CLIPPED_FRACTION] = clipped
         return out
 
     def _attacked(
@@ -292,7 +300,7 @@ class FedSC(GlobalModelStrategy):
         out = final_evaluation(
             fed,
             lambda c, new: protocol.instruction(
-                fed.server_round, "evaluate", {"unseen": new}, arrays=model
+                fed.server_round, "evaluate", {protocol.UNSEEN: new}, arrays=model
             ),
         )
         out.update(self._evaluator.probe(self.weights))

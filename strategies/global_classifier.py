@@ -30,7 +30,7 @@ class GlobalClassifierStrategy(GlobalModelStrategy):
         return final_evaluation(
             fed,
             lambda c, new: protocol.instruction(
-                fed.server_round, "evaluate", {**config, "unseen": new}, arrays=model
+                fed.server_round, "evaluate", {**config, protocol.UNSEEN: new}, arrays=model
             ),
         )
 

@@ -10,6 +10,8 @@ from typing import ClassVar
 from pollen.settings import SettingsGroup, setting
 
 MU, SIGMA = "mu", "sigma"
+LR_GLOBAL = "lr-global"
+"""Config key of a train instruction: the round's global learning rate."""
 
 
 @dataclass(frozen=True)

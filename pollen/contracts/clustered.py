@@ -9,6 +9,9 @@ from typing import ClassVar
 
 from pollen.settings import SettingsGroup, setting
 
+CLUSTERS = "clusters"
+"""Config key of an unseen client's `evaluate` instruction: how many cluster models it holds."""
+
 
 @dataclass(frozen=True)
 class ClusteredSettings(SettingsGroup):

@@ -1,5 +1,6 @@
 """FeDLRT's contract, shared by its server (strategies.fedlrt: FeDLRT and FedLin) and its clients
-(client.fedlrt): its settings (FedLin reads them too and declares none of its own)."""
+(client.fedlrt): the phases of a round, the records and keys its messages carry, and its
+settings (FedLin reads them too and declares none of its own)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,42 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from pollen.settings import SettingsGroup, setting
+
+# ---- phases (message types), in the order of a round ----------------------------------------
+WARM_START = "train.fedlrt_warm_start"
+"""Before round 1 (fedlrt.warm-start > 0): the first client's SGD steps on the dense model."""
+BASIS = "query.fedlrt_basis"
+"""Clients get U, s, V and answer the full local gradients at that point."""
+COEF_GRAD = "query.fedlrt_coef_grad"
+"""Full variance correction only: clients get the augmented bases and answer the gradient
+of the augmented coefficients."""
+TRAIN = "train.fedlrt_coef"
+"""Clients train the augmented coefficients (with their correction) and answer them."""
+FEDLIN_GRAD = "query.fedlin_grad"
+"""FedLin's first phase: the full local gradient at the round's start point."""
+FEDLIN_TRAIN = "train.fedlin"
+"""FedLin's corrected local training."""
+EVALUATE = "evaluate"
+FEDLRT_PHASES = (WARM_START, BASIS, COEF_GRAD, TRAIN, EVALUATE)
+FEDLIN_PHASES = (WARM_START, FEDLIN_GRAD, FEDLIN_TRAIN, EVALUATE)
+
+# ---- records of a message's content, beside the model's arrays -------------------------------
+GRADS = "grads"
+"""A client's gradients (basis phase: w.r.t. U, V, S and the dense parameters)."""
+BASES = "bases"
+"""The augmented bases Ubar, Vbar of each factorized layer (`<layer>.Ubar`, `<layer>.Vbar`)."""
+CORRECTIONS = "corrections"
+"""A client's variance corrections for the train phase."""
+UBAR, VBAR = "Ubar", "Vbar"
+"""Array name suffixes of a layer's augmented bases."""
+
+# ---- configuration keys of an instruction ----------------------------------------------------
+VAR_COR = "var-cor"
+"""The variance correction of the round ('none', 'simplified', 'full')."""
+DENSE_GRADS = "dense-grads"
+"""Whether the dense parameters are corrected too (fedlrt.dense-correction)."""
+STEPS = "steps"
+"""Warm start: the number of SGD steps."""
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,14 @@ from typing import ClassVar
 
 from pollen.settings import SettingsGroup, setting
 
-CORRELATION = "correlation"  # record of the correlation reply: {"r": (H, H) float32}
-OTHERS = "others"  # record of a train instruction: {"r": Rbar_{-j}}
+CORRELATION_PHASE = "query.correlation"
+"""The phase before training: clients answer the (DP-protected) correlation matrix R_j of
+their representations (paper, Alg. 1)."""
+CORRELATION = "correlation"  # record of the correlation reply: {R: (H, H) float32}
+OTHERS = "others"  # record of a train instruction: {R: Rbar_{-j}}
+R = "r"  # the matrix's name in those records
+ALPHA = "alpha"  # config key of a train instruction: the weight of the others' correlation
+CLIPPED_FRACTION = "clipped-fraction"  # reply metric: the share of clipped representations
 
 
 @dataclass(frozen=True)
