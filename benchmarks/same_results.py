@@ -96,7 +96,11 @@ def compare(a_root: Path, b_root: Path) -> bool:
 
 def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "run":
-        run(Path(argv[1]))
+        out = Path(argv[1])
+        if out.exists() and any(out.iterdir()):  # a run appends to an earlier one's rows
+            print(f"{out} is not empty: give a new directory", file=sys.stderr)
+            return 2
+        run(out)
         return 0
     if len(argv) == 3 and argv[0] == "compare":
         return 0 if compare(Path(argv[1]), Path(argv[2])) else 1

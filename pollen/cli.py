@@ -20,7 +20,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from client import relay
-from pollen import board, preflight, registry
+from pollen import board, preflight, registry, rundir
 from pollen import settings as settings_mod
 from pollen.dataspec import check_model_fits, data_spec, model_input
 from pollen.diagnosis import no_space
@@ -130,7 +130,7 @@ def resolve_run_settings(
     if args.resume:
         if not args.out:
             raise SettingsError("--resume needs --out DIR, the directory of the run to continue")
-        saved = Path(args.out) / "config.json"
+        saved = Path(args.out) / rundir.CONFIG
         if not saved.is_file():
             raise SettingsError(f"--resume: {saved} not found (nothing to resume)")
         try:
@@ -156,7 +156,7 @@ def resolve_run_settings(
     )
     preflight.check_writable_dir(out, "--out")
     preflight.check_free_space(out, "--out")
-    if not args.resume and (out / "checkpoint").exists():
+    if not args.resume and (out / rundir.CHECKPOINT).exists():
         raise SettingsError(
             f"{out} already holds a run; pass --resume to continue it or choose another --out"
         )
@@ -228,19 +228,11 @@ def _check_resumable(out: Path, resolved: dict[str, Scalar]) -> None:
     except checkpoint.CheckpointError as exc:
         raise SettingsError(f"--resume: {exc}") from None
     rounds = RunSettings.of(resolved).num_rounds
-    if saved.server_round >= rounds and _completed(out):
+    if saved.server_round >= rounds and rundir.completed(out):
         raise NothingToDo(
             f"the run in {out} already completed its {rounds} rounds; nothing to resume "
             f"(to train further, resume it with --rounds above {rounds})"
         )
-
-
-def _completed(out: Path) -> bool:
-    """The run in `out` ended with status `completed` (summary.json)."""
-    try:
-        return bool(json.loads((out / "summary.json").read_text()).get("status") == "completed")
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def _check_data(resolved: dict[str, Scalar]) -> None:
@@ -285,9 +277,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     keys = [node_key(args.tls_dir, i) for i in range(n)] if args.auth else []
     # a SuperNode that dies is restarted on its partition and state (docs/reliability.md)
     fed = Federation(
-        out / "processes",
+        out / rundir.PROCESSES,
         restart_nodes=True,
-        events=out / "events.jsonl",
+        events=out / rundir.EVENTS,
         resident_workers=not args.no_worker,
         # one worker for the machine's nodes unless each must see its own GPU
         shared_worker=not (args.worker_per_node or gpus),
@@ -349,7 +341,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     run = RunSettings.of(resolved)
     out, n = Path(run.out_dir), run.num_clients
     num_gpus = _simulation_gpus(args.gpus_per_client, run.device, ray_address is not None)
-    fed = Federation(out / "processes")
+    fed = Federation(out / rundir.PROCESSES)
     # the SuperLink's environment reaches the simulation process, whose ray.init() reads it;
     # "local": a Ray instance of its own, never a cluster `ray start` left on this machine
     fed.env["RAY_ADDRESS"] = ray_address or "local"
@@ -560,14 +552,14 @@ def simulate_run(
     out = Path(run.out_dir)
     for attempt in range(1, RUNTIME_START_ATTEMPTS):
         code = _run_and_report(fed, resolved, timeout, watch)
-        log = out / "server.log"
+        log = out / rundir.SERVER_LOG
         if code == 0 or not log.exists():
             return code
         if RUNTIME_START_FAILURE not in log.read_text(errors="replace"):
             return code
         log.replace(out / f"server-attempt{attempt}.log")
         if not run.resume:  # what the failed attempt wrote; a resume keeps its history
-            for name in ("events.jsonl", "summary.json"):
+            for name in (rundir.EVENTS, rundir.SUMMARY):
                 (out / name).unlink(missing_ok=True)
         print(
             f"the simulation runtime did not start (attempt {attempt} of "
@@ -587,7 +579,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _one_client_per_node(RunSettings.of(resolved))
     out = Path(RunSettings.of(resolved).out_dir)
     fresh = not out.exists()
-    fed = Federation(out / "processes", signing_key=signing_key)
+    fed = Federation(out / rundir.PROCESSES, signing_key=signing_key)
     fed.write_connection(
         args.superlink, Path(args.root_certificates) if args.root_certificates else None
     )
@@ -622,20 +614,17 @@ def _signing_key(path: str | None) -> Path | None:
 def _failure(out: Path, status: Mapping[str, Any]) -> str:
     """One line saying why a run did not complete: the ServerApp's reason from summary.json
     (or resume-failed.json), else Flower's status, and where the full log is."""
-    from server.results import RESUME_FAILED, SUMMARY, brief  # lazy: only on this path
+    from server.results import brief  # lazy: only on this path
 
     reason = ""
-    for name in (RESUME_FAILED, SUMMARY):
-        try:
-            record = json.loads((out / name).read_text())
-        except (OSError, ValueError):
-            continue
-        if record.get("status") == "failed" and record.get("reason"):
+    for name in (rundir.RESUME_FAILED, rundir.SUMMARY):
+        record = rundir.summary_of(out, name) or {}
+        if record.get("status") == rundir.FAILED and record.get("reason"):
             reason = str(record["reason"])
             break
     if not reason:
         reason = f"{status.get('status', 'unknown')}: {status.get('status-details', '')}"
-    return f"failed: {brief(reason, limit=600)} (full log: {out / 'server.log'})"
+    return f"failed: {brief(reason, limit=600)} (full log: {out / rundir.SERVER_LOG})"
 
 
 def _no_space(out: Path, detail: str) -> str:
@@ -661,9 +650,8 @@ def _no_space(out: Path, detail: str) -> str:
 
 def _record_restarts(summary_path: Path, restarts: list[dict[str, Any]]) -> None:
     """Add the SuperNode restarts of this run to the summary the ServerApp wrote."""
-    try:
-        summary = json.loads(summary_path.read_text())
-    except (OSError, ValueError):
+    summary = rundir.summary_of(summary_path.parent)
+    if summary is None:
         return  # no summary to add to: the events file has them
     summary["node-restarts"] = [*summary.get("node-restarts", []), *restarts]
     atomic_write_json(summary_path, summary)
@@ -699,9 +687,9 @@ def _run_and_report(
         return 1
     log = fed.server_log(run_id)
     with contextlib.suppress(OSError):  # a full disk: said below
-        (out / "server.log").write_text(log)
+        (out / rundir.SERVER_LOG).write_text(log)
     if fed.restart_log:
-        _record_restarts(out / "summary.json", fed.restart_log)
+        _record_restarts(out / rundir.SUMMARY, fed.restart_log)
     state = status.get("status", "unknown")
     lost = fed.lost_messages()  # what Flower's processes logged about messages they lost
     if state != "finished:completed":
@@ -714,9 +702,8 @@ def _run_and_report(
         return 1
     if lost:
         print(f"pollen: note: Flower lost messages on the way, and the run went on: {lost}")
-    summary_path = out / "summary.json"
-    if summary_path.exists():
-        summary = json.loads(summary_path.read_text())
+    summary = rundir.summary_of(out)
+    if summary is not None:
         final = (summary.get("final") or {}).get("eval") or {}
         if "test-accuracy" in final:
             print(

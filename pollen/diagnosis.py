@@ -63,8 +63,9 @@ class ConsoleCopy:
 
     TAIL = 200
 
-    def __init__(self, popen: subprocess.Popen[bytes], stream: TextIO = sys.stdout) -> None:
-        self.popen, self.stream = popen, stream
+    def __init__(self, popen: subprocess.Popen[bytes], stream: TextIO | None = None) -> None:
+        self.popen = popen
+        self.stream = stream if stream is not None else sys.stdout  # (this one, at the call)
         self.tail: list[str] = []
         self._held: list[str] = []
         self._lock = threading.Lock()

@@ -39,6 +39,7 @@ from typing import Any
 import tomllib
 
 from pollen.registry import foreign_settings, resolve
+from pollen.rundir import completed, resumable, summary_of
 from pollen.settings import SettingsError, toml_value
 
 
@@ -95,20 +96,6 @@ def _flat(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def run_dir(out: Path, method: str, seed: int) -> Path:
     return out / f"{method}-seed{seed}"
-
-
-def completed(directory: Path) -> bool:
-    summary = directory / "summary.json"
-    try:
-        return json.loads(summary.read_text()).get("status") == "completed"
-    except (OSError, json.JSONDecodeError):
-        return False
-
-
-def resumable(directory: Path) -> bool:
-    return (directory / "config.json").exists() and (
-        directory / "checkpoint" / "state.json"
-    ).exists()
 
 
 def run(exp: Experiment, out: Path, runtime: Sequence[str] = ()) -> dict[str, Any]:
@@ -181,7 +168,7 @@ def tabulate(exp: Experiment, out: Path) -> dict[str, Any]:
             target = run_dir(out, method, seed)
             if not completed(target):
                 continue
-            summary = json.loads((target / "summary.json").read_text())
+            summary = summary_of(target) or {}
             for metric in exp.metrics:
                 value = final_value(summary, metric)
                 if value is not None:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from client import relay
+from pollen import rundir
 from pollen.contracts.launcher import LAUNCHER_PID
 from pollen.diagnosis import ConsoleCopy, known_cause, no_space
 from pollen.preflight import free_mb
@@ -565,7 +566,7 @@ class Federation:
         node.procs = node.launch()
         node.restarts += 1
         record = {
-            "event": "node-restarted",
+            rundir.Event.KEY: rundir.Event.NODE_RESTARTED,
             "client": node.partition_id,
             "restart": node.restarts,
             "exit-code": node.exit_code,
@@ -1103,7 +1104,7 @@ def _follow(
 ) -> dict[str, Any]:
     t0 = time.monotonic()
     deadline = t0 + timeout
-    summary = out_dir / "summary.json"
+    summary = out_dir / rundir.SUMMARY
     summary_seen = before = _mtime(summary)  # a resumed run's directory may hold an old one
     interval = STATUS_POLL_MIN
     next_status = time.monotonic()

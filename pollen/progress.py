@@ -20,7 +20,6 @@ round row, client row and the final summary as they arrive.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,11 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from pollen.protocol import HELLO
-
-EVENTS = "events.jsonl"
-METRICS = "metrics.jsonl"
-CLIENTS = "clients.jsonl"
-SUMMARY = "summary.json"
+from pollen.rundir import CLIENTS, EVENTS, METRICS, SUMMARY, Event, Tail, summary_of
 
 NODE_RESTART_LIMIT = 8
 """How many times `pollen deploy` restarts one SuperNode before it gives the run up."""
@@ -76,41 +71,6 @@ class Sink(Protocol):
     def client(self, row: Mapping[str, Any]) -> None: ...
 
     def close(self, summary: Mapping[str, Any] | None) -> None: ...
-
-
-class _Tail:
-    """The complete lines appended to a JSON-lines file since the last read. A line being
-    written (no newline yet) is left for the next read."""
-
-    def __init__(self, path: Path, skip_existing: bool = False) -> None:
-        self.path = path
-        self.offset = 0
-        self.skipped = 0
-        if skip_existing and path.exists():
-            data = path.read_bytes()
-            self.offset = data.rfind(b"\n") + 1
-            self.skipped = data[: self.offset].count(b"\n")
-
-    def rows(self) -> list[dict[str, Any]]:
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.offset)
-                chunk = fh.read()
-        except FileNotFoundError:
-            return []
-        complete = chunk[: chunk.rfind(b"\n") + 1]
-        self.offset += len(complete)
-        rows = []
-        for line in complete.decode(errors="replace").splitlines():
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue  # a line cut short by a crash: the report says so, progress goes on
-            if isinstance(row, dict):
-                rows.append(row)
-        return rows
 
 
 @dataclass
@@ -376,9 +336,9 @@ class Progress:
         self.view: PlainView | RichView = (
             PlainView(stream, clock, self.t0) if plain else RichView(stream, clock, self.t0, width)
         )
-        self._events = _Tail(self.out_dir / EVENTS, history)
-        self._metrics = _Tail(self.out_dir / METRICS, history)
-        self._clients = _Tail(self.out_dir / CLIENTS, history)
+        self._events = Tail(self.out_dir / EVENTS, history)
+        self._metrics = Tail(self.out_dir / METRICS, history)
+        self._clients = Tail(self.out_dir / CLIENTS, history)
         self._rows: list[dict[str, Any]] = []
         self._summary = _mtime(self.out_dir / SUMMARY)  # a resumed run's is the earlier run's
         self._news = self.t0
@@ -414,13 +374,13 @@ class Progress:
         self._tick()
 
     def _event(self, ev: Mapping[str, Any]) -> None:
-        kind = ev.get("event")
+        kind = ev.get(Event.KEY)
         state, view = self.state, self.view
         rnd = _int(ev.get("round"))
-        if kind in ("round-start", "final-start") and rnd is not None:
+        if kind in (Event.ROUND_START, Event.FINAL_START) and rnd is not None:
             state.round, state.phase, state.doing = rnd, None, "round"
             state.round_started = self.clock()
-        elif kind == "waiting-for-clients":
+        elif kind == Event.WAITING_FOR_CLIENTS:
             state.doing = "clients"
             state.connected = _int(ev.get("connected")) or 0
             state.needed = _int(ev.get("needed")) or 0
@@ -430,33 +390,33 @@ class Progress:
                 f"starts at {state.needed}, gives up after {state.wait_timeout:g} s)",
                 style="yellow",
             )
-        elif kind == "phase-start" and rnd is not None:
+        elif kind == Event.PHASE_START and rnd is not None:
             if state.round < rnd:
                 state.round, state.round_started = rnd, self.clock()
             state.doing = "phase"
             state.phase = _Phase(str(ev.get("phase")), rnd, _int(ev.get("clients")) or 0)
-        elif kind == "phase-progress" and state.phase is not None:
+        elif kind == Event.PHASE_PROGRESS and state.phase is not None:
             state.phase.answered = _int(ev.get("answered")) or 0
             state.phase.valid = _int(ev.get("valid")) or 0
             waiting = ev.get("waiting")
             state.phase.waiting = [int(c) for c in waiting] if isinstance(waiting, list) else None
-        elif kind == "phase-end" and rnd is not None:
+        elif kind == Event.PHASE_END and rnd is not None:
             self._phase_end(ev, rnd)
-        elif kind == "server-eval-start":
+        elif kind == Event.SERVER_EVAL_START:
             state.doing = "server-eval"
-        elif kind == "clients":
+        elif kind == Event.CLIENTS:
             ids = [int(c) for c in ev.get("clients") or []]
             state.connected = len(ids)
             view.line(f"clients connected: {id_ranges(ids)}")
-        elif kind == "client-refused":
+        elif kind == Event.CLIENT_REFUSED:
             view.line(
                 f"{state.label(rnd or state.round)}: node {ev.get('node')} claims client "
                 f"{ev.get('client')}, which live node {ev.get('holder')} holds; refused",
                 style="yellow",
             )
-        elif kind == "clients-missing":
+        elif kind == Event.CLIENTS_MISSING:
             view.line(f"starting with {ev.get('reason', '')}", style="yellow")
-        elif kind == "resend":
+        elif kind == Event.RESEND:
             who = ev.get("clients")
             whom = f"clients {who}" if who is not None else f"nodes {ev.get('nodes')}"
             view.line(
@@ -464,14 +424,14 @@ class Progress:
                 f"{ev.get('after')} s; sent again to {whom}",
                 style="yellow",
             )
-        elif kind == "node-restarted":
+        elif kind == Event.NODE_RESTARTED:
             view.line(
                 f"SuperNode of client {ev.get('client')} restarted (it exited with code "
                 f"{ev.get('exit-code')}; restart {ev.get('restart')} of at most "
                 f"{NODE_RESTART_LIMIT})",
                 style="yellow",
             )
-        elif kind == "resume-failed":
+        elif kind == Event.RESUME_FAILED:
             view.line(f"the resume failed: {ev.get('reason', '')}", style="red")
 
     def _phase_end(self, ev: Mapping[str, Any], rnd: int) -> None:
@@ -538,17 +498,9 @@ class Progress:
             self.state.doing = "finished"
             self.view.update(self.state, self.clock())
             self.view.close()
-            summary = _read_summary(self.out_dir / SUMMARY)
+            summary = summary_of(self.out_dir)
             for sink in self.sinks:
                 sink.close(summary)
-
-
-def _read_summary(path: Path) -> dict[str, Any] | None:
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return summary if isinstance(summary, dict) else None
 
 
 def _mtime(path: Path) -> float | None:

@@ -25,11 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from pollen import registry
+from pollen.rundir import (
+    CLIENTS,
+    CONFIG,
+    METRICS,
+    SUMMARY,
+    ResultsFileError,
+    read_object,
+    read_rows,
+)
 
-CONFIG = "config.json"
-METRICS = "metrics.jsonl"
-CLIENTS = "clients.jsonl"
-SUMMARY = "summary.json"
 RESULT_FILES = (CONFIG, METRICS, CLIENTS, SUMMARY)
 
 REPORT_MD = "report.md"
@@ -155,41 +160,23 @@ class Run:
 # ---- reading -------------------------------------------------------------------------------
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        obj = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ReportError(f"{path}: cannot read: {exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise ReportError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}") from exc
-    if not isinstance(obj, dict):
-        raise ReportError(f"{path}: expected a JSON object, found {type(obj).__name__}")
-    return obj
+        return read_object(path)
+    except ResultsFileError as exc:
+        raise ReportError(str(exc)) from exc
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ReportError(f"{path}: cannot read: {exc}") from exc
-    rows: list[dict[str, Any]] = []
-    numbered = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
-    for i, (lineno, line) in enumerate(numbered):
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if i == len(numbered) - 1:  # what a crash mid-write leaves: use the lines before
-                print(
-                    f"pollen: warning: {path}: line {lineno} is incomplete (cut off "
-                    f"mid-write); reporting the {len(rows)} complete lines",
-                    file=sys.stderr,
-                )
-                break
-            raise ReportError(f"{path}: line {lineno}: invalid JSON: {exc.msg}") from exc
-        if not isinstance(obj, dict):
-            raise ReportError(
-                f"{path}: line {lineno}: expected a JSON object, found {type(obj).__name__}"
-            )
-        rows.append(obj)
-    return rows
+        got = read_rows(path)
+    except ResultsFileError as exc:
+        raise ReportError(str(exc)) from exc
+    if got.cut_line is not None:  # what a crash mid-write leaves: use the lines before
+        print(
+            f"pollen: warning: {path}: line {got.cut_line} is incomplete (cut off "
+            f"mid-write); reporting the {len(got.rows)} complete lines",
+            file=sys.stderr,
+        )
+    return got.rows
 
 
 def load_run(path: Path, name: str | None = None) -> Run:

@@ -21,6 +21,7 @@ import numpy as np
 
 from pollen.files import atomic_write_bytes
 from pollen.registry import all_settings
+from pollen.rundir import CHECKPOINT
 
 FORMAT_VERSION = 1
 
@@ -39,9 +40,9 @@ class Checkpoint:
 
 
 def save(out_dir: Path, ckpt: Checkpoint) -> None:
-    final = out_dir / "checkpoint"
-    tmp = out_dir / "checkpoint.tmp"
-    prev = out_dir / "checkpoint.prev"
+    final = out_dir / CHECKPOINT
+    tmp = out_dir / f"{CHECKPOINT}.tmp"
+    prev = out_dir / f"{CHECKPOINT}.prev"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     buf = io.BytesIO()
@@ -66,7 +67,7 @@ def save(out_dir: Path, ckpt: Checkpoint) -> None:
 
 def load(out_dir: Path) -> Checkpoint:
     """The latest complete checkpoint in `out_dir`."""
-    for candidate in (out_dir / "checkpoint", out_dir / "checkpoint.prev"):
+    for candidate in (out_dir / CHECKPOINT, out_dir / f"{CHECKPOINT}.prev"):
         if candidate.is_dir():
             return _read(candidate)
     raise CheckpointError(f"no checkpoint in {out_dir} (nothing to resume)")

@@ -32,6 +32,7 @@ from flwr.serverapp import Grid
 from pollen import protocol
 from pollen.contracts import client_dp, dp_sgd
 from pollen.protocol import HELLO
+from pollen.rundir import SERVER_LOG, Event
 from pollen.settings import (
     AttackSettings,
     ClientDPSettings,
@@ -199,7 +200,7 @@ class Engine:
                 (content,) = batch.values()  # a node of one client
             messages.append(self._message(content, node_id, message_type))
         self.results.event(
-            "phase-start",
+            Event.PHASE_START,
             round=self.server_round,
             phase=message_type,
             clients=len(payloads),  # for the hello: the nodes greeted
@@ -283,7 +284,7 @@ class Engine:
                 awaited = sorted(k for m in pending for k in batches[by_message[m]]) if few else []
                 named = 0 < len(awaited) <= WAITING_NAMED
                 self.results.event(
-                    "phase-progress",
+                    Event.PHASE_PROGRESS,
                     round=self.server_round,
                     phase=message_type,
                     answered=answered,
@@ -355,7 +356,9 @@ class Engine:
             "bytes-received": bytes_received,
         }
         self._phases.append(report)
-        self.results.event("phase-end", round=self.server_round, messages=len(messages), **report)
+        self.results.event(
+            Event.PHASE_END, round=self.server_round, messages=len(messages), **report
+        )
         if not hello:
             for r in sorted(replies, key=lambda r: r.key):
                 self.results.client(
@@ -385,7 +388,7 @@ class Engine:
                     brief(f"{type(exc).__name__}: {exc}"),
                     GRID_RETRY_WAIT,
                 )
-                self.results.event("grid-retry", round=self.server_round, call=what)
+                self.results.event(Event.GRID_RETRY, round=self.server_round, call=what)
                 self.sleep(GRID_RETRY_WAIT)
         raise AssertionError("unreachable")
 
@@ -435,7 +438,7 @@ class Engine:
             list(nodes) if message_type == HELLO else clients,
         )
         self.results.event(
-            "resend",
+            Event.RESEND,
             round=self.server_round,
             phase=message_type,
             nodes=list(nodes),
@@ -579,7 +582,7 @@ class Engine:
                     old.node_id,
                 )
                 self.results.event(
-                    "client-refused",
+                    Event.CLIENT_REFUSED,
                     round=self.server_round,
                     client=cid,
                     node=node_id,
@@ -600,7 +603,7 @@ class Engine:
                 num_test=hello_of.num_test,
             )
             self._node_cids.setdefault(node_id, []).append(cid)
-        self.results.event("clients", round=self.server_round, clients=sorted(self._clients))
+        self.results.event(Event.CLIENTS, round=self.server_round, clients=sorted(self._clients))
         return online
 
     def _held_live(self, cid: int, online: set[int]) -> bool:
@@ -640,7 +643,7 @@ class Engine:
                 reason = self._missing(online, want)
                 log.warning("round %s: starting with %s", self.server_round, reason)
                 self.results.event(
-                    "clients-missing",
+                    Event.CLIENTS_MISSING,
                     round=self.server_round,
                     connected=have,
                     total=want,
@@ -651,7 +654,7 @@ class Engine:
             if have != said:  # what the run waits for, each time it changes
                 said = have
                 self.results.event(
-                    "waiting-for-clients",
+                    Event.WAITING_FOR_CLIENTS,
                     round=self.server_round,
                     connected=said,
                     needed=need,
@@ -735,12 +738,12 @@ class Engine:
                 self._phases = []
                 r0 = self.clock()
                 codec0 = protocol.codec_seconds()
-                self.results.event("round-start", round=rnd, rounds=run.num_rounds)
+                self.results.event(Event.ROUND_START, round=rnd, rounds=run.num_rounds)
                 self.discover()
                 train = self.strategy.run_round(self)
                 row: dict[str, Any] = {"round": rnd, "train": train}
                 if run.server_eval:
-                    self.results.event("server-eval-start", round=rnd)
+                    self.results.event(Event.SERVER_EVAL_START, round=rnd)
                     row["server-eval"] = self.strategy.server_evaluate()
                 row["phases"] = self._phases
                 row["seconds"] = round(self.clock() - r0, 4)
@@ -759,11 +762,11 @@ class Engine:
             if run.final_eval:
                 self.server_round = run.num_rounds + 1
                 self._phases = []
-                self.results.event("final-start", round=self.server_round)
+                self.results.event(Event.FINAL_START, round=self.server_round)
                 self.discover()
                 final = {"eval": self.strategy.finalize(self), "phases": self._phases}
                 if run.server_eval:
-                    self.results.event("server-eval-start", round=self.server_round)
+                    self.results.event(Event.SERVER_EVAL_START, round=self.server_round)
                     final["server-eval"] = self.strategy.server_evaluate()
             model = self.strategy.global_arrays()
             if model is not None:
@@ -791,7 +794,7 @@ class Engine:
                 {
                     "status": "failed",
                     "reason": brief(f"{type(exc).__name__}: {exc}", limit=600),
-                    "log": str(Path(out) / "server.log"),
+                    "log": str(Path(out) / SERVER_LOG),
                     "algorithm": run.algorithm,
                     "dataset": run.dataset,
                     "last-completed-round": self.server_round - 1,

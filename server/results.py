@@ -1,23 +1,11 @@
-"""A run's results directory: resolved config, per-round and per-client metrics, summary, model.
-
-Layout (one directory per run):
-    config.json       resolved settings
-    metrics.jsonl     one JSON object per round
-    clients.jsonl     one JSON object per client reply with metrics
-    events.jsonl      what the run does and waits for (rounds, phases, replies as they come),
-                      read live by the launcher; every event: docs/monitoring.md#eventsjsonl
-    summary.json      status and final figures
-    final_model.npz   the final global model, when the algorithm has one
-"""
+"""Writes a run's results directory as the ServerApp runs (its layout, event kinds and readers:
+pollen.rundir)."""
 
 from __future__ import annotations
 
-import errno
 import io
 import json
-import os
 import re
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,37 +14,20 @@ from typing import Any
 import numpy as np
 
 from pollen.files import atomic_write_bytes, atomic_write_json
-
-METRICS = "metrics.jsonl"
-CLIENTS = "clients.jsonl"
-EVENTS = "events.jsonl"
-SUMMARY = "summary.json"
-RESUME_FAILED = "resume-failed.json"
-CONFIG = "config.json"
-FINAL_MODEL = "final_model.npz"
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The rows of a JSON-lines file. A last line cut short (a process killed mid-write leaves
-    one) is left out with a warning on stderr; a bad line before it is an error (ValueError)."""
-    if not path.exists():
-        return []
-    lines = [line.strip() for line in path.read_text(errors="replace").splitlines()]
-    lines = [line for line in lines if line]
-    rows = []
-    for i, line in enumerate(lines):
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            if i < len(lines) - 1:
-                raise ValueError(f"{path}: line {i + 1} is not JSON") from None
-            print(
-                f"warning: {path}: the last line is incomplete (cut off mid-write); "
-                f"using the {len(rows)} complete lines",
-                file=sys.stderr,
-            )
-    return rows
-
+from pollen.rundir import (
+    CLIENTS,
+    COMPLETED,
+    CONFIG,
+    EVENTS,
+    FINAL_MODEL,
+    METRICS,
+    RESUME_FAILED,
+    SUMMARY,
+    Event,
+    append_line,
+    completed,
+    read_jsonl,
+)
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -96,25 +67,22 @@ class ResultsWriter:
         self._append(CLIENTS, row)
 
     def event(self, kind: str, **fields: Any) -> None:
-        self._append(EVENTS, {"event": kind, "time": round(time.time() - self._t0, 3), **fields})
+        self._append(EVENTS, {Event.KEY: kind, "time": round(time.time() - self._t0, 3), **fields})
 
     def summary(self, summary: Mapping[str, Any]) -> None:
         """Write summary.json, except that a failure never replaces the summary of a completed
         run (a resume that failed): that failure is recorded beside it, in resume-failed.json
         and as a `resume-failed` event, and the completed results stay as they were."""
         record = json.loads(json.dumps(summary, default=_jsonable))
-        if record.get("status") != "completed" and self.completed():
+        if record.get("status") != COMPLETED and self.completed():
             atomic_write_json(self.dir / RESUME_FAILED, record)
-            self.event("resume-failed", reason=record.get("reason", ""))
+            self.event(Event.RESUME_FAILED, reason=record.get("reason", ""))
             return
         atomic_write_json(self.dir / SUMMARY, record)
 
     def completed(self) -> bool:
         """Whether this directory holds a completed run's summary."""
-        try:
-            return bool(json.loads((self.dir / SUMMARY).read_text()).get("status") == "completed")
-        except (OSError, ValueError, AttributeError):
-            return False
+        return completed(self.dir)
 
     def final_model(self, arrays: Mapping[str, np.ndarray]) -> None:
         buf = io.BytesIO()
@@ -136,23 +104,6 @@ class ResultsWriter:
             atomic_write_bytes(
                 path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode()
             )
-
-
-def append_line(path: Path, line: str) -> None:
-    """Append one line whole or not at all: a write the disk cannot take (ENOSPC) is undone,
-    so that the file stays a list of complete lines and a resumed run appends after them."""
-    data = line.encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        size = os.fstat(fd).st_size
-        try:
-            if os.write(fd, data) != len(data):
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-        except OSError:
-            os.ftruncate(fd, size)
-            raise
-    finally:
-        os.close(fd)
 
 
 def _jsonable(value: Any) -> Any:

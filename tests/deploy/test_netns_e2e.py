@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from server.results import read_jsonl
+from pollen.rundir import read_jsonl
 from tests.deploy.compose import COMPOSE, ROOT, merged
 from tests.deploy.netns import Namespaces, namespaces_or_skip
 

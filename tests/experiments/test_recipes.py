@@ -20,9 +20,10 @@ from client.app import app as client_app
 from pollen.cli import build_parser, resolve_run_settings
 from pollen.experiment import Experiment, final_value, method_settings
 from pollen.registry import get_algorithm
+from pollen.rundir import read_jsonl
 from pollen.settings import RunSettings, toml_value
 from server.engine import Engine
-from server.results import ResultsWriter, read_jsonl
+from server.results import ResultsWriter
 from tests.fakes import FakeClock, FakeGrid
 from tests.standins import skip_md5_checks, write_standin
 

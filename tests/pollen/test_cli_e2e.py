@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from client.state import StateStore
-from server.results import read_jsonl
+from pollen.rundir import read_jsonl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 POLLEN = [sys.executable, "-m", "pollen.cli"]

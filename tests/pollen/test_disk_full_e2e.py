@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from pollen.rundir import read_jsonl
 from server import checkpoint
-from server.results import read_jsonl
 from tests.pollen.test_cli_e2e import POLLEN, _processes_under
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -24,8 +24,8 @@ from client.app import app as client_app
 from client.state import StateStore
 from pollen.launcher import Federation
 from pollen.registry import resolve
+from pollen.rundir import read_jsonl
 from server.app import app as server_app
-from server.results import read_jsonl
 from tests.fakes import FakeGrid
 from tests.pollen.test_cli_e2e import POLLEN, _processes_under
 

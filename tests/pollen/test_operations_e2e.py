@@ -16,7 +16,7 @@ import pytest
 
 from client import relay
 from pollen.launcher import free_port
-from server.results import read_jsonl
+from pollen.rundir import read_jsonl
 from tests.pollen.test_cli_e2e import POLLEN, _processes_under
 from tests.pollen.test_faults_e2e import TIMEOUT, _digests, _started, _wait
 

@@ -23,8 +23,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from client.app import app as client_app
 from pollen import protocol
 from pollen.registry import ALGORITHMS, get_algorithm
+from pollen.rundir import read_jsonl
 from server.engine import Engine
-from server.results import ResultsWriter, read_jsonl
+from server.results import ResultsWriter
 from strategies.base import Fold, Validator
 from tests.fakes import FakeClock, FakeGrid, settings_of
 

@@ -12,10 +12,11 @@ from flwr.app import Context, Message, RecordDict
 
 from client.app import app as client_app
 from pollen import protocol
+from pollen.rundir import read_jsonl
 from server import checkpoint
 from server.app import app as server_app
 from server.engine import Engine, PhaseFailed
-from server.results import ResultsWriter, read_jsonl
+from server.results import ResultsWriter
 from strategies.base import Federation, Strategy
 from strategies.fedavg import FedAvg
 from strategies.local import LocalOnly

@@ -15,8 +15,9 @@ from flwr.app import Message
 
 from client.app import app as client_app
 from client.state import StateStore
+from pollen.rundir import read_jsonl
 from server.engine import Engine
-from server.results import ResultsWriter, read_jsonl
+from server.results import ResultsWriter
 from strategies.fedavg import FedAvg
 from strategies.fedem import FedEM
 from strategies.local import LocalOnly

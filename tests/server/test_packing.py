@@ -16,8 +16,9 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from client.app import app as client_app
 from pollen import protocol
 from pollen.registry import get_algorithm
+from pollen.rundir import read_jsonl
 from server.engine import Engine
-from server.results import ResultsWriter, read_jsonl
+from server.results import ResultsWriter
 from tests.fakes import FakeClock, FakeGrid, settings_of
 from tests.server.test_bad_replies import ROUNDS
 

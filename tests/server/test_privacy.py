@@ -13,9 +13,9 @@ import pytest
 from flwr.app import Context, RecordDict
 
 from client.app import app as client_app
+from pollen.rundir import read_jsonl
 from server import checkpoint
 from server.app import app as server_app
-from server.results import read_jsonl
 from tests.fakes import FakeGrid, settings_of
 
 CHANCE = 0.1  # digits: 10 balanced classes

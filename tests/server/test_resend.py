@@ -14,9 +14,10 @@ import pytest
 from flwr.app import Message, RecordDict
 
 from client.app import app as client_app
+from pollen.rundir import read_jsonl
 from server import engine as engine_mod
 from server.engine import Engine, PhaseFailed, _Sends
-from server.results import ResultsWriter, read_jsonl
+from server.results import ResultsWriter
 from strategies.fedavg import FedAvg
 from tests.fakes import FakeClock, FakeGrid, settings_of
 from tests.server.test_bad_replies import METRIC_TOL, ROUNDS, TOL, _run, _settings, _untimed

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from server.results import ResultsWriter, append_line, read_jsonl
+from pollen.rundir import append_line, read_jsonl
+from server.results import ResultsWriter
 
 
 def test_lines_are_appended_whole(tmp_path: Path) -> None:

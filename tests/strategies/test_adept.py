@@ -16,8 +16,9 @@ from client.app import app as client_app
 from client.state import StateStore
 from pollen import protocol
 from pollen.registry import get_algorithm
+from pollen.rundir import read_jsonl
 from server.engine import Engine
-from server.results import ResultsWriter, read_jsonl
+from server.results import ResultsWriter
 from strategies.adept import ADEPT, ADEPTPCA
 from tests.fakes import FakeClock, FakeGrid, settings_of
 

@@ -13,8 +13,9 @@ import pytest
 
 from client.app import app as client_app
 from client.state import StateStore
+from pollen.rundir import read_jsonl
 from server.engine import Engine
-from server.results import ResultsWriter, read_jsonl
+from server.results import ResultsWriter
 from strategies.base import Strategy
 from strategies.dfedem import DFedEM
 from strategies.fedavg import FedAvg

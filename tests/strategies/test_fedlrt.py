@@ -16,8 +16,9 @@ from client.app import app as client_app
 from models.fedlrt import factorize, orthonormality_error
 from pollen import protocol
 from pollen.registry import get_algorithm
+from pollen.rundir import read_jsonl
 from server.engine import Engine
-from server.results import ResultsWriter, read_jsonl
+from server.results import ResultsWriter
 from strategies.base import Strategy
 from strategies.fedavg import FedAvg
 from strategies.fedlrt import FedLin, FeDLRT

@@ -39,8 +39,9 @@ from models.least_squares import (
     run_fedlrt,
 )
 from pollen import protocol
+from pollen.rundir import read_jsonl
 from server.engine import Engine
-from server.results import ResultsWriter, read_jsonl
+from server.results import ResultsWriter
 from strategies.fedlrt import FeDLRT
 from tests.fakes import FakeClock, FakeGrid, settings_of
 

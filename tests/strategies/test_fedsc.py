@@ -21,9 +21,10 @@ from pollen import protocol
 from pollen.contracts.fedsc import FedSCSettings
 from pollen.dataspec import data_spec
 from pollen.registry import get_algorithm
+from pollen.rundir import read_jsonl
 from pollen.settings import Scalar
 from server.engine import Engine
-from server.results import ResultsWriter, read_jsonl
+from server.results import ResultsWriter
 from strategies.fedsc import FedAvgSC, FedSC, shares
 from strategies.schedule import learning_rate
 from tests.fakes import FakeClock, FakeGrid, settings_of

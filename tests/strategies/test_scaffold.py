@@ -21,8 +21,9 @@ from models.scaffold import Arrays, control_update, local_steps, norm
 from models.weights import get_weights, set_weights
 from pollen import protocol
 from pollen.contracts.scaffold import CONTROL, CONTROL_DELTA, STORED_PREFIX
+from pollen.rundir import read_jsonl
 from server.engine import Engine
-from server.results import ResultsWriter, read_jsonl
+from server.results import ResultsWriter
 from strategies.classifier import parameter_keys
 from strategies.scaffold import Scaffold
 from tests.fakes import FakeClock, FakeGrid, settings_of
