@@ -974,19 +974,15 @@ def _check_client_machine(args: argparse.Namespace) -> None:
 def _check_node_key(path: Path) -> None:
     """`--auth-key`: a private key (OpenSSH or PEM, as scripts/generate-certs.sh --nodes makes
     them) that this process can read."""
-    from cryptography.hazmat.primitives import serialization  # lazy: cryptography
+    from pollen.signing import SigningError, read_private_key  # lazy: cryptography
 
     preflight.check_readable_file(path, "--auth-key")
-    data = path.read_bytes()
     try:
-        if b"OPENSSH PRIVATE KEY" in data:
-            serialization.load_ssh_private_key(data, password=None)
-        else:
-            serialization.load_pem_private_key(data, password=None)
-    except (ValueError, TypeError) as exc:
+        read_private_key(path, "--auth-key")
+    except SigningError as exc:
         raise LaunchError(
-            f"--auth-key {path} is not a private key ({exc}); give this node's key "
-            "(scripts/generate-certs.sh DIR --nodes N makes DIR/supernodes/node-I.key)"
+            f"{exc}; give this node's key (scripts/generate-certs.sh DIR --nodes N makes "
+            "DIR/supernodes/node-I.key)"
         ) from None
 
 

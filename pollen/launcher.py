@@ -12,7 +12,6 @@ import ctypes
 import hashlib
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -31,7 +30,7 @@ from typing import Any, TextIO
 from client import relay
 from pollen import rundir
 from pollen.contracts.launcher import LAUNCHER_PID
-from pollen.diagnosis import ConsoleCopy, known_cause, no_space
+from pollen.diagnosis import ANSI, ConsoleCopy, known_cause, no_space
 from pollen.preflight import free_mb
 from pollen.progress import NODE_RESTART_LIMIT, Progress, Sink
 from pollen.settings import Scalar, toml_value
@@ -914,9 +913,6 @@ def app_runner_argv(
         "--runtime-api-address", runtime_api, "--insecure", "--parent-pid", str(supernode_pid),
         "--superexec-auth-secret-file", str(secret),
     ]  # fmt: skip
-
-
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 NODE_EXIT_UNKNOWN = "the SuperNode exited; its log is above"

@@ -28,6 +28,7 @@ import json
 import shutil
 import zipfile
 from pathlib import Path
+from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -61,20 +62,26 @@ def _zip_files(fab: bytes) -> dict[str, bytes]:
         raise SigningError(f"the app bundle is not a readable archive ({exc})") from None
 
 
-def load_private_key(path: Path) -> ed25519.Ed25519PrivateKey:
-    """An ed25519 private key in OpenSSH or PEM format (`ssh-keygen -t ed25519`)."""
+def read_private_key(path: Path, what: str = "signing key") -> Any:
+    """A private key of any kind in OpenSSH or PEM format; SigningError naming `what` and the
+    file when it cannot be read or is no private key."""
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise SigningError(f"signing key {path} cannot be read: {exc.strerror}") from None
+        raise SigningError(f"{what} {path} cannot be read: {exc.strerror}") from None
     try:
-        key = (
+        return (
             serialization.load_ssh_private_key(data, password=None)
             if b"OPENSSH PRIVATE KEY" in data
             else serialization.load_pem_private_key(data, password=None)
         )
     except (ValueError, TypeError) as exc:
-        raise SigningError(f"signing key {path} is not a private key ({exc})") from None
+        raise SigningError(f"{what} {path} is not a private key ({exc})") from None
+
+
+def load_private_key(path: Path) -> ed25519.Ed25519PrivateKey:
+    """An ed25519 private key in OpenSSH or PEM format (`ssh-keygen -t ed25519`)."""
+    key = read_private_key(path)
     if not isinstance(key, ed25519.Ed25519PrivateKey):
         raise SigningError(f"signing key {path} is not an ed25519 key (ssh-keygen -t ed25519)")
     return key

@@ -13,7 +13,6 @@ import io
 import json
 import os
 import shutil
-import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,13 +107,6 @@ def world(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> Itera
             subprocess.run(["umount", str(mount)], capture_output=True, check=False)
 
 
-@pytest.fixture(scope="module")
-def taken_port() -> Iterator[int]:
-    """A port another program listens on, on every interface (as on a real server)."""
-    with socket.socket() as held:
-        held.bind(("0.0.0.0", 0))
-        held.listen()
-        yield held.getsockname()[1]
 
 
 # (case id, arguments with {w} for the prepared directory, what the one error line says)

@@ -6,22 +6,12 @@ from __future__ import annotations
 import socket
 import sqlite3
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from pollen import preflight
 from pollen.preflight import PreflightError
-
-
-@pytest.fixture
-def listening() -> Iterator[int]:
-    """A port another program listens on (this test, here)."""
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen()
-        yield held.getsockname()[1]
 
 
 @pytest.mark.parametrize("text", ["0", "65536", "-1", "abc", "9092x", ""])
@@ -31,10 +21,10 @@ def test_a_port_is_a_number_from_1_to_65535(text: str) -> None:
     assert preflight.port_number("9092") == 9092
 
 
-def test_a_port_another_program_listens_on_is_named(listening: int) -> None:
-    with pytest.raises(PreflightError, match=f"--fleet-port {listening}: port {listening} on "
+def test_a_port_another_program_listens_on_is_named(taken_port: int) -> None:
+    with pytest.raises(PreflightError, match=f"--fleet-port {taken_port}: port {taken_port} on "
                        "127.0.0.1 is already in use by another program"):  # fmt: skip
-        preflight.check_port_free("127.0.0.1", listening, "--fleet-port")
+        preflight.check_port_free("127.0.0.1", taken_port, "--fleet-port")
 
 
 def test_a_free_port_passes_and_is_left_free() -> None:

@@ -5,11 +5,9 @@ exit, never Flower's traceback or an endless wait."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,19 +24,11 @@ RACE = (
 )
 
 
-@pytest.fixture
-def taken() -> Iterator[int]:
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
-        held.listen()
-        yield held.getsockname()[1]
-
-
 @pytest.mark.parametrize("which", ["--fleet-port", "--port"])
 def test_a_port_taken_after_the_check_is_one_line_not_flowers_traceback(
-    tmp_path: Path, taken: int, which: str
+    tmp_path: Path, taken_port: int, which: str
 ) -> None:
-    ports = {"--port": str(free_port()), "--fleet-port": str(free_port()), which: str(taken)}
+    ports = {"--port": str(free_port()), "--fleet-port": str(free_port()), which: str(taken_port)}
     env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_HOME=str(tmp_path / "home"))
     done = subprocess.run(
         [sys.executable, "-c", RACE, "server", "--insecure", "--fleet-host", "127.0.0.1",
@@ -49,7 +39,8 @@ def test_a_port_taken_after_the_check_is_one_line_not_flowers_traceback(
     errors = [line for line in done.stderr.splitlines() if line.startswith("pollen: error:")]
     api = "Fleet API" if which == "--fleet-port" else "HTTP API"
     assert (
-        len(errors) == 1 and f"the {api} address 127.0.0.1:{taken} is already in use" in (errors[0])
+        len(errors) == 1
+        and f"the {api} address 127.0.0.1:{taken_port} is already in use" in errors[0]
     ), done.stderr
     assert f"choose another {which}" in errors[0]
     assert "Traceback" not in done.stdout + done.stderr
@@ -91,7 +82,7 @@ def test_a_run_whose_serverapp_never_starts_stops_after_the_start_timeout(
     assert _processes_under(out) == []
 
 
-def test_a_clients_port_taken_after_the_check_is_one_line(tmp_path: Path, taken: int) -> None:
+def test_a_clients_port_taken_after_the_check_is_one_line(tmp_path: Path, taken_port: int) -> None:
     """`pollen client --port P`: the SuperNode's local Runtime API port, taken between the check
     and the SuperNode's bind. Before: uvicorn's error, then Flower's traceback ending in
     `RuntimeError: SuperNode Runtime HTTP API failed to start.`"""
@@ -99,11 +90,12 @@ def test_a_clients_port_taken_after_the_check_is_one_line(tmp_path: Path, taken:
     done = subprocess.run(
         [sys.executable, "-c", RACE, "client", "--superlink", "127.0.0.1:9", "--partition-id",
          "0", "--num-partitions", "2", "--insecure", "--allow-any-app", "--no-worker",
-         "--state-dir", str(tmp_path / "state"), "--port", str(taken)],
+         "--state-dir", str(tmp_path / "state"), "--port", str(taken_port)],
         capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode != 0, done.stdout + done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("pollen: error:")]
-    assert len(errors) == 1 and f"127.0.0.1:{taken} is already in use" in errors[0], done.stderr
+    assert len(errors) == 1, done.stderr
+    assert f"127.0.0.1:{taken_port} is already in use" in errors[0], done.stderr
     assert "choose another --port" in errors[0]
     assert "Traceback" not in done.stdout + done.stderr
