@@ -55,6 +55,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import tomllib
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -284,7 +286,10 @@ def flower_app_dir(work: Path) -> Path:
     if app.exists():
         return app
     app.mkdir(parents=True)
-    for pkg in ("pollen", "server", "client", "strategies", "models", "federated_data"):
+    included = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"][
+        "fab-include"
+    ]  # the packages the app bundles ("pkg/**/*.py"), so that this copy never falls behind
+    for pkg in sorted({p.split("/")[0] for p in included if p.endswith("/**/*.py")}):
         shutil.copytree(ROOT / pkg, app / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "benchmarks" / "flower_fedavg_app.py", app / "flower_fedavg_app.py")
     shutil.copy(ROOT / "LICENSE", app / "LICENSE")
