@@ -36,7 +36,7 @@ def main() -> int:
         argv = [
             sys.executable,
             "-m",
-            "pollen.cli",
+            "pollen.tools.cli",
             args.mode,
             "--algorithm",
             "fedem",

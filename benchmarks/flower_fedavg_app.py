@@ -22,7 +22,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from client.env import ClientEnv
-from pollen.registry import from_run_config
+from pollen.core.registry import from_run_config
 
 server = ServerApp()
 client = ClientApp()
@@ -30,7 +30,8 @@ client = ClientApp()
 
 def _record(weights: dict[str, np.ndarray]) -> ArrayRecord:
     """Weights as Flower's own ArrayRecord: one Array (one object on the wire) per tensor, as
-    Flower's examples send a model; Pollen's apps bundle a record into one (pollen.protocol)."""
+    Flower's examples send a model; Pollen's apps bundle a record into one
+    (pollen.core.protocol)."""
     return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in weights.items()})
 
 

@@ -57,7 +57,7 @@ ROLES = (  # first match wins; a Ray worker's arguments name the raylet, so work
     ("raylet", "ray"),
     ("gcs_server", "ray"),
     ("site-packages/ray/", "ray"),  # Ray's Python daemons (monitor, dashboard, log monitor)
-    ("pollen.cli", "launcher"),
+    ("pollen.tools.cli", "launcher"),
     ("bin/flwr ", "flwr-cli"),
 )
 
@@ -104,7 +104,7 @@ def run(
     """One run; `sampled` > 0 samples that many of the clients per round (all answer the
     greeting, so all are connected and known to the server)."""
     out = work / f"{mode}-{algorithm}-{clients}"
-    argv = [sys.executable, "-m", "pollen.cli", mode, "--algorithm", algorithm,
+    argv = [sys.executable, "-m", "pollen.tools.cli", mode, "--algorithm", algorithm,
             "--clients", str(clients), "--rounds", str(rounds), "--out", str(out),
             "--set", "final-eval=false", "--set", "poll-interval=0.5"]  # fmt: skip
     if sampled:
@@ -156,7 +156,7 @@ def run(
 
 
 def main() -> None:
-    from pollen.registry import ALGORITHMS
+    from pollen.core.registry import ALGORITHMS
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     default = ",".join(a for a in ALGORITHMS if a != "noop")

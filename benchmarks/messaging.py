@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def _pollen(args: list[str], cache: Path) -> None:
     env = dict(os.environ, POLLEN_CACHE_DIR=str(cache), FLWR_TELEMETRY_ENABLED="0")
     done = subprocess.run(
-        [sys.executable, "-m", "pollen.cli", *args],
+        [sys.executable, "-m", "pollen.tools.cli", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -94,7 +94,7 @@ def pollen_run(
     every message: off where memory is measured)."""
     quiet = QUIET if client_timing else ["--set", "server-eval=false"]
     argv = [
-        sys.executable, "-m", "pollen.cli", mode, "--algorithm", algorithm,
+        sys.executable, "-m", "pollen.tools.cli", mode, "--algorithm", algorithm,
         "--clients", str(clients), "--rounds", str(rounds), "--out", str(out), *quiet, *extra,
     ]  # fmt: skip
     started = time.monotonic()
@@ -180,12 +180,12 @@ ROLES = (
     ("flower-superlink", "superlink"),
     ("flower-supernode", "supernode"),
     ("client.worker", "worker"),
-    ("pollen.app_runner", "app-runner"),
+    ("pollen.tools.app_runner", "app-runner"),
     ("flower-superexec", "app-runner"),
     ("pollen-clientapp", "clientapp"),
     ("flwr-clientapp", "clientapp"),
     ("flwr-serverapp", "serverapp"),
-    ("pollen.cli", "launcher"),
+    ("pollen.tools.cli", "launcher"),
 )
 """What a process of a deployed run is, by a piece of its command line (first match)."""
 
@@ -302,8 +302,8 @@ def flower_app_dir(work: Path) -> Path:
 
 
 def flower_run(mode: str, clients: int, rounds: int, out: Path, cache: Path) -> dict[str, Any]:
-    from pollen.launcher import Federation, follow
-    from pollen.registry import resolve
+    from pollen.core.registry import resolve
+    from pollen.tools.launcher import Federation, follow
 
     os.environ.update(_env(cache))
     resolved = resolve({"num-clients": clients, "num-rounds": rounds, "run-name": out.name})
@@ -410,7 +410,7 @@ def part_resident(args: argparse.Namespace, work: Path, cache: Path) -> dict[str
     """The resident worker's other figures, in deployment with 2 SuperNodes: the no-op round
     with the SuperExecs' task poll at Flower's 1 s and at Pollen's interval, alternating; and
     a long FedAvg run's memory per node (worker and relay) from its first to its last round."""
-    from pollen.launcher import TASK_POLL_INTERVAL
+    from pollen.tools.launcher import TASK_POLL_INTERVAL
 
     rows: list[dict[str, Any]] = []
     for repeat in range(args.repeats):
@@ -508,7 +508,7 @@ ALGORITHM_SETS: dict[str, list[str]] = {
 
 
 def part_algorithms(args: argparse.Namespace, work: Path, cache: Path) -> dict[str, Any]:
-    from pollen.registry import ALGORITHMS
+    from pollen.core.registry import ALGORITHMS
 
     rows = []
     runs = [(m, n) for m in args.modes for n in args.algorithms or list(ALGORITHMS)]

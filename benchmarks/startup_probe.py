@@ -14,8 +14,8 @@ def main(kind: str) -> None:
     from flwr.supercore.task_identity import TaskIdentity
 
     from client.app import app
-    from pollen import protocol
-    from pollen.registry import resolve
+    from pollen.core import protocol
+    from pollen.core.registry import resolve
 
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
     cfg = resolve({"dataset": "mnist-5k", "num-clients": 2, "run-name": "probe"})

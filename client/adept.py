@@ -1,7 +1,7 @@
 """ADEPT clients (PCA, AE and DGM): the personal model (U_i or theta_i) and theta_i's optimizer
 state stay in the state store; each round moves the personal model, then the received mu and
 sigma, and returns those two (see strategies.adept; the records and the rounds that send them
-back are pollen.contracts.adept's). The baselines of `adept.method` run here too. ADEPT-DGM is
+back are pollen.core.contracts.adept's). The baselines of `adept.method` run here too. ADEPT-DGM is
 ADEPT-AE's loop with a UNet denoiser, the denoising loss and Adam for theta_i (argument
 `denoiser` of the shared code). One handler table per variant: PCA_HANDLERS, AE_HANDLERS,
 DGM_HANDLERS.
@@ -40,8 +40,8 @@ from models.autoencoder import reconstruction_metrics, squared_errors
 from models.diffusion import denoising_errors
 from models.stiefel import polar_factor, top_eigenvectors
 from models.weights import get_weights, set_weights
-from pollen import protocol
-from pollen.contracts.adept import (
+from pollen.core import protocol
+from pollen.core.contracts.adept import (
     LR_GLOBAL,
     MU,
     SIGMA,
@@ -51,7 +51,7 @@ from pollen.contracts.adept import (
     AdeptSettings,
     shares,
 )
-from pollen.dataspec import partition_of
+from pollen.core.dataspec import partition_of
 
 
 def _inputs(env: ClientEnv, split: str) -> np.ndarray:

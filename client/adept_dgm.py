@@ -24,7 +24,7 @@ from federated_data.client_data import load_client_data
 from models.classifiers import SmallCNN
 from models.diffusion import sample
 from models.kid import features, kid, train_feature_net
-from pollen.contracts.adept import AdeptDGMSettings
+from pollen.core.contracts.adept import AdeptDGMSettings
 
 ADAM = "adam"
 MU_ADAM = "mu-adam"

@@ -20,9 +20,9 @@ from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_conte
 from client import relay
 from client.dispatch import answer_node, seconds_since_process_start
 from client.env import ClientEnv
-from pollen import protocol
-from pollen.registry import all_message_types, from_run_config
-from pollen.settings import RunSettings
+from pollen.core import protocol
+from pollen.core.registry import all_message_types, from_run_config
+from pollen.core.settings import RunSettings
 
 log = logging.getLogger("flwr.pollen")
 

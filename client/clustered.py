@@ -13,8 +13,8 @@ from client import fedavg
 from client.common import split_tensors, test_metrics
 from client.env import ClientEnv
 from client.fedem import packed_models
-from pollen import protocol
-from pollen.contracts.clustered import CLUSTERS
+from pollen.core import protocol
+from pollen.core.contracts.clustered import CLUSTERS
 
 
 def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:

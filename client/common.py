@@ -21,10 +21,10 @@ from federated_data import ArrayDataset
 from models import build_model
 from models.evaluation import evaluate_classifier
 from models.privacy import Entry, add_steps, dp_compatible, epsilon
-from pollen import protocol
-from pollen.contracts.dp_sgd import EPSILON, LEDGER, NOISE, STEPS, ClientDP, client_dp, shown
-from pollen.dataspec import class_weights, model_input
-from pollen.settings import DPSettings
+from pollen.core import protocol
+from pollen.core.contracts.dp_sgd import EPSILON, LEDGER, NOISE, STEPS, ClientDP, client_dp, shown
+from pollen.core.dataspec import class_weights, model_input
+from pollen.core.settings import DPSettings
 
 
 @dataclass(frozen=True)
@@ -149,7 +149,7 @@ def momentum_arrays(opt: SGD, env: ClientEnv, prefix: str = "momentum") -> dict[
 @dataclass
 class Privacy:
     """A client's DP-SGD in one round (client.dp_sgd): its noise and Poisson sampling for its
-    data (pollen.contracts.dp_sgd.client_dp) and its privacy ledger, kept in its state."""
+    data (pollen.core.contracts.dp_sgd.client_dp) and its privacy ledger, kept in its state."""
 
     dp: ClientDP
     history: list[Entry] = field(default_factory=list)

@@ -13,12 +13,12 @@ import time
 import numpy as np
 from flwr.app import MetricRecord, RecordDict
 
-from client.env import ClientConfigError, ClientEnv
-from pollen import protocol
-from pollen.contracts import client_dp
-from pollen.protocol import HELLO, Hello
-from pollen.registry import AlgorithmSpec, get_algorithm
-from pollen.settings import ClientDPSettings
+from client.env import ClientConfigError, ClientEnv, client_handler
+from pollen.core import protocol
+from pollen.core.contracts import client_dp
+from pollen.core.protocol import HELLO, Hello
+from pollen.core.registry import AlgorithmSpec, get_algorithm
+from pollen.core.settings import ClientDPSettings
 from robust.attacks import attack_rows
 from robust.client_dp import privatize_update
 from robust.flat import flatten, unflatten
@@ -43,7 +43,7 @@ def answer(message_type: str, content: RecordDict, env: ClientEnv) -> RecordDict
     if timing and spec is not None and spec.uses_torch:
         _time_torch_import(env)
     codec = protocol.codec_seconds()
-    handler = hello if spec is None else spec.client_handler(message_type)
+    handler = hello if spec is None else client_handler(spec, message_type)
     reply = handler(content, env)
     if spec is not None and message_type == "train" and spec.client_dp:
         reply = privatized(reply, content, env, spec)

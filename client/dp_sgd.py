@@ -15,7 +15,7 @@ A data-independent term of the objective (FedProx's proximal term, SCAFFOLD's co
 not an example's gradient: it is added to the noisy gradient after step 3, unclipped. With
 `sample_weights` (FedEM's responsibilities) example i's loss is w_i * loss_i, so its clipped
 gradient is that of its weighted loss. Mixed precision is refused with DP-SGD before a run
-starts (pollen.registry), so everything here is float32.
+starts (pollen.core.registry), so everything here is float32.
 """
 
 from __future__ import annotations

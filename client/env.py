@@ -7,6 +7,7 @@ handler that needs none of them (a no-op probe) costs nothing beyond the import 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -18,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 from flwr.app import Context, RecordDict
 
 from client.state import StateStore, private_seed
-from pollen.dataspec import data_spec, partition_of
-from pollen.paths import cache_dir
-from pollen.registry import from_run_config
-from pollen.settings import NODE_ATTACKS, AttackSettings, RunSettings, Scalar
+from pollen.core.dataspec import data_spec, partition_of
+from pollen.core.paths import cache_dir
+from pollen.core.registry import AlgorithmSpec, from_run_config
+from pollen.core.settings import NODE_ATTACKS, AttackSettings, RunSettings, Scalar
 
 if TYPE_CHECKING:
     import torch
@@ -264,3 +265,14 @@ def _cache_dir(node: Mapping[str, Any], cfg: Mapping[str, Scalar]) -> Path:
 
 
 ClientHandler = Callable[[RecordDict, ClientEnv], RecordDict]
+
+
+def client_handler(spec: AlgorithmSpec, message_type: str) -> ClientHandler:
+    """The client half's handler for `message_type`, loaded by the name the registry gives
+    (`spec.client`): the registry holds names, never the halves."""
+    module, _, attr = spec.client.partition(":")
+    handlers: dict[str, Any] = getattr(importlib.import_module(module), attr or "HANDLERS")
+    if message_type not in handlers:
+        raise KeyError(f"algorithm {spec.name!r} has no client handler for {message_type!r}")
+    handler: ClientHandler = handlers[message_type]
+    return handler

@@ -33,8 +33,8 @@ from client.common import train as train_locally
 from client.env import ClientEnv, ClientHandler
 from client.training import ProximalTerm
 from models.weights import get_weights, set_weights
-from pollen import protocol
-from pollen.contracts.fedavg import FedAvgPlusSettings, FedProxSettings
+from pollen.core import protocol
+from pollen.core.contracts.fedavg import FedAvgPlusSettings, FedProxSettings
 
 
 def _received(content: RecordDict, env: ClientEnv) -> nn.Module:

@@ -41,8 +41,8 @@ from models.mixture import (
     responsibilities,
 )
 from models.weights import get_weights, set_weights
-from pollen import protocol
-from pollen.contracts.fedem import FedEMSettings, pack, unpack
+from pollen.core import protocol
+from pollen.core.contracts.fedem import FedEMSettings, pack, unpack
 
 
 def packed_models(content: RecordDict, num: int, env: ClientEnv) -> list[nn.Module]:

@@ -34,9 +34,9 @@ from models.fedlrt import padded_coefficients
 from models.losses import per_sample_loss
 from models.lowrank import factorized_layers, load_low_rank
 from models.weights import get_weights, set_weights
-from pollen import protocol
-from pollen.contracts import fedlrt as contract
-from pollen.contracts.fedlrt import BASES, CORRECTIONS, GRADS, UBAR, VBAR
+from pollen.core import protocol
+from pollen.core.contracts import fedlrt as contract
+from pollen.core.contracts.fedlrt import BASES, CORRECTIONS, GRADS, UBAR, VBAR
 
 
 def _model(arrays: Mapping[str, np.ndarray], env: ClientEnv) -> nn.Module:

@@ -45,8 +45,8 @@ from models.spectral import local_objective, norm_clip
 from models.ssl_eval import embed, knn_accuracy
 from models.ssl_nets import ContrastiveNet, build_contrastive_net
 from models.weights import get_weights, set_weights
-from pollen import protocol
-from pollen.contracts.fedsc import (
+from pollen.core import protocol
+from pollen.core.contracts.fedsc import (
     ALPHA,
     CLIPPED_FRACTION,
     CORRELATION,
@@ -57,7 +57,7 @@ from pollen.contracts.fedsc import (
     R,
     SimCLRSettings,
 )
-from pollen.dataspec import model_input
+from pollen.core.dataspec import model_input
 
 
 def _received(

@@ -22,7 +22,7 @@ from client.common import (
 from client.common import train as train_locally
 from client.env import ClientEnv
 from models.weights import get_weights, set_weights
-from pollen import protocol
+from pollen.core import protocol
 
 
 def _personal_model(env: ClientEnv, rnd: int) -> tuple[nn.Module, dict[str, np.ndarray]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from flwr.app import ArrayRecord, RecordDict
 
 from client.env import ClientEnv
-from pollen import protocol
+from pollen.core import protocol
 
 
 def noop(content: RecordDict, env: ClientEnv) -> RecordDict:

@@ -63,7 +63,7 @@ APP_PACKAGES = ("client", "pollen", "models", "strategies", "server", "federated
 
 NOT_CODE = frozenset({"pollen/bundle_signature.py"})
 """Files in those packages that are not code: the signature a signed bundle carries
-(pollen.signing.SIGNATURE_FILE), absent from the checkout the worker may run from."""
+(pollen.tools.signing.SIGNATURE_FILE), absent from the checkout the worker may run from."""
 
 _HEADER = struct.Struct(">I")
 _BLOB = struct.Struct(">Q")

@@ -38,8 +38,8 @@ from client.env import ClientEnv
 from client.training import ProximalTerm
 from models.scaffold import control_update, correction, difference, norm
 from models.weights import get_weights, set_weights
-from pollen import protocol
-from pollen.contracts.scaffold import CONTROL, CONTROL_DELTA, STORED_PREFIX
+from pollen.core import protocol
+from pollen.core.contracts.scaffold import CONTROL, CONTROL_DELTA, STORED_PREFIX
 
 
 def stored_control(

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from pollen.files import atomic_write_bytes
+from pollen.core.files import atomic_write_bytes
 
 _META = "__meta__"
 _NAME = re.compile(r"^state-(\d{6})\.npz$")

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from experiments.fedsc_probe_features import evaluator_of, initial_weights, settings_of, table
-from pollen.contracts.fedsc import FedSCSettings
+from pollen.core.contracts.fedsc import FedSCSettings
 
 COLUMNS = {
     "global": "global objective L",
@@ -37,8 +37,8 @@ def client_splits(settings: dict[str, Any]) -> list[tuple[Any, Any]]:
     """Each client's training split and its training augmentation, loaded once per script."""
     from federated_data import load_client_data
     from models.augment import Augmenter
-    from pollen.dataspec import data_spec, model_input
-    from pollen.paths import cache_dir
+    from pollen.core.dataspec import data_spec, model_input
+    from pollen.core.paths import cache_dir
 
     spec, cache = data_spec(settings), cache_dir(settings)
     shape, _ = model_input(settings)

@@ -25,8 +25,8 @@ import numpy as np
 
 from experiments.fedsc_objective import client_splits, client_views, terms
 from experiments.fedsc_probe_features import evaluator_of, settings_of
-from pollen.contracts.fedsc import FedSCSettings
-from pollen.settings import RunSettings
+from pollen.core.contracts.fedsc import FedSCSettings
+from pollen.core.settings import RunSettings
 
 
 def one_round(

@@ -39,12 +39,13 @@ def probe(evaluator: Any, weights: dict[str, np.ndarray]) -> dict[str, float]:
 def strategy_of(settings: dict[str, Any]) -> FedSC:
     """A fresh server strategy of the run's algorithm, as its registry entry names it (the
     network of FedAvg + BYOL's has a predictor)."""
-    from pollen.registry import get_algorithm
-    from pollen.settings import RunSettings
+    from pollen.core.registry import get_algorithm
+    from pollen.core.settings import RunSettings
+    from strategies.base import strategy_class
     from strategies.fedsc import FedSC
 
     algorithm = RunSettings.of(settings).algorithm
-    strategy = get_algorithm(algorithm).strategy_class()(settings)
+    strategy = strategy_class(get_algorithm(algorithm))(settings)
     if not isinstance(strategy, FedSC):
         raise SystemExit(f"algorithm {algorithm!r} is not one of FedSC's family")
     return strategy
@@ -70,8 +71,8 @@ def settings_of(run: Path) -> dict[str, Any]:
 def untrained_key(settings: dict[str, Any]) -> str:
     """What the untrained probe of a run depends on, apart from the seed: its data split and
     encoder (runs of one seed with equal keys start from the same model and data)."""
-    from pollen.contracts.fedsc import FedSCSettings
-    from pollen.dataspec import data_spec
+    from pollen.core.contracts.fedsc import FedSCSettings
+    from pollen.core.dataspec import data_spec
 
     split = dataclasses.replace(data_spec(settings), seed=0)
     fedsc = FedSCSettings.of(settings)

@@ -14,8 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from pollen.experiment import Experiment
-from pollen.settings import SyntheticSettings
+from pollen.core.settings import SyntheticSettings
+from pollen.tools.experiment import Experiment
 
 CURVES = {"adept": "ADEPT-PCA", "local": "local", "global": "global", "fedavg-ft": "FedAvg + FT"}
 

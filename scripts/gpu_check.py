@@ -44,7 +44,7 @@ def pollen_argv(
 ) -> list[str]:
     """The `pollen simulate|deploy` command of one measurement."""
     argv = [
-        sys.executable, "-m", "pollen.cli", mode, "--algorithm", algorithm, "--clients", "2",
+        sys.executable, "-m", "pollen.tools.cli", mode, "--algorithm", algorithm, "--clients", "2",
         "--rounds", str(rounds), "--out", str(out), "--set", f"device={device}",
         "--set", "final-eval=false",
     ]  # fmt: skip
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if gpus == 0:
         print("gpu-check: torch sees no CUDA GPU on this machine; nothing to compare (exit 0)")
         return 0
-    from pollen.registry import ALGORITHMS  # lazy: after the GPU check
+    from pollen.core.registry import ALGORITHMS  # lazy: after the GPU check
 
     names = args.algorithms.split(",") if args.algorithms else sorted(ALGORITHMS)
     unknown = [n for n in names if n not in ALGORITHMS]

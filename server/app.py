@@ -15,12 +15,13 @@ from pathlib import Path
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from pollen.contracts.launcher import LAUNCHER_PID
-from pollen.registry import from_run_config, get_algorithm
-from pollen.settings import RunSettings
+from pollen.core.contracts.launcher import LAUNCHER_PID
+from pollen.core.registry import from_run_config, get_algorithm
+from pollen.core.settings import RunSettings
 from server.blas import limit_blas_threads
 from server.engine import Engine
 from server.results import ResultsWriter
+from strategies.base import strategy_class
 
 app = ServerApp()
 WATCHED = ("flwr-serverapp", "flwr-simulation")
@@ -108,5 +109,5 @@ def main(grid: Grid, context: Context) -> None:
     run = RunSettings.of(settings)
     limit_blas_threads(run.server_blas_threads)
     out_dir = Path(run.out_dir or f"results/run-{context.run_id}")
-    strategy = get_algorithm(run.algorithm).strategy_class()(settings)
+    strategy = strategy_class(get_algorithm(run.algorithm))(settings)
     Engine(grid, settings, strategy, ResultsWriter(out_dir)).run()

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from pollen.files import atomic_write_bytes
-from pollen.registry import all_settings
-from pollen.rundir import CHECKPOINT
+from pollen.core.files import atomic_write_bytes
+from pollen.core.registry import all_settings
+from pollen.core.rundir import CHECKPOINT
 
 FORMAT_VERSION = 1
 

@@ -7,7 +7,7 @@ checkpoints and resume. A bad or missing reply is logged and skipped; too few go
 the run with a clear reason.
 
 A node normally hosts one client. A simulated node may host many (setting simulation-nodes): it
-answers the hello with a packed reply (pollen.protocol.pack), and from then on gets one packed
+answers the hello with a packed reply (pollen.core.protocol.pack), and from then on gets one packed
 message per phase carrying the instructions of its clients in that phase. The engine splits the
 packed reply back into per-client replies and checks each on its own, so strategies, metrics,
 failures and checkpoints see the same per-client replies as with one node per client.
@@ -29,11 +29,11 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from pollen import protocol
-from pollen.contracts import client_dp, dp_sgd
-from pollen.protocol import HELLO
-from pollen.rundir import SERVER_LOG, Event
-from pollen.settings import (
+from pollen.core import protocol
+from pollen.core.contracts import client_dp, dp_sgd
+from pollen.core.protocol import HELLO
+from pollen.core.rundir import SERVER_LOG, Event
+from pollen.core.settings import (
     AttackSettings,
     ClientDPSettings,
     DPSettings,
@@ -140,7 +140,7 @@ class Engine:
         fraction = self.run_settings.fraction_train
         if fraction < 1 and self._poisson is not None:
             # client-level DP (noise on the server): each client independently, as its
-            # privacy analysis assumes (pollen.contracts.client_dp)
+            # privacy analysis assumes (pollen.core.contracts.client_dp)
             return [c for c in pool if self._poisson.random() < fraction]
         want = max(self.run_settings.min_train_clients, math.ceil(fraction * len(pool)))
         want = min(want, len(pool))

@@ -1,5 +1,5 @@
 """Writes a run's results directory as the ServerApp runs (its layout, event kinds and readers:
-pollen.rundir)."""
+pollen.core.rundir)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from pollen.files import atomic_write_bytes, atomic_write_json
-from pollen.rundir import (
+from pollen.core.files import atomic_write_bytes, atomic_write_json
+from pollen.core.rundir import (
     CLIENTS,
     COMPLETED,
     CONFIG,

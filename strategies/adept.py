@@ -36,8 +36,8 @@ from models.adept_ae import average, theta_network
 from models.adept_pca import server_step, server_update
 from models.stiefel import random_point
 from models.weights import get_weights
-from pollen import protocol
-from pollen.contracts.adept import (
+from pollen.core import protocol
+from pollen.core.contracts.adept import (
     LR_GLOBAL,
     MU,
     SIGMA,
@@ -47,7 +47,7 @@ from pollen.contracts.adept import (
     AdeptSettings,
     shares,
 )
-from pollen.dataspec import model_input
+from pollen.core.dataspec import model_input
 from strategies.aggregate import aggregate_metrics, expect_arrays, final_evaluation
 from strategies.base import Federation, InvalidReply, Strategy
 from strategies.robust import Combiner

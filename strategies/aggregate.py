@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import numpy as np
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
-from pollen import protocol
-from pollen.settings import AttackSettings
+from pollen.core import protocol
+from pollen.core.settings import AttackSettings
 from strategies.base import ClientInfo, Federation, InvalidReply
 
 

@@ -7,6 +7,7 @@ checks, timeouts, metrics files and checkpoints belong to the engine behind `Fed
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -15,7 +16,8 @@ from typing import Any, Protocol
 import numpy as np
 from flwr.app import RecordDict
 
-from pollen.settings import RunSettings, Scalar
+from pollen.core.registry import AlgorithmSpec
+from pollen.core.settings import RunSettings, Scalar
 
 
 class InvalidReply(ValueError):
@@ -111,3 +113,11 @@ class Strategy(ABC):
         self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]
     ) -> None:
         """Inverse of `state`."""
+
+
+def strategy_class(spec: AlgorithmSpec) -> type[Strategy]:
+    """The server half's Strategy class, loaded by the name the registry gives
+    (`spec.strategy`): the registry holds names, never the halves."""
+    module, _, attr = spec.strategy.partition(":")
+    cls: type[Strategy] = getattr(importlib.import_module(module), attr)
+    return cls

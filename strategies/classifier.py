@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from federated_data import ArrayDataset, load_server_test_data
-from pollen.dataspec import class_weights, data_spec, model_input
-from pollen.paths import cache_dir
-from pollen.settings import DPSettings, RunSettings, Scalar
+from pollen.core.dataspec import class_weights, data_spec, model_input
+from pollen.core.paths import cache_dir
+from pollen.core.settings import DPSettings, RunSettings, Scalar
 
 if TYPE_CHECKING:
     from torch import nn

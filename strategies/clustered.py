@@ -21,9 +21,9 @@ import numpy as np
 from flwr.app import RecordDict
 
 from models.clustered import flat_update, split_clusters, update_norms
-from pollen import protocol
-from pollen.contracts.clustered import CLUSTERS, ClusteredSettings
-from pollen.contracts.fedem import pack, unpack
+from pollen.core import protocol
+from pollen.core.contracts.clustered import CLUSTERS, ClusteredSettings
+from pollen.core.contracts.fedem import pack, unpack
 from strategies.aggregate import (
     aggregate_metrics,
     final_evaluation,

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from pollen import protocol
-from pollen.contracts.fedem import DFedEMSettings, FedEMSettings, pack
+from pollen.core import protocol
+from pollen.core.contracts.fedem import DFedEMSettings, FedEMSettings, pack
 from strategies.aggregate import aggregate_metrics, honest, train_from
 from strategies.base import Federation, Strategy
 from strategies.classifier import initial_weights

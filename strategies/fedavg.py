@@ -6,7 +6,7 @@ average DP-FedAvg's (McMahan et al., ICLR 2018, Alg. 1)."""
 
 from __future__ import annotations
 
-from pollen import protocol
+from pollen.core import protocol
 from strategies.aggregate import aggregate_metrics, num_examples
 from strategies.base import Federation
 from strategies.global_classifier import GlobalClassifierStrategy

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 from flwr.app import RecordDict
 
-from pollen import protocol
-from pollen.contracts.fedem import FedEMSettings, pack, unpack
+from pollen.core import protocol
+from pollen.core.contracts.fedem import FedEMSettings, pack, unpack
 from strategies.aggregate import (
     RunningMean,
     aggregate_metrics,

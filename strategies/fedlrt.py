@@ -66,11 +66,11 @@ from models.fedlrt import (
     truncate,
 )
 from models.lowrank import load_low_rank, select_layers
-from pollen import protocol
-from pollen.contracts import fedlrt as contract
-from pollen.contracts.fedlrt import BASES, CORRECTIONS, GRADS, FeDLRTSettings
-from pollen.dataspec import model_input
-from pollen.settings import Scalar
+from pollen.core import protocol
+from pollen.core.contracts import fedlrt as contract
+from pollen.core.contracts.fedlrt import BASES, CORRECTIONS, GRADS, FeDLRTSettings
+from pollen.core.dataspec import model_input
+from pollen.core.settings import Scalar
 from strategies.aggregate import (
     aggregate_metrics,
     expect_arrays,

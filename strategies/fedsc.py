@@ -54,8 +54,8 @@ from models.spectral import alpha_at, others, psd_projection, within_bound
 from models.ssl_eval import embed, knn_accuracy, linear_probe
 from models.ssl_nets import build_contrastive_net
 from models.weights import get_weights, set_weights
-from pollen import protocol
-from pollen.contracts.fedsc import (
+from pollen.core import protocol
+from pollen.core.contracts.fedsc import (
     ALPHA,
     CLIPPED_FRACTION,
     CORRELATION,
@@ -64,9 +64,9 @@ from pollen.contracts.fedsc import (
     FedSCSettings,
     R,
 )
-from pollen.dataspec import data_spec, model_input
-from pollen.paths import cache_dir
-from pollen.settings import RunSettings
+from pollen.core.dataspec import data_spec, model_input
+from pollen.core.paths import cache_dir
+from pollen.core.settings import RunSettings
 from strategies.aggregate import (
     aggregate_metrics,
     expect_arrays,

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pollen import protocol
-from pollen.settings import Scalar
+from pollen.core import protocol
+from pollen.core.settings import Scalar
 from strategies.aggregate import final_evaluation
 from strategies.base import Federation
 from strategies.classifier import ServerEvaluator, initial_weights

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from pollen import protocol
-from pollen.settings import Scalar
+from pollen.core import protocol
+from pollen.core.settings import Scalar
 from strategies.aggregate import aggregate_metrics
 from strategies.base import Federation, Strategy
 from strategies.privacy import PrivacyLedger

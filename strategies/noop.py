@@ -10,9 +10,9 @@ from collections.abc import Mapping
 import numpy as np
 from flwr.app import RecordDict
 
-from pollen import protocol
-from pollen.contracts.noop import NoOpSettings
-from pollen.settings import Scalar
+from pollen.core import protocol
+from pollen.core.contracts.noop import NoOpSettings
+from pollen.core.settings import Scalar
 from strategies.aggregate import expect_arrays
 from strategies.base import Federation, Strategy
 

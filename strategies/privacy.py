@@ -3,13 +3,13 @@ ledger (example-level), and the client-level DP account (`client-dp.*`).
 
 As FedSC's server does for its correlation releases, the server keeps its own account of every
 client's privacy spending from what it asked: a client instructed to train in a round is
-charged that round's DP-SGD steps (pollen.contracts.dp_sgd: passes x local-epochs x ceil(n /
+charged that round's DP-SGD steps (pollen.core.contracts.dp_sgd: passes x local-epochs x ceil(n /
 batch-size) at sample rate 1 / ceil(n / batch-size)), whether or not its reply arrives, since a
 lost reply may still have been computed and sent. The round's metrics carry the largest epsilon
 over clients at `dp.delta`; each client's own figure (its ledger in its state, which also counts
 rounds replayed after a restart) is in clients.jsonl. The ledger goes into the checkpoint.
 
-Client-level DP (pollen.contracts.client_dp) is charged in the same call: with the noise on
+Client-level DP (pollen.core.contracts.client_dp) is charged in the same call: with the noise on
 the server, one release of the sampled Gaussian mechanism per round; with the noise on the
 clients, one release per client asked to train. The round's metrics carry `client-epsilon` at
 `client-dp.delta` (noise on the clients: the largest over clients).
@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from pollen.contracts import client_dp as client_level
-from pollen.contracts.dp_sgd import EPSILON, client_dp, shown
-from pollen.settings import ClientDPSettings, DPSettings, RunSettings, Scalar, SettingsError
+from pollen.core.contracts import client_dp as client_level
+from pollen.core.contracts.dp_sgd import EPSILON, client_dp, shown
+from pollen.core.settings import ClientDPSettings, DPSettings, RunSettings, Scalar, SettingsError
 from strategies.base import ClientInfo
 
 if TYPE_CHECKING:

@@ -34,8 +34,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from pollen.contracts import client_dp as dp_contract
-from pollen.settings import AttackSettings, ClientDPSettings, RobustSettings, RunSettings, Scalar
+from pollen.core.contracts import client_dp as dp_contract
+from pollen.core.settings import (
+    AttackSettings,
+    ClientDPSettings,
+    RobustSettings,
+    RunSettings,
+    Scalar,
+)
 from robust import client_dp, rules
 from robust.attacks import attack_rows
 from robust.flat import flatten, unflatten

@@ -17,9 +17,9 @@ import numpy as np
 from flwr.app import RecordDict
 
 from models.scaffold import norm, robust_server_update, server_update, zeros_like
-from pollen import protocol
-from pollen.contracts.scaffold import CONTROL, CONTROL_DELTA
-from pollen.settings import Scalar
+from pollen.core import protocol
+from pollen.core.contracts.scaffold import CONTROL, CONTROL_DELTA
+from pollen.core.settings import Scalar
 from strategies.aggregate import aggregate_metrics, expect_arrays, num_examples
 from strategies.base import Federation
 from strategies.classifier import parameter_keys

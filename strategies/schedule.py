@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from pollen.settings import RunSettings, Scalar
+from pollen.core.settings import RunSettings, Scalar
 
 
 def learning_rate(settings: Mapping[str, Scalar], server_round: int) -> float:

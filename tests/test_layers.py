@@ -12,7 +12,7 @@ from __future__ import annotations
 import grimp
 import pytest
 
-from pollen.registry import ALGORITHMS
+from pollen.core.registry import ALGORITHMS
 
 PACKAGES = ("pollen", "server", "client", "strategies", "models", "federated_data", "robust")
 

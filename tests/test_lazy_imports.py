@@ -102,7 +102,9 @@ class Model:
     ]
 
 
-@pytest.mark.parametrize("module", ["client.app", "client.env", "pollen.cli", "pollen.registry"])
+@pytest.mark.parametrize(
+    "module", ["client.app", "client.env", "pollen.tools.cli", "pollen.core.registry"]
+)
 def test_light_entry_points_do_not_import_torch(module: str) -> None:
     heavy = ("torch", "torchvision", "matplotlib", "sklearn")
     code = f"import sys, {module}; print([m for m in {heavy!r} if m in sys.modules])"

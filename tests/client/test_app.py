@@ -10,7 +10,7 @@ from flwr.app import Context, Message, RecordDict
 
 from client.app import app
 from client.env import ClientConfigError, ClientEnv
-from pollen import protocol
+from pollen.core import protocol
 
 
 def _context(cfg: dict[str, Any], **node: Any) -> Context:

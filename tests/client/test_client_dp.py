@@ -14,9 +14,9 @@ from flwr.app import Context, Message, RecordDict
 
 from client.app import app
 from client.state import StateError, StateStore
-from pollen import protocol
-from pollen.contracts.scaffold import CONTROL, CONTROL_DELTA
-from pollen.registry import resolve
+from pollen.core import protocol
+from pollen.core.contracts.scaffold import CONTROL, CONTROL_DELTA
+from pollen.core.registry import resolve
 from strategies.classifier import initial_weights
 
 

@@ -14,8 +14,8 @@ from client.clustered import evaluate
 from client.common import new_model, tensors
 from client.env import ClientEnv
 from models.weights import get_weights, set_weights
-from pollen import protocol
-from pollen.contracts.fedem import pack
+from pollen.core import protocol
+from pollen.core.contracts.fedem import pack
 from tests.fakes import settings_of
 
 

@@ -15,8 +15,8 @@ from torch import nn
 from client import fedavg
 from client.common import new_model
 from client.env import ClientEnv
-from pollen import protocol
-from pollen.registry import resolve
+from pollen.core import protocol
+from pollen.core.registry import resolve
 from strategies.classifier import initial_weights
 
 

@@ -10,7 +10,7 @@ import pytest
 from client import fedavg
 from client.common import SGDSettings
 from client.env import ClientEnv
-from pollen import protocol
+from pollen.core import protocol
 
 
 @pytest.mark.parametrize(("unseen", "expected_lr"), [(False, 0.001), (True, 0.1)])

@@ -25,8 +25,8 @@ from models.mixture import (
     responsibilities,
 )
 from models.weights import get_weights
-from pollen import protocol
-from pollen.contracts.fedem import pack
+from pollen.core import protocol
+from pollen.core.contracts.fedem import pack
 from tests.fakes import FixedLogits, settings_of
 
 

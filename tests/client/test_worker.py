@@ -21,7 +21,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from client import relay
 from client.app import app
 from client.env import ClientEnv
-from pollen import protocol
+from pollen.core import protocol
 
 TIMING = ("time-", "peak-rss-mb", "relay-peak-rss-mb")
 
@@ -254,7 +254,7 @@ def test_the_socket_directory_is_private() -> None:
 
 
 def test_the_fingerprint_ignores_the_bundle_signature_only(tmp_path: Path) -> None:
-    from pollen.signing import SIGNATURE_FILE
+    from pollen.tools.signing import SIGNATURE_FILE
 
     assert SIGNATURE_FILE in relay.NOT_CODE
     root = tmp_path / "app"

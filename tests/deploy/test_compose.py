@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from pollen import cli
-from pollen.launcher import TLS
+from pollen.tools import cli
+from pollen.tools.launcher import TLS
 from tests.deploy.compose import COMPOSE, GPU, INSECURE, ROOT, commands, load, merged
 
 VARIANTS = {"tls": (COMPOSE,), "insecure": (COMPOSE, INSECURE), "gpu": (COMPOSE, GPU)}

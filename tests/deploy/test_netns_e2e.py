@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from pollen.rundir import read_jsonl
+from pollen.core.rundir import read_jsonl
 from tests.deploy.compose import COMPOSE, ROOT, merged
 from tests.deploy.netns import Namespaces, namespaces_or_skip
 
@@ -42,7 +42,9 @@ class Services:
         self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
         bindir = root / "bin"  # `pollen` as the image has it: this checkout's CLI
         bindir.mkdir(parents=True)
-        (bindir / "pollen").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m pollen.cli "$@"\n')
+        (bindir / "pollen").write_text(
+            f'#!/bin/sh\nexec "{sys.executable}" -m pollen.tools.cli "$@"\n'
+        )
         (bindir / "pollen").chmod(0o755)
         self.path = os.pathsep.join([str(bindir), str(Path(sys.executable).parent),
                                      os.environ.get("PATH", "")])  # fmt: skip

@@ -54,7 +54,7 @@ def _server(ns: str, tmp: Path, *extra: str) -> tuple[subprocess.Popen[bytes], P
                PYTHONPATH=str(Path(__file__).resolve().parents[2]))  # fmt: skip
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
-            ["ip", "netns", "exec", ns, sys.executable, "-m", "pollen.cli", "server",
+            ["ip", "netns", "exec", ns, sys.executable, "-m", "pollen.tools.cli", "server",
              "--insecure", "--port", str(HTTP), "--fleet-port", str(FLEET), *extra],
             stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )  # fmt: skip

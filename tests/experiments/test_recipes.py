@@ -17,13 +17,14 @@ from typing import Any
 import pytest
 
 from client.app import app as client_app
-from pollen.cli import build_parser, resolve_run_settings
-from pollen.experiment import Experiment, final_value, method_settings
-from pollen.registry import get_algorithm
-from pollen.rundir import read_jsonl
-from pollen.settings import RunSettings, toml_value
+from pollen.core.registry import get_algorithm
+from pollen.core.rundir import read_jsonl
+from pollen.core.settings import RunSettings, toml_value
+from pollen.tools.cli import build_parser, resolve_run_settings
+from pollen.tools.experiment import Experiment, final_value, method_settings
 from server.engine import Engine
 from server.results import ResultsWriter
+from strategies.base import strategy_class
 from tests.fakes import FakeClock, FakeGrid
 from tests.standins import skip_md5_checks, write_standin
 
@@ -93,7 +94,7 @@ def _settings(
 
 def _run(settings: dict[str, Any]) -> dict[str, Any]:
     run = RunSettings.of(settings)
-    strategy = get_algorithm(run.algorithm).strategy_class()(settings)
+    strategy = strategy_class(get_algorithm(run.algorithm))(settings)
     grid = FakeGrid(client_app, run.num_clients, settings)
     clock = FakeClock()
     engine = Engine(grid, settings, strategy, ResultsWriter(run.out_dir), clock=clock,
@@ -177,7 +178,7 @@ PAPER_SETTINGS: dict[tuple[str, str], dict[str, Any]] = {
 
 @pytest.mark.parametrize(("file", "method"), list(PAPER_SETTINGS))
 def test_recipes_keep_the_papers_settings(file: str, method: str) -> None:
-    from pollen.registry import resolve
+    from pollen.core.registry import resolve
 
     exp = Experiment.load(EXPERIMENTS / file)
     settings = resolve(method_settings(exp, exp.methods[method], exp.seeds[0]))

@@ -1,5 +1,5 @@
 """Only the operator's apps run on Pollen's SuperNodes: real SuperLink and SuperNodes over gRPC
-on loopback, each SuperNode beside Pollen's app runner (pollen/app_runner.py), as `pollen
+on loopback, each SuperNode beside Pollen's app runner (pollen/tools/app_runner.py), as `pollen
 client` and `pollen deploy` start them. A foreign app bundle submitted straight through `flwr
 run`, one signed with another key and one altered after signing are refused by every SuperNode
 before any of their code runs; the operator's signed run completes. And the reason Pollen signs
@@ -13,10 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from pollen.launcher import Federation, free_port, supernode_argv
-from pollen.registry import resolve
-from pollen.settings import Scalar
-from pollen.signing import SIGNATURE_FILE, generate_key, key_id, load_private_key, stage_signed_app
+from pollen.core.registry import resolve
+from pollen.core.settings import Scalar
+from pollen.tools.launcher import Federation, free_port, supernode_argv
+from pollen.tools.signing import (
+    SIGNATURE_FILE,
+    generate_key,
+    key_id,
+    load_private_key,
+    stage_signed_app,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 FOREIGN = Path(__file__).resolve().parent / "foreign_app"

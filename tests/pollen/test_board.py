@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from pollen import board, cli
-from pollen.progress import Progress
+from pollen.tools import board, cli
+from pollen.tools.progress import Progress
 
 RECORDED = Path(__file__).parent / "recorded" / "fedavg-digits-seed0"
 """`pollen simulate --algorithm fedavg --dataset digits --clients 3 --rounds 2`."""

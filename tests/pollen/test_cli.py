@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pollen import cli
+from pollen.tools import cli
 
 
 def test_data_summary_prints_and_plots_each_clients_label_counts(

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from client.state import StateStore
-from pollen.rundir import read_jsonl
+from pollen.core.rundir import read_jsonl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-POLLEN = [sys.executable, "-m", "pollen.cli"]
+POLLEN = [sys.executable, "-m", "pollen.tools.cli"]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -193,7 +193,7 @@ def test_simulate_results_do_not_depend_on_the_packing_or_parallelism(
 
 def test_server_client_and_run_commands(tmp_path: Path, shared_cache: Path) -> None:
     """The multi-machine path, on loopback: `pollen server`, two `pollen client`, `pollen run`."""
-    from pollen.launcher import free_port
+    from pollen.tools.launcher import free_port
 
     port, fleet = free_port(), free_port()
     base = dict(os.environ, POLLEN_CACHE_DIR=str(shared_cache), FLWR_TELEMETRY_ENABLED="0")

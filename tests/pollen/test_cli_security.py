@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pollen import cli
-from pollen.launcher import allow_list, node_key
+from pollen.tools import cli
+from pollen.tools.launcher import allow_list, node_key
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "generate-certs.sh"
 
@@ -139,7 +139,7 @@ def test_each_permission_given_is_said_in_one_line(certs: Path) -> None:
 
 
 def test_generate_certs_makes_the_signing_key_and_the_superexec_secret(certs: Path) -> None:
-    from pollen.signing import key_id, load_private_key, load_public_key
+    from pollen.tools.signing import key_id, load_private_key, load_public_key
 
     key = load_private_key(certs / "signing.key")
     assert key_id(key.public_key()) == key_id(load_public_key(certs / "signing.pub"))

@@ -9,8 +9,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from pollen import cli
-from pollen.launcher import Federation
+from pollen.tools import cli
+from pollen.tools.launcher import Federation
 
 
 class RecordingFederation:

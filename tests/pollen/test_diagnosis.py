@@ -9,7 +9,7 @@ import subprocess
 import sys
 import textwrap
 
-from pollen.diagnosis import ConsoleCopy, known_cause, no_space
+from pollen.tools.diagnosis import ConsoleCopy, known_cause, no_space
 
 FLEET_PORT_TAKEN = """\
 \x1b[92mINFO \x1b[0m:      SuperLinkLifespan: start

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pollen.rundir import read_jsonl
+from pollen.core.rundir import read_jsonl
 from server import checkpoint
 from tests.pollen.test_cli_e2e import POLLEN, _processes_under
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from pollen.experiment import Experiment, final_value, run_dir, tabulate
-from pollen.settings import SettingsError
+from pollen.core.settings import SettingsError
+from pollen.tools.experiment import Experiment, final_value, run_dir, tabulate
 
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 
@@ -28,8 +28,8 @@ def test_every_shipped_experiment_file_is_valid() -> None:
 
 def test_shakespeare_experiment_has_the_papers_setting() -> None:
     from federated_data.shakespeare import reference_class_weights
-    from pollen.dataspec import class_weights, model_input
-    from pollen.registry import resolve
+    from pollen.core.dataspec import class_weights, model_input
+    from pollen.core.registry import resolve
 
     exp = Experiment.load(EXPERIMENTS / "fedem_shakespeare.toml")
     assert set(exp.methods) == {"fedem", "fedavg", "fedprox", "fedavg-plus", "clustered", "local"}
@@ -142,7 +142,7 @@ def test_an_interrupted_run_resumes_and_an_unstarted_one_starts_afresh(
 ) -> None:
     import subprocess
 
-    from pollen import experiment
+    from pollen.tools import experiment
 
     exp = Experiment.load(
         _write(
@@ -181,7 +181,7 @@ def test_an_interrupted_run_resumes_and_an_unstarted_one_starts_afresh(
 def test_methods_option_runs_a_subset_and_names_unknown_ones(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from pollen.cli import main
+    from pollen.tools.cli import main
 
     path = _write(
         tmp_path,
@@ -201,8 +201,8 @@ def test_methods_option_runs_a_subset_and_names_unknown_ones(
 def test_gpu_options_reach_every_simulation_and_are_refused_for_deployment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from pollen import experiment
-    from pollen.cli import main
+    from pollen.tools import experiment
+    from pollen.tools.cli import main
 
     seen: list[tuple[str, ...]] = []
 
@@ -230,7 +230,7 @@ def test_a_failed_run_stops_the_experiment_without_running_it_again(
     test_simulate.py); the experiment runs each command once."""
     import subprocess
 
-    from pollen import experiment
+    from pollen.tools import experiment
 
     exp = Experiment.load(
         _write(tmp_path, '[experiment]\nseeds = [0]\n[methods.a]\nalgorithm = "fedavg"\n')

@@ -22,9 +22,9 @@ from flwr.app import Context, RecordDict
 
 from client.app import app as client_app
 from client.state import StateStore
-from pollen.launcher import Federation
-from pollen.registry import resolve
-from pollen.rundir import read_jsonl
+from pollen.core.registry import resolve
+from pollen.core.rundir import read_jsonl
+from pollen.tools.launcher import Federation
 from server.app import app as server_app
 from tests.fakes import FakeGrid
 from tests.pollen.test_cli_e2e import POLLEN, _processes_under

@@ -15,9 +15,10 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from pollen import cli, launcher, registry
-from pollen.launcher import Federation, bin_path, serve_node
-from pollen.settings import SettingsError, parse_assignments
+from pollen.core import registry
+from pollen.core.settings import SettingsError, parse_assignments
+from pollen.tools import cli, launcher
+from pollen.tools.launcher import Federation, bin_path, serve_node
 
 ROOT = Path(__file__).resolve().parents[2]
 SIMULATE = ["simulate", "--dataset", "digits", "--clients", "2", "--rounds", "1"]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pollen import launcher
-from pollen.launcher import DiskFull, Federation
+from pollen.tools import launcher
+from pollen.tools.launcher import DiskFull, Federation
 
 
 def test_a_full_disk_in_a_log_is_news_only_once_and_only_if_new(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pollen.launcher import TLS, Federation, Proc, free_port, node_key, supernode_argv
+from pollen.tools.launcher import TLS, Federation, Proc, free_port, node_key, supernode_argv
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "generate-certs.sh"

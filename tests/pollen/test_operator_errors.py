@@ -23,7 +23,7 @@ from flwr.app import Context, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from client.app import app as client_app
-from pollen.launcher import Progress
+from pollen.tools.launcher import Progress
 from server.app import app as server_app
 from tests.fakes import FakeGrid, settings_of
 from tests.pollen.test_cli_e2e import POLLEN, _processes_under
@@ -251,7 +251,7 @@ def test_a_mistake_is_one_line_before_anything_starts(
         if torch.cuda.is_available():
             pytest.skip("this machine has a CUDA GPU")
     before = _digests(world / "done")
-    from pollen.launcher import free_port
+    from pollen.tools.launcher import free_port
 
     argv = [a.replace("{w}", str(world)).replace("{taken}", str(taken_port))
             .replace("{free}", str(free_port())) for a in args]  # fmt: skip
@@ -402,7 +402,7 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 
 def test_every_command_help_shows_defaults_and_an_example() -> None:
-    from pollen.cli import EXAMPLES, build_parser
+    from pollen.tools.cli import EXAMPLES, build_parser
 
     commands = _subparsers(build_parser())
     assert set(commands) == set(EXAMPLES)
@@ -417,7 +417,7 @@ def test_every_command_help_shows_defaults_and_an_example() -> None:
 def test_settings_of_one_algorithm_are_its_own_and_the_common_ones(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from pollen.cli import main
+    from pollen.tools.cli import main
 
     assert main(["settings", "d-fedem"]) == 0
     keys = {line.split()[0] for line in capsys.readouterr().out.splitlines()}

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pollen import preflight
-from pollen.preflight import PreflightError
+from pollen.tools import preflight
+from pollen.tools.preflight import PreflightError
 
 
 @pytest.mark.parametrize("text", ["0", "65536", "-1", "abc", "9092x", ""])

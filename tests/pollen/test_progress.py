@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from pollen.launcher import Progress
-from pollen.progress import PlainView, RichView, State, clock_text
+from pollen.tools.launcher import Progress
+from pollen.tools.progress import PlainView, RichView, State, clock_text
 
 
 def _write(path: Path, rows: list[dict]) -> None:
@@ -279,7 +279,7 @@ def _follow(
     start_timeout: float = 300.0,
     fed_out: list | None = None,
 ) -> tuple:
-    import pollen.launcher as launcher
+    import pollen.tools.launcher as launcher
 
     def tick(now: float) -> None:
         if (
@@ -303,7 +303,7 @@ def _follow(
 def test_follow_stops_a_run_whose_serverapp_never_starts(tmp_path: Path, monkeypatch) -> None:
     """Nothing in the results directory `start_timeout` seconds after the submission: the run
     is stopped with one line, instead of "waiting for the ServerApp to start" for ever."""
-    import pollen.launcher as launcher
+    import pollen.tools.launcher as launcher
 
     feds: list = []
     says = r"wrote nothing to .* within 60 s of the submission \(--start-timeout\)"
@@ -325,7 +325,7 @@ def test_follow_lets_a_started_serverapp_run_past_the_start_timeout(
 
 
 def test_follow_stops_the_run_when_a_process_logs_a_full_disk(tmp_path: Path, monkeypatch) -> None:
-    import pollen.launcher as launcher
+    import pollen.tools.launcher as launcher
 
     feds: list = []
     with pytest.raises(launcher.DiskFull, match="superlink could not write"):
@@ -355,7 +355,7 @@ def test_follow_asks_again_soon_when_the_run_ends_after_its_summary(
     """Flower reports the run finished once the ServerApp has exited, after the summary: the
     status is asked every STATUS_POLL_ENDING seconds from the summary on, not at the grown
     interval (up to 15 s)."""
-    import pollen.launcher as launcher
+    import pollen.tools.launcher as launcher
 
     status, queries, ended = _follow(
         tmp_path, finished_at=101.2, summary_at=100.0, monkeypatch=monkeypatch
@@ -392,7 +392,7 @@ def test_follow_notices_a_run_that_ends_without_a_summary(tmp_path: Path, monkey
 def test_a_status_query_that_times_out_is_unknown_not_fatal(tmp_path: Path, monkeypatch) -> None:
     import subprocess
 
-    from pollen.launcher import Federation
+    from pollen.tools.launcher import Federation
 
     def slow(*args: object, **kwargs: object) -> None:
         raise subprocess.TimeoutExpired(cmd="flwr ls", timeout=120)
@@ -405,7 +405,7 @@ def test_a_status_query_that_times_out_is_unknown_not_fatal(tmp_path: Path, monk
 def test_a_server_log_query_that_times_out_leaves_a_note(tmp_path: Path, monkeypatch) -> None:
     import subprocess
 
-    from pollen.launcher import Federation
+    from pollen.tools.launcher import Federation
 
     def slow(*args: object, **kwargs: object) -> None:
         raise subprocess.TimeoutExpired(cmd="flwr log", timeout=60)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, RecordDict
 
-from pollen import protocol
+from pollen.core import protocol
 
 
 def test_records_keep_every_shape_including_0d_and_non_contiguous() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pollen.launcher import free_port
+from pollen.tools.launcher import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 RAY = Path(sys.executable).parent / "ray"
@@ -78,7 +78,7 @@ def test_simulate_runs_its_clients_on_an_existing_ray_cluster(
     out = tmp_path / "run"
     env = dict(os.environ, POLLEN_CACHE_DIR=str(shared_cache), FLWR_TELEMETRY_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
-    argv = [sys.executable, "-m", "pollen.cli", "simulate", "--algorithm", "fedavg",
+    argv = [sys.executable, "-m", "pollen.tools.cli", "simulate", "--algorithm", "fedavg",
             "--dataset", "digits", "--clients", "3", "--nodes", "2", "--rounds", "1",
             "--out", str(out), "--ray-address", address]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pollen.report import ReportError, load_run, metric_series, write_report, write_tables
+from pollen.tools.report import ReportError, load_run, metric_series, write_report, write_tables
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 ALL_PNGS = ("accuracy.png", "loss.png", "time.png", "bytes.png", "client-accuracy.png")
@@ -212,7 +212,7 @@ def test_same_directory_names_get_distinct_labels(tmp_path: Path) -> None:
 def test_importing_does_not_load_pyplot() -> None:
     import subprocess
 
-    code = "import sys, pollen.report; print('matplotlib.pyplot' in sys.modules)"
+    code = "import sys, pollen.tools.report; print('matplotlib.pyplot' in sys.modules)"
     done = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
@@ -366,7 +366,7 @@ def test_comparing_algorithms_with_their_own_settings_is_no_warning(
 
 
 def test_local_tests_after_training_so_its_figures_stay_at_their_round(tmp_path: Path) -> None:
-    """Local's clients test their personal model after the round's training (pollen.registry:
+    """Local's clients test their personal model after the round's training (pollen.core.registry:
     evaluates_received=False): round r's figure describes model r, and the final evaluation
     (of the model after the last round) takes the last round's place, not a second point."""
     fedavg = load_run(make_run(tmp_path, "a", "fedavg", 0.5))
@@ -390,7 +390,7 @@ def test_a_directory_named_after_its_algorithm_is_labelled_once(tmp_path: Path) 
 def test_unknown_formats_are_refused_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from pollen import cli
+    from pollen.tools import cli
 
     code = cli.main(["report", str(SEED0), "--format", "png,gif", "--out", str(tmp_path / "r")])
     assert code == 2
@@ -401,7 +401,7 @@ def test_unknown_formats_are_refused_in_one_line(
 
 
 def test_a_partition_plot_draws_every_client_and_label_count(tmp_path: Path) -> None:
-    from pollen.report import plot_partition
+    from pollen.tools.report import plot_partition
 
     summary = {"clients": [
         {"client_id": 0, "train": 150, "train_labels": [100, 50, 0]},
@@ -433,7 +433,7 @@ def test_a_private_runs_epsilon_is_a_column_of_the_rounds_table(tmp_path: Path) 
 
 
 def test_a_run_under_attack_and_its_robust_rule_are_named() -> None:
-    from pollen.report import _threat_lines
+    from pollen.tools.report import _threat_lines
 
     summary = {
         "robust": {"robust.rule": "median", "robust.f": 2},

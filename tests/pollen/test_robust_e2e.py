@@ -17,7 +17,7 @@ import pytest
 from flwr.app import Context, RecordDict
 
 from client.app import app as client_app
-from pollen.registry import resolve
+from pollen.core.registry import resolve
 from server.app import app as server_app
 from server.local_grid import LocalGrid, task_identity
 
@@ -29,7 +29,7 @@ OPTIONS = "--dataset digits --clients 5 --rounds 5"
 
 def _deploy(out: Path, cache: Path, *extra: str) -> dict[str, Any]:
     sets = [a for k, v in SETTINGS.items() for a in ("--set", f"{k}={v}")]
-    argv = [sys.executable, "-m", "pollen.cli", "deploy", *OPTIONS.split(), *sets, *extra]
+    argv = [sys.executable, "-m", "pollen.tools.cli", "deploy", *OPTIONS.split(), *sets, *extra]
     env = dict(os.environ, POLLEN_CACHE_DIR=str(cache), FLWR_TELEMETRY_ENABLED="0")
     done = subprocess.run(
         [*argv, "--out", str(out)], capture_output=True, text=True, timeout=900, env=env

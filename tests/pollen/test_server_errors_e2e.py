@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from pollen.launcher import free_port
+from pollen.tools.launcher import free_port
 from tests.pollen.test_cli_e2e import POLLEN, _processes_under
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 RACE = (
-    "import sys; from pollen import preflight; "
+    "import sys; from pollen.tools import preflight; "
     "preflight.check_port_free = lambda *args: None; "  # the port is taken after the check
-    "from pollen.cli import main; sys.exit(main(sys.argv[1:]))"
+    "from pollen.tools.cli import main; sys.exit(main(sys.argv[1:]))"
 )
 
 

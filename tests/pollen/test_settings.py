@@ -5,17 +5,19 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from pollen import registry, settings
-from pollen.pyproject_sync import synced
-from pollen.registry import resolve
-from pollen.settings import SettingsError
+from pollen.core import registry, settings
+from pollen.core.registry import resolve
+from pollen.core.settings import SettingsError
+from pollen.tools.pyproject_sync import synced
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_pyproject_declares_exactly_the_settings() -> None:
     text = (ROOT / "pyproject.toml").read_text()
-    assert synced(text) == text, "run `python -m pollen.pyproject_sync` to update pyproject.toml"
+    assert synced(text) == text, (
+        "run `python -m pollen.tools.pyproject_sync` to update pyproject.toml"
+    )
     config = tomllib.loads(text)["tool"]["flwr"]["app"]["config"]
 
     def flat(d: dict, prefix: str = "") -> dict:
@@ -70,7 +72,7 @@ def test_model_round_places_a_clients_metric_at_the_model_it_describes() -> None
     evaluations of the received model at r-1 (FedAvg tests before training; FedSC's kNN
     accuracy; FedAvg+'s global-test-*), training figures at r, and Local's evaluations, which
     test the personal model after the round's training, at r."""
-    from pollen.registry import model_round
+    from pollen.core.registry import model_round
 
     assert model_round("fedavg", "test-accuracy", 3) == 2
     assert model_round("fedavg", "test-accuracy-p10", 3) == 2

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from pollen import cli
-from pollen.settings import Scalar
+from pollen.core.settings import Scalar
+from pollen.tools import cli
 
 
 class FakeFederation:

@@ -5,7 +5,7 @@ import subprocess
 import sys
 import time
 
-from pollen.contracts.launcher import LAUNCHER_PID
+from pollen.core.contracts.launcher import LAUNCHER_PID
 from server.app import descendants, exit_with_parent, launcher_alive
 
 

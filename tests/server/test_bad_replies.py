@@ -21,12 +21,12 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from client.app import app as client_app
-from pollen import protocol
-from pollen.registry import ALGORITHMS, get_algorithm
-from pollen.rundir import read_jsonl
+from pollen.core import protocol
+from pollen.core.registry import ALGORITHMS, get_algorithm
+from pollen.core.rundir import read_jsonl
 from server.engine import Engine
 from server.results import ResultsWriter
-from strategies.base import Fold, Validator
+from strategies.base import Fold, Validator, strategy_class
 from tests.fakes import FakeClock, FakeGrid, settings_of
 
 FEDSC = {"fedsc.dim": 8, "fedsc.passes": 1, "fedsc.views-per-pass": 1, "fedsc.knn-k": 5,
@@ -223,7 +223,7 @@ def _run(
     grid = FakeGrid(client_app, int(cfg["num-clients"]), cfg)
     grid.leaky = leaky
     clock = FakeClock()
-    strategy = get_algorithm(str(cfg["algorithm"])).strategy_class()(cfg)
+    strategy = strategy_class(get_algorithm(str(cfg["algorithm"])))(cfg)
     engine = ScreeningEngine(
         grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock=clock, sleep=clock.sleep
     )

@@ -11,8 +11,8 @@ import pytest
 from flwr.app import Context, Message, RecordDict
 
 from client.app import app as client_app
-from pollen import protocol
-from pollen.rundir import read_jsonl
+from pollen.core import protocol
+from pollen.core.rundir import read_jsonl
 from server import checkpoint
 from server.app import app as server_app
 from server.engine import Engine, PhaseFailed

@@ -15,7 +15,7 @@ from flwr.app import Message
 
 from client.app import app as client_app
 from client.state import StateStore
-from pollen.rundir import read_jsonl
+from pollen.core.rundir import read_jsonl
 from server.engine import Engine
 from server.results import ResultsWriter
 from strategies.fedavg import FedAvg

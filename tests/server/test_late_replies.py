@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flwr.app import Message
 
-from pollen.rundir import read_jsonl
+from pollen.core.rundir import read_jsonl
 from tests.fakes import FakeGrid
 from tests.server.test_bad_replies import ROUNDS, TOL, ScreeningEngine, _run, _settings
 

@@ -14,11 +14,12 @@ import pytest
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 
 from client.app import app as client_app
-from pollen import protocol
-from pollen.registry import get_algorithm
-from pollen.rundir import read_jsonl
+from pollen.core import protocol
+from pollen.core.registry import get_algorithm
+from pollen.core.rundir import read_jsonl
 from server.engine import Engine
 from server.results import ResultsWriter
+from strategies.base import strategy_class
 from tests.fakes import FakeClock, FakeGrid, settings_of
 from tests.server.test_bad_replies import ROUNDS
 
@@ -48,7 +49,7 @@ def _run(
     if fault is not None:
         grid.faults.append(fault)
     clock = FakeClock()
-    strategy = get_algorithm(str(cfg["algorithm"])).strategy_class()(cfg)
+    strategy = strategy_class(get_algorithm(str(cfg["algorithm"])))(cfg)
     engine = Engine(grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock, clock.sleep)
     return engine, grid, engine.run()
 
@@ -272,7 +273,7 @@ def test_fold_takes_replies_in_client_order_whatever_order_nodes_answer_in(
 
     grid.pull_messages = one_at_a_time  # type: ignore[method-assign,assignment]
     clock = FakeClock()
-    strategy = get_algorithm("fedavg").strategy_class()(cfg)
+    strategy = strategy_class(get_algorithm("fedavg"))(cfg)
     engine = Engine(grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock, clock.sleep)
     engine.server_round = 1
     engine.wait_for_clients()

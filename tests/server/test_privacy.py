@@ -13,7 +13,7 @@ import pytest
 from flwr.app import Context, RecordDict
 
 from client.app import app as client_app
-from pollen.rundir import read_jsonl
+from pollen.core.rundir import read_jsonl
 from server import checkpoint
 from server.app import app as server_app
 from tests.fakes import FakeGrid, settings_of

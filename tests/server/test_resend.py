@@ -14,7 +14,7 @@ import pytest
 from flwr.app import Message, RecordDict
 
 from client.app import app as client_app
-from pollen.rundir import read_jsonl
+from pollen.core.rundir import read_jsonl
 from server import engine as engine_mod
 from server.engine import Engine, PhaseFailed, _Sends
 from server.results import ResultsWriter

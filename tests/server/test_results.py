@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pollen.rundir import append_line, read_jsonl
+from pollen.core.rundir import append_line, read_jsonl
 from server.results import ResultsWriter
 
 

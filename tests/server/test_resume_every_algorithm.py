@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from client.state import StateStore
-from pollen.rundir import read_jsonl
+from pollen.core.rundir import read_jsonl
 from tests.server.test_bad_replies import TOL, _run, _settings
 
 # FedSC is left out: two identical in-process FedSC runs differed by up to 5e-3 once (training

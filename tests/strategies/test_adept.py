@@ -14,17 +14,18 @@ from flwr.app import ConfigRecord, Message, RecordDict
 
 from client.app import app as client_app
 from client.state import StateStore
-from pollen import protocol
-from pollen.registry import get_algorithm
-from pollen.rundir import read_jsonl
+from pollen.core import protocol
+from pollen.core.registry import get_algorithm
+from pollen.core.rundir import read_jsonl
 from server.engine import Engine
 from server.results import ResultsWriter
 from strategies.adept import ADEPT, ADEPTPCA
+from strategies.base import strategy_class
 from tests.fakes import FakeClock, FakeGrid, settings_of
 
 
 def _run(cfg: dict[str, Any], nodes: int) -> tuple[ADEPT, FakeGrid]:
-    strategy = get_algorithm(cfg["algorithm"]).strategy_class()(cfg)
+    strategy = strategy_class(get_algorithm(cfg["algorithm"]))(cfg)
     assert isinstance(strategy, ADEPT)
     grid = FakeGrid(client_app, nodes, cfg)
     clock = FakeClock()
@@ -313,7 +314,7 @@ def test_dgm_client_steps_mu_at_the_rounds_global_rate(run_config: dict[str, Any
 
         return keep
 
-    strategy = get_algorithm("adept-dgm").strategy_class()(cfg)
+    strategy = strategy_class(get_algorithm("adept-dgm"))(cfg)
     grid = FakeGrid(client_app, 3, cfg)
     grid.faults.append(tamper)
     clock = FakeClock()
@@ -331,7 +332,7 @@ def test_dgm_adam_state_survives_a_restart(run_config: dict[str, Any]) -> None:
 
     def run(tag: str, rounds: int, **extra: Any) -> ADEPT:
         cfg = _dgm_adam(run_config, tag, **{"num-rounds": rounds, **extra})
-        strategy = get_algorithm("adept-dgm").strategy_class()(cfg)
+        strategy = strategy_class(get_algorithm("adept-dgm"))(cfg)
         assert isinstance(strategy, ADEPT)
         grid = FakeGrid(client_app, 3, cfg)
         clock = FakeClock()
@@ -406,8 +407,8 @@ def test_adept_ae_learns_the_synthetic_decoders(run_config: dict[str, Any]) -> N
 def test_true_decoder_init_is_refused_where_there_is_no_true_decoder(
     extra: dict[str, Any], message: str
 ) -> None:
-    from pollen.registry import resolve
-    from pollen.settings import SettingsError
+    from pollen.core.registry import resolve
+    from pollen.core.settings import SettingsError
 
     base = {"algorithm": "adept-ae", "adept-ae.init-decoder": "truth", "synthetic.rank": 5,
             "adept-ae.latent": 5}  # fmt: skip

@@ -22,12 +22,13 @@ from client.state import StateStore
 from federated_data import load_client_data
 from models.autoencoder import LinearAutoencoder
 from models.stiefel import retract, tangent_projection
-from pollen import protocol
-from pollen.dataspec import data_spec
-from pollen.registry import get_algorithm
+from pollen.core import protocol
+from pollen.core.dataspec import data_spec
+from pollen.core.registry import get_algorithm
 from server.engine import Engine
 from server.results import ResultsWriter
 from strategies.adept import ADEPT
+from strategies.base import strategy_class
 from tests.fakes import FakeClock, FakeGrid, settings_of
 
 Replies = dict[tuple[int, int], dict[str, dict[str, np.ndarray]]]
@@ -36,7 +37,7 @@ Replies = dict[tuple[int, int], dict[str, dict[str, np.ndarray]]]
 def _run(cfg: dict[str, Any]) -> tuple[ADEPT, Replies, dict[str, np.ndarray]]:
     """An engine run on one fake node per client: (strategy after the run, every train reply's
     mu and sigma by (round, client), the server's initial mu)."""
-    strategy = get_algorithm(cfg["algorithm"]).strategy_class()(cfg)
+    strategy = strategy_class(get_algorithm(cfg["algorithm"]))(cfg)
     assert isinstance(strategy, ADEPT)
     grid = FakeGrid(client_app, int(cfg["num-clients"]), cfg)
     replies: Replies = {}

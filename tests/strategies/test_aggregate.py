@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from flwr.app import Message, RecordDict
 
-from pollen import protocol
+from pollen.core import protocol
 from strategies.aggregate import aggregate_metrics, expect_arrays, weighted_average
 from strategies.base import InvalidReply
 

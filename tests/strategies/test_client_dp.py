@@ -25,11 +25,11 @@ from flwr.supercore.privacy_accounting import (
 from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
 from models.privacy import epsilon
-from pollen import protocol
-from pollen.contracts import client_dp
-from pollen.contracts.scaffold import CONTROL, CONTROL_DELTA
-from pollen.registry import ALGORITHMS, foreign_settings, resolve
-from pollen.settings import SettingsError
+from pollen.core import protocol
+from pollen.core.contracts import client_dp
+from pollen.core.contracts.scaffold import CONTROL, CONTROL_DELTA
+from pollen.core.registry import ALGORITHMS, foreign_settings, resolve
+from pollen.core.settings import SettingsError
 from strategies.base import ClientInfo
 from strategies.fedavg import FedAvg
 from strategies.fedem import FedEM

@@ -13,8 +13,8 @@ from flwr.app import Message, RecordDict
 
 from client.app import app as client_app
 from federated_data.synthetic_fedem import FedEMSynthetic
-from pollen import protocol
-from pollen.rundir import read_jsonl
+from pollen.core import protocol
+from pollen.core.rundir import read_jsonl
 from server.engine import Engine
 from server.results import ResultsWriter
 from strategies.base import Federation

@@ -13,7 +13,7 @@ import pytest
 
 from client.app import app as client_app
 from client.state import StateStore
-from pollen.rundir import read_jsonl
+from pollen.core.rundir import read_jsonl
 from server.engine import Engine
 from server.results import ResultsWriter
 from strategies.base import Strategy
@@ -238,7 +238,7 @@ def test_one_step_unseen_clients_take_one_em_step_at_each_evaluation(
     from client.env import ClientEnv
     from client.fedem import _losses, packed_models
     from models.mixture import fit_mixture_weights
-    from pollen import protocol
+    from pollen.core import protocol
 
     cfg = settings_of({
         **run_config, "algorithm": "fedem", "num-clients": 4, "num-rounds": 3,

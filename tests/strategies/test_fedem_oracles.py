@@ -33,11 +33,11 @@ from client.fedem import evaluate as fedem_evaluate
 from client.fedem import mixture_metrics, packed_models
 from client.state import StateStore
 from federated_data.synthetic_fedem import FedEMSynthetic
-from pollen import protocol
-from pollen.registry import get_algorithm
+from pollen.core import protocol
+from pollen.core.registry import get_algorithm
 from server.engine import Engine
 from server.results import ResultsWriter
-from strategies.base import Strategy
+from strategies.base import Strategy, strategy_class
 from strategies.fedem import FedEM
 from tests.fakes import FakeClock, FakeGrid, settings_of
 
@@ -75,7 +75,7 @@ def _settings(base: dict[str, Any], algorithm: str, tag: str, **extra: Any) -> d
 
 def _run(cfg: dict[str, Any]) -> tuple[Strategy, dict[str, float]]:
     """The run over the engine; the strategy and the final evaluation."""
-    strategy = get_algorithm(str(cfg["algorithm"])).strategy_class()(cfg)
+    strategy = strategy_class(get_algorithm(str(cfg["algorithm"])))(cfg)
     clock = FakeClock()
     grid = FakeGrid(client_app, int(cfg["simulation-nodes"]), cfg)
     summary = Engine(grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock, clock.sleep).run()

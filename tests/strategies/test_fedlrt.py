@@ -14,12 +14,12 @@ from flwr.app import Message, RecordDict
 
 from client.app import app as client_app
 from models.fedlrt import factorize, orthonormality_error
-from pollen import protocol
-from pollen.registry import get_algorithm
-from pollen.rundir import read_jsonl
+from pollen.core import protocol
+from pollen.core.registry import get_algorithm
+from pollen.core.rundir import read_jsonl
 from server.engine import Engine
 from server.results import ResultsWriter
-from strategies.base import Strategy
+from strategies.base import Strategy, strategy_class
 from strategies.fedavg import FedAvg
 from strategies.fedlrt import FedLin, FeDLRT
 from tests.fakes import FakeClock, FakeGrid, settings_of
@@ -354,7 +354,7 @@ def test_identical_client_data_makes_the_corrections_vanish(
         tag = "-".join([algorithm, *map(str, extra.values())])
         cfg = settings_of({**base, "algorithm": algorithm, "out-dir": f"{base['out-dir']}-{tag}",
                            **extra})  # fmt: skip
-        strategy = get_algorithm(algorithm).strategy_class()(cfg)
+        strategy = strategy_class(get_algorithm(algorithm))(cfg)
         _run(cfg, strategy)
         if isinstance(strategy, FeDLRT):
             return _dense_of(strategy)

@@ -38,8 +38,8 @@ from models.least_squares import (
     initial_factors,
     run_fedlrt,
 )
-from pollen import protocol
-from pollen.rundir import read_jsonl
+from pollen.core import protocol
+from pollen.core.rundir import read_jsonl
 from server.engine import Engine
 from server.results import ResultsWriter
 from strategies.fedlrt import FeDLRT

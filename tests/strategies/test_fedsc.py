@@ -17,14 +17,15 @@ from client.app import app as client_app
 from client.state import StateStore
 from federated_data import load_client_data
 from models.dp_correlation import release_epsilon
-from pollen import protocol
-from pollen.contracts.fedsc import FedSCSettings
-from pollen.dataspec import data_spec
-from pollen.registry import get_algorithm
-from pollen.rundir import read_jsonl
-from pollen.settings import Scalar
+from pollen.core import protocol
+from pollen.core.contracts.fedsc import FedSCSettings
+from pollen.core.dataspec import data_spec
+from pollen.core.registry import get_algorithm
+from pollen.core.rundir import read_jsonl
+from pollen.core.settings import Scalar
 from server.engine import Engine
 from server.results import ResultsWriter
+from strategies.base import strategy_class
 from strategies.fedsc import FedAvgSC, FedSC, shares
 from strategies.schedule import learning_rate
 from tests.fakes import FakeClock, FakeGrid, settings_of
@@ -278,7 +279,7 @@ def _run_baseline(
     """An engine run of a FedAvg-server baseline on 4 fake clients: (settings, strategy after
     the run, initial weights, instructions delivered)."""
     cfg = _cfg(run_config, **{"algorithm": algorithm, "server-eval": False})
-    strategy = get_algorithm(algorithm).strategy_class()(cfg)
+    strategy = strategy_class(get_algorithm(algorithm))(cfg)
     assert isinstance(strategy, FedAvgSC)
     grid = FakeGrid(client_app, 4, cfg)
     seen = _capture(grid)

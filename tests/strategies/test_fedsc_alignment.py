@@ -25,8 +25,8 @@ import strategies.fedsc
 from client.app import app as client_app
 from federated_data import load_client_data
 from models.spectral import aggregate, global_objective, local_objective, norm_clip
-from pollen.contracts.fedsc import FedSCSettings
-from pollen.dataspec import data_spec
+from pollen.core.contracts.fedsc import FedSCSettings
+from pollen.core.dataspec import data_spec
 from server.engine import Engine
 from server.results import ResultsWriter
 from strategies.fedsc import FedAvgSC, FedSC

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pollen.registry import resolve
-from pollen.settings import SettingsError
+from pollen.core.registry import resolve
+from pollen.core.settings import SettingsError
 from robust import rules
 from strategies.robust import Combiner, TooFewReplies
 from tests.fakes import run_in_process

@@ -19,7 +19,7 @@ from client.app import app as client_app
 from models.adept_ae import average
 from models.adept_pca import server_update
 from models.stiefel import retract, tangent_projection
-from pollen import protocol
+from pollen.core import protocol
 from server.app import app as server_app
 from server.engine import PhaseFailed
 from strategies.adept import ADEPT, ADEPTAE, ADEPTPCA

@@ -18,7 +18,7 @@ from flwr.app import Context, RecordDict
 from client.app import app as client_app
 from client.fedlrt import _augmented as client_augmented
 from models.fedlrt import augment_basis, augmentation_width, padded_coefficients, truncate
-from pollen import protocol
+from pollen.core import protocol
 from server.app import app as server_app
 from server.engine import PhaseFailed
 from strategies.aggregate import weighted_average

@@ -18,8 +18,8 @@ from flwr.app import Context, RecordDict
 
 from client.app import app as client_app
 from models.spectral import others, psd_projection, within_bound
-from pollen import protocol
-from pollen.contracts.fedsc import CORRELATION, OTHERS
+from pollen.core import protocol
+from pollen.core.contracts.fedsc import CORRELATION, OTHERS
 from server.app import app as server_app
 from server.engine import PhaseFailed
 from strategies.aggregate import weighted_average

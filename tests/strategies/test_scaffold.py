@@ -19,9 +19,9 @@ from client.state import StateStore
 from models.losses import per_sample_loss
 from models.scaffold import Arrays, control_update, local_steps, norm
 from models.weights import get_weights, set_weights
-from pollen import protocol
-from pollen.contracts.scaffold import CONTROL, CONTROL_DELTA, STORED_PREFIX
-from pollen.rundir import read_jsonl
+from pollen.core import protocol
+from pollen.core.contracts.scaffold import CONTROL, CONTROL_DELTA, STORED_PREFIX
+from pollen.core.rundir import read_jsonl
 from server.engine import Engine
 from server.results import ResultsWriter
 from strategies.classifier import parameter_keys

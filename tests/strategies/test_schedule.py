@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from pollen.settings import Scalar
+from pollen.core.settings import Scalar
 from strategies.schedule import learning_rate
 
 

@@ -28,14 +28,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from client import relay
-from pollen import rundir
-from pollen.contracts.launcher import LAUNCHER_PID
-from pollen.diagnosis import ANSI, ConsoleCopy, known_cause, no_space
-from pollen.preflight import free_mb
-from pollen.progress import NODE_RESTART_LIMIT, Progress, Sink
-from pollen.settings import Scalar, toml_value
+from pollen.core import rundir
+from pollen.core.contracts.launcher import LAUNCHER_PID
+from pollen.core.settings import Scalar, toml_value
+from pollen.tools.diagnosis import ANSI, ConsoleCopy, known_cause, no_space
+from pollen.tools.preflight import free_mb
+from pollen.tools.progress import NODE_RESTART_LIMIT, Progress, Sink
 
-PROJECT_DIR = Path(__file__).resolve().parent.parent
+PROJECT_DIR = Path(__file__).resolve().parents[2]
 TASK_POLL_INTERVAL = "0.1"
 """Seconds between a SuperExec's polls for a new task (Flower's default: 1 s). Every message
 waits for the next poll of its node's SuperExec, and every run for the SuperLink's; at 0.1 s
@@ -223,7 +223,7 @@ class Proc:
 
     def exit_reason(self) -> str:
         """Why the process exited, for `pollen: error:`: one line when its output shows a
-        cause the operator can fix (pollen.diagnosis), else its exit code and its last lines
+        cause the operator can fix (pollen.tools.diagnosis), else its exit code and its last lines
         (on the console, the traceback held back is shown first)."""
         code = self.popen.returncode
         if self.console is not None:
@@ -266,7 +266,7 @@ class Federation:
     procs: list[Proc] = field(default_factory=list)
     connection: str = "pollen"
     signing_key: Path | None = None
-    """The operator's private key: every app submitted is signed with it (pollen.signing)."""
+    """The operator's private key: every app submitted is signed with it (pollen.tools.signing)."""
     trusted_key: Path | None = None
     """A public key: SuperNodes started here run only apps signed by its private half."""
     restart_nodes: bool = False
@@ -324,7 +324,7 @@ class Federation:
     def sign_apps_with_new_key(self) -> None:
         """A key pair for this federation alone (`pollen deploy`): its submissions are signed
         with it and its SuperNodes trust only it."""
-        from pollen.signing import generate_key  # lazy: cryptography
+        from pollen.tools.signing import generate_key  # lazy: cryptography
 
         self.signing_key = self.workdir / "operator-signing.key"
         generate_key(self.signing_key)
@@ -743,7 +743,7 @@ class Federation:
         config_file.write_text(run_configtoml_value(settings))
         bundle = app or app_dir()
         if self.signing_key is not None:
-            from pollen.signing import (  # lazy: cryptography
+            from pollen.tools.signing import (  # lazy: cryptography
                 SigningError,
                 load_private_key,
                 stage_signed_app,
@@ -909,7 +909,7 @@ def app_runner_argv(
     SuperExec that launches ClientApps only from bundles signed by `trusted_key`'s owner; it
     exits with the SuperNode."""
     return [
-        sys.executable, "-m", "pollen.app_runner", "--trusted-key", str(trusted_key), "--",
+        sys.executable, "-m", "pollen.tools.app_runner", "--trusted-key", str(trusted_key), "--",
         "--runtime-api-address", runtime_api, "--insecure", "--parent-pid", str(supernode_pid),
         "--superexec-auth-secret-file", str(secret),
     ]  # fmt: skip
@@ -1065,7 +1065,7 @@ def follow(
     seconds: a ServerApp that dies without writing a summary is still noticed. Flower marks the
     run finished only once the ServerApp process has exited, a second or so after the summary,
     so from the summary on the status is asked every STATUS_POLL_ENDING seconds. `plain`: the
-    view (pollen.progress; None: plain unless `stream` is a terminal); `sinks` follow the
+    view (pollen.tools.progress; None: plain unless `stream` is a terminal); `sinks` follow the
     results too (TensorBoard)."""
     progress = Progress(
         out_dir, stream, num_rounds, history, plain=plain, clock=time.monotonic, sinks=sinks

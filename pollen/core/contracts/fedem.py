@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from pollen.settings import SettingsGroup, setting
+from pollen.core.settings import SettingsGroup, setting
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,15 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from client import relay
-from pollen import board, preflight, registry, rundir
-from pollen import settings as settings_mod
-from pollen.dataspec import check_model_fits, data_spec, model_input
-from pollen.diagnosis import no_space
-from pollen.files import atomic_write_json
-from pollen.launcher import (
+from pollen.core import registry, rundir
+from pollen.core import settings as settings_mod
+from pollen.core.dataspec import check_model_fits, data_spec, model_input
+from pollen.core.files import atomic_write_json
+from pollen.core.paths import cache_dir
+from pollen.core.settings import NODE_ATTACKS, DPSettings, RunSettings, Scalar, SettingsError
+from pollen.tools import board, preflight
+from pollen.tools.diagnosis import no_space
+from pollen.tools.launcher import (
     START_TIMEOUT,
     TLS,
     DiskFull,
@@ -43,8 +46,6 @@ from pollen.launcher import (
     supernode_argv,
     tls_args_superlink,
 )
-from pollen.paths import cache_dir
-from pollen.settings import NODE_ATTACKS, DPSettings, RunSettings, Scalar, SettingsError
 
 
 # ---- settings from the command line ----------------------------------------------------------
@@ -177,11 +178,11 @@ class Watch:
     """How a run is followed: the progress view and the TensorBoard directory."""
 
     plain: bool | None = None
-    """True: plain lines; None: plain unless the output is a terminal (pollen.progress)."""
+    """True: plain lines; None: plain unless the output is a terminal (pollen.tools.progress)."""
     tensorboard: Path | None = None
     """TensorBoard writes to this directory's subdirectory named after the results one."""
     start_timeout: float = START_TIMEOUT
-    """Seconds the ServerApp may take to start (pollen.launcher.follow)."""
+    """Seconds the ServerApp may take to start (pollen.tools.launcher.follow)."""
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> Watch:
@@ -596,7 +597,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _signing_key(path: str | None) -> Path | None:
     """The operator's private key for `pollen run`, read once here so that a bad one stops the
     command before anything is submitted."""
-    from pollen.signing import SigningError, load_private_key  # lazy: cryptography
+    from pollen.tools.signing import SigningError, load_private_key  # lazy: cryptography
 
     if not path:
         _warn(
@@ -974,7 +975,7 @@ def _check_client_machine(args: argparse.Namespace) -> None:
 def _check_node_key(path: Path) -> None:
     """`--auth-key`: a private key (OpenSSH or PEM, as scripts/generate-certs.sh --nodes makes
     them) that this process can read."""
-    from pollen.signing import SigningError, read_private_key  # lazy: cryptography
+    from pollen.tools.signing import SigningError, read_private_key  # lazy: cryptography
 
     preflight.check_readable_file(path, "--auth-key")
     try:
@@ -1001,7 +1002,7 @@ def _host_port(address: str, option: str) -> tuple[str, int]:
 
 def _trusted_key(args: argparse.Namespace) -> Path | None:
     """The operator's public key this node trusts apps from; None with --allow-any-app."""
-    from pollen.signing import SigningError, load_public_key  # lazy: cryptography
+    from pollen.tools.signing import SigningError, load_public_key  # lazy: cryptography
 
     if args.trusted_key and args.allow_any_app:
         raise LaunchError("--trusted-key and --allow-any-app contradict each other: give one")
@@ -1075,7 +1076,7 @@ def _add_attack_options(p: argparse.ArgumentParser, who: str) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from pollen.report import (  # lazy: only on this path
+    from pollen.tools.report import (  # lazy: only on this path
         ReportError,
         parse_formats,
         write_report,
@@ -1094,7 +1095,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
-    from pollen.experiment import Experiment, run, tabulate  # lazy: only on this path
+    from pollen.tools.experiment import Experiment, run, tabulate  # lazy: only on this path
 
     exp = Experiment.load(Path(args.file))
     if args.seeds:
@@ -1184,7 +1185,7 @@ def cmd_data_summary(args: argparse.Namespace) -> int:
         else _format_partition(summary)
     )
     if plot is not None:
-        from pollen.report import plot_partition  # lazy: matplotlib, only with --plot
+        from pollen.tools.report import plot_partition  # lazy: matplotlib, only with --plot
 
         run = RunSettings.of(resolved)
         plot_partition(summary, plot, _partition_title(resolved, run))
@@ -1193,7 +1194,7 @@ def cmd_data_summary(args: argparse.Namespace) -> int:
 
 
 def _partition_title(resolved: Mapping[str, Scalar], run: RunSettings) -> str:
-    from pollen.report import partition_text  # lazy: only on this path
+    from pollen.tools.report import partition_text  # lazy: only on this path
 
     partition = partition_text(resolved) or run.partitioner
     return (

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import TYPE_CHECKING
 
-from pollen.settings import AttackSettings, RunSettings, Scalar, SyntheticSettings
+from pollen.core.settings import AttackSettings, RunSettings, Scalar, SyntheticSettings
 
 if TYPE_CHECKING:
     from federated_data import DataSpec

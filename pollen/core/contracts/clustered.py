@@ -1,5 +1,5 @@
 """Clustered FL's contract, shared by its server (strategies.clustered) and its clients
-(client.clustered): its settings. Its messages are FedEM's layout (pollen.contracts.fedem), one
+(client.clustered): its settings. Its messages are FedEM's layout (pollen.core.contracts.fedem), one
 model per cluster."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from pollen.settings import SettingsGroup, setting
+from pollen.core.settings import SettingsGroup, setting
 
 CLUSTERS = "clusters"
 """Config key of an unseen client's `evaluate` instruction: how many cluster models it holds."""

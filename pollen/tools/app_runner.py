@@ -4,14 +4,14 @@ ClientApp starts only from a bundle signed by the operator.
 `pollen client` (and `pollen deploy`) run `flower-supernode --isolation process`, so the
 SuperNode starts no app process of its own, and start this runner instead:
 
-    python -m pollen.app_runner --trusted-key signing.pub -- <flower-superexec arguments>
+    python -m pollen.tools.app_runner --trusted-key signing.pub -- <flower-superexec arguments>
 
 It is Flower's `flower-superexec` with one change: a ClientApp task is launched as
 `pollen-clientapp` (`clientapp_main` below) rather than `flwr-clientapp`. That process is
 Flower's `flwr-clientapp` with one change: before Flower installs the bundle it pulled from the
-SuperNode, `pollen.signing.verify_bundle` checks its signature against the trusted key. A bundle
-that is unsigned, signed by another key or altered is refused before any of its files is written
-or imported: the ClientApp process logs one line and answers with an error reply, which the
+SuperNode, `pollen.tools.signing.verify_bundle` checks its signature against the trusted key. A
+bundle that is unsigned, signed by another key or altered is refused before any of its files is
+written or imported: the ClientApp process logs one line and answers with an error reply, which the
 ServerApp sees as a failed client. Only Flower's public entry points and one module attribute of
 this process are replaced; Flower's files are unchanged.
 
@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pollen.signing import SigningError, load_public_key, verify_bundle
+from pollen.tools.signing import SigningError, load_public_key, verify_bundle
 
 TRUSTED_KEY_ENV = "POLLEN_TRUSTED_APP_KEY"
 """Path of the operator's public key, handed from the runner to its ClientApp processes."""
@@ -70,7 +70,7 @@ def clientapp_main() -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Flower's SuperExec whose ClientApp processes are `pollen-clientapp`."""
-    parser = argparse.ArgumentParser(prog="python -m pollen.app_runner", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m pollen.tools.app_runner", description=__doc__)
     parser.add_argument("--trusted-key", required=True, help="the operator's public key")
     parser.add_argument("superexec_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)

@@ -10,7 +10,7 @@ Pollen therefore signs the bundle's content itself:
   with the operator's ed25519 key and writes the signature into a staging copy of the app
   (`pollen/bundle_signature.py`, a file the bundle's include patterns already cover). The
   staging copy is what `flwr run` submits.
-- On a SuperNode, `pollen.app_runner` checks that signature against the operator's public key
+- On a SuperNode, `pollen.tools.app_runner` checks that signature against the operator's public key
   before Flower installs or imports anything from the bundle (`verify_bundle`).
 
 The digest covers every file of the bundle except Flower's own manifest (`.info/`) and the
@@ -37,7 +37,7 @@ from cryptography.hazmat.primitives.asymmetric import ed25519
 SIGNATURE_FILE = "pollen/bundle_signature.py"
 """Where the signature travels inside a bundle (matched by the `pollen/**/*.py` include)."""
 
-_HEADER = "# Signature of this app bundle by its operator (pollen.signing); never imported.\n"
+_HEADER = "# Signature of this app bundle by its operator (pollen.tools.signing); never imported.\n"
 
 
 class SigningError(ValueError):

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-from pollen.protocol import HELLO
-from pollen.rundir import CLIENTS, EVENTS, METRICS, SUMMARY, Event, Tail, summary_of
+from pollen.core.protocol import HELLO
+from pollen.core.rundir import CLIENTS, EVENTS, METRICS, SUMMARY, Event, Tail, summary_of
 
 NODE_RESTART_LIMIT = 8
 """How many times `pollen deploy` restarts one SuperNode before it gives the run up."""

@@ -1,7 +1,7 @@
 """Run settings: what a setting is (key, type, default, range), settings groups (declared once
 as frozen dataclasses, read typed) and the settings every run has, whatever its algorithm
 (RunSettings, SyntheticSettings, DPSettings). Each algorithm declares its own group in its
-contract module and names it in its registry entry; pollen.registry resolves and checks a run's
+contract module and names it in its registry entry; pollen.core.registry resolves and checks a run's
 settings against all of them.
 
 Flower only accepts run-config keys that `pyproject.toml` declares, so every key is mirrored

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pollen.settings import DPSettings, RunSettings, Scalar
+from pollen.core.settings import DPSettings, RunSettings, Scalar
 
 if TYPE_CHECKING:
     from models.privacy import PoissonPlan

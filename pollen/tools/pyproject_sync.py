@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pollen.registry import all_settings
-from pollen.settings import toml_value
+from pollen.core.registry import all_settings
+from pollen.core.settings import toml_value
 
 BEGIN, END = "# BEGIN SETTINGS", "# END SETTINGS"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 MIN_FREE_MB = 64
 """Free space a run's directory needs to start: Flower's SuperLink database and the app bundle
 it unpacks (a few MB for a small run), results and checkpoints. The disk can still fill later;
-the launcher then stops the run with the reason (pollen.diagnosis)."""
+the launcher then stops the run with the reason (pollen.tools.diagnosis)."""
 
 SQLITE_HEADER = b"SQLite format 3\x00"
 

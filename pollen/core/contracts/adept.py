@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from pollen.settings import SettingsGroup, setting
+from pollen.core.settings import SettingsGroup, setting
 
 MU, SIGMA = "mu", "sigma"
 LR_GLOBAL = "lr-global"

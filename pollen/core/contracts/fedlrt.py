@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from pollen.settings import SettingsGroup, setting
+from pollen.core.settings import SettingsGroup, setting
 
 # ---- phases (message types), in the order of a round ----------------------------------------
 WARM_START = "train.fedlrt_warm_start"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from pollen.settings import SettingsGroup, setting
+from pollen.core.settings import SettingsGroup, setting
 
 CORRELATION_PHASE = "query.correlation"
 """The phase before training: clients answer the (DP-protected) correlation matrix R_j of

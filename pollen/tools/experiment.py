@@ -38,9 +38,9 @@ from typing import Any
 
 import tomllib
 
-from pollen.registry import foreign_settings, resolve
-from pollen.rundir import completed, resumable, summary_of
-from pollen.settings import SettingsError, toml_value
+from pollen.core.registry import foreign_settings, resolve
+from pollen.core.rundir import completed, resumable, summary_of
+from pollen.core.settings import SettingsError, toml_value
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def run(exp: Experiment, out: Path, runtime: Sequence[str] = ()) -> dict[str, An
 def _argv(
     exp: Experiment, cfg: Mapping[str, Any], method: str, seed: int, target: Path
 ) -> list[str]:
-    argv = [sys.executable, "-m", "pollen.cli", exp.mode, "--out", str(target)]
+    argv = [sys.executable, "-m", "pollen.tools.cli", exp.mode, "--out", str(target)]
     if resumable(target):  # an interrupted run continues from its last checkpoint
         print(f"== {method} seed {seed}: resuming", flush=True)
         return [*argv, "--resume"]

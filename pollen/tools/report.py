@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pollen import registry
-from pollen.rundir import (
+from pollen.core import registry
+from pollen.core.rundir import (
     CLIENTS,
     CONFIG,
     METRICS,
@@ -403,7 +403,7 @@ def metric_series(run: Run, suffix: str) -> dict[str, list[Point]]:
     "server KEY".
 
     The x of a value is the round whose aggregated model it describes (0: the initial model,
-    pollen.registry.model_round): clients' test metrics of round r evaluate the model they
+    pollen.core.registry.model_round): clients' test metrics of round r evaluate the model they
     received, the one after round r-1's aggregation, so they are placed at r-1 to line up with
     the server's evaluation of the same model (an algorithm that tests after its local
     training, Local, at r); the clients' final evaluation (after the last round) is placed at

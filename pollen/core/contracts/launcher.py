@@ -1,4 +1,4 @@
-"""What the `pollen` launcher (pollen.launcher) and the ServerApp it starts (server.app) agree
+"""What the `pollen` launcher (pollen.tools.launcher) and the ServerApp it starts (server.app) agree
 on without importing each other."""
 
 LAUNCHER_PID = "POLLEN_LAUNCHER_PID"

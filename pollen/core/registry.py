@@ -2,34 +2,38 @@
 
 Entries name their code by import path so that looking an algorithm up imports nothing heavy:
 a ClientApp process imports only the handlers of the message it serves. A run's settings (the
-common ones of pollen.settings and every algorithm's) are resolved and checked here too.
+common ones of pollen.core.settings and every algorithm's) are resolved and checked here too.
 """
 
 from __future__ import annotations
 
 import difflib
-import importlib
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pollen.contracts import fedlrt as fedlrt_contract
-from pollen.contracts.adept import (
+from pollen.core.contracts import fedlrt as fedlrt_contract
+from pollen.core.contracts.adept import (
     AdeptAESettings,
     AdeptDGMSettings,
     AdeptPCASettings,
     AdeptSettings,
 )
-from pollen.contracts.clustered import ClusteredSettings
-from pollen.contracts.fedavg import FedAvgPlusSettings, FedProxSettings
-from pollen.contracts.fedem import DFedEMSettings, FedEMSettings
-from pollen.contracts.fedlrt import FeDLRTSettings
-from pollen.contracts.fedsc import CORRELATION_PHASE, BYOLSettings, FedSCSettings, SimCLRSettings
-from pollen.contracts.noop import NoOpSettings
-from pollen.contracts.scaffold import CONTROL_DELTA
-from pollen.protocol import HELLO
-from pollen.settings import (
+from pollen.core.contracts.clustered import ClusteredSettings
+from pollen.core.contracts.fedavg import FedAvgPlusSettings, FedProxSettings
+from pollen.core.contracts.fedem import DFedEMSettings, FedEMSettings
+from pollen.core.contracts.fedlrt import FeDLRTSettings
+from pollen.core.contracts.fedsc import (
+    CORRELATION_PHASE,
+    BYOLSettings,
+    FedSCSettings,
+    SimCLRSettings,
+)
+from pollen.core.contracts.noop import NoOpSettings
+from pollen.core.contracts.scaffold import CONTROL_DELTA
+from pollen.core.protocol import HELLO
+from pollen.core.settings import (
     COMMON_SETTINGS,
     ROBUST_RULES,
     AttackSettings,
@@ -44,10 +48,6 @@ from pollen.settings import (
 )
 from robust.client_dp import count_std, update_noise_multiplier
 from robust.rules import breakdown_note, clients_needed
-
-if TYPE_CHECKING:
-    from client.env import ClientHandler
-    from strategies.base import Strategy
 
 
 @dataclass(frozen=True)
@@ -105,19 +105,6 @@ class AlgorithmSpec:
         groups = {s.key.split(".")[0] for s in self.settings if "." in s.key} | set(self.uses)
         groups |= {ClientDPSettings.PREFIX} if self.client_dp else set()
         return groups | ({DPSettings.PREFIX} if self.dp else set())
-
-    def strategy_class(self) -> type[Strategy]:
-        module, _, attr = self.strategy.partition(":")
-        cls: type[Strategy] = getattr(importlib.import_module(module), attr)
-        return cls
-
-    def client_handler(self, message_type: str) -> ClientHandler:
-        module, _, attr = self.client.partition(":")
-        handlers: dict[str, Any] = getattr(importlib.import_module(module), attr or "HANDLERS")
-        if message_type not in handlers:
-            raise KeyError(f"algorithm {self.name!r} has no client handler for {message_type!r}")
-        handler: ClientHandler = handlers[message_type]
-        return handler
 
 
 ADEPT_MESSAGES = ("train", "evaluate")
@@ -583,7 +570,7 @@ def _check_client_dp(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
                 "independently (Poisson sampling, as the privacy analysis assumes), which "
                 "honours no minimum"
             )
-    from pollen.contracts import client_dp  # lazy: opacus
+    from pollen.core.contracts import client_dp  # lazy: opacus
 
     try:
         mech = client_dp.mechanism(cfg)

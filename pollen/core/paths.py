@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from pollen.settings import RunSettings, Scalar
+from pollen.core.settings import RunSettings, Scalar
 
 
 def cache_dir(settings: Mapping[str, Scalar]) -> Path:
