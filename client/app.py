@@ -17,7 +17,7 @@ from flwr.clientapp import ClientApp
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
 
-from client import relay
+from client import relay, resident
 from client.dispatch import answer_node, seconds_since_process_start
 from client.env import ClientEnv
 from pollen.core import protocol
@@ -38,7 +38,7 @@ def handle(msg: Message, context: Context) -> Message:
     if sock is not None:
         try:
             content = relay.forward(msg, context, sock, timing)
-        except relay.WorkerUnavailable as exc:
+        except resident.WorkerUnavailable as exc:
             log.warning("pollen: %s; this ClientApp runs the handler itself", exc)
         else:
             reply = Message(content, reply_to=msg)

@@ -33,7 +33,7 @@ from flwr.common.serde import context_from_proto
 from flwr.proto.message_pb2 import Context as ProtoContext  # type: ignore[attr-defined]
 
 from client import env as client_env
-from client import relay
+from client import relay, resident
 from client.dispatch import answer_node
 from client.env import ClientEnv
 
@@ -62,7 +62,7 @@ def _warm_up() -> str:
 class Worker:
     def __init__(self, sock: Path) -> None:
         self.sock = sock
-        self.code = relay.code_fingerprint()
+        self.code = resident.code_fingerprint()
         self.listener: socket.socket | None = None
         self.inode: int | None = None
         self.served = 0
@@ -91,7 +91,7 @@ class Worker:
         """Answer requests until a reason to stop; returns that reason."""
         assert self.listener is not None
         while True:
-            if not relay.owner_alive(self.sock):
+            if not resident.owner_alive(self.sock):
                 return "the node's owner is gone"
             if not self.still_mine():
                 return "another worker took the socket"
@@ -160,14 +160,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--keep",
         type=int,
-        default=relay.kept_partitions(),
+        default=resident.kept_partitions(),
         help="partitions kept in memory (a worker shared by N nodes keeps N; default "
-        f"${relay.KEEP_ENV} or 2)",
+        f"${resident.KEEP_ENV} or 2)",
     )
     args = parser.parse_args(argv)
     sock = Path(args.socket)
-    if not relay.owner_alive(sock):
-        _say(f"no node owns {sock} (nobody holds {relay.owner_lock(sock)}); not starting")
+    if not resident.owner_alive(sock):
+        _say(f"no node owns {sock} (nobody holds {resident.owner_lock(sock)}); not starting")
         return 2
 
     def stop(signum: int, frame: FrameType | None) -> None:

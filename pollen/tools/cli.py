@@ -19,7 +19,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
-from client import relay
+from client import resident
 from pollen.core import registry, rundir
 from pollen.core import settings as settings_mod
 from pollen.core.dataspec import check_model_fits, data_spec, model_input
@@ -949,8 +949,8 @@ def cmd_client(args: argparse.Namespace) -> int:
     worker = None
     if not args.no_worker:  # one node per (state directory, partition) on this machine
         try:
-            worker = relay.socket_path(f"{Path(args.state_dir).resolve()}#{args.partition_id}")
-        except relay.WorkerUnavailable as exc:
+            worker = resident.socket_path(f"{Path(args.state_dir).resolve()}#{args.partition_id}")
+        except resident.WorkerUnavailable as exc:
             raise LaunchError(f"cannot place the node's worker socket: {exc}") from None
     return serve_node(argv, runner, args.superlink, waited, env_extra=gpu, worker_socket=worker)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from client import relay
+from client import resident
 from pollen.core import rundir
 from pollen.core.contracts.launcher import LAUNCHER_PID
 from pollen.core.settings import Scalar, toml_value
@@ -442,19 +442,19 @@ class Federation:
         # env_extra: this node's own variables, e.g. CUDA_VISIBLE_DEVICES (`pollen deploy --gpus`)
         env = dict(self.env, FLWR_HOME=str(home), **(env_extra or {}))
         if self.resident_workers and self.shared_worker:
-            env[relay.SOCKET_ENV] = str(self._start_shared_worker(num_partitions))
-            env[relay.KEEP_ENV] = str(num_partitions)
+            env[resident.SOCKET_ENV] = str(self._start_shared_worker(num_partitions))
+            env[resident.KEEP_ENV] = str(num_partitions)
         elif self.resident_workers:
             try:
-                sock = relay.socket_path(str(home.resolve()))
-            except relay.WorkerUnavailable as exc:
+                sock = resident.socket_path(str(home.resolve()))
+            except resident.WorkerUnavailable as exc:
                 raise LaunchError(f"cannot place the node's worker socket: {exc}") from None
-            self._owner_locks.append((sock, relay.hold_owner_lock(sock)))
-            env[relay.SOCKET_ENV] = str(sock)
+            self._owner_locks.append((sock, resident.hold_owner_lock(sock)))
+            env[resident.SOCKET_ENV] = str(sock)
             worker = self.spawn(
                 f"worker-{partition_id}",
-                relay.worker_argv(sock),
-                relay.worker_env(env, app_dir()),  # the code of the app it submits
+                resident.worker_argv(sock),
+                resident.worker_env(env, app_dir()),  # the code of the app it submits
                 track=False,
             )
             self.workers.append(worker)
@@ -480,13 +480,16 @@ class Federation:
         if self._shared_socket is not None:
             return self._shared_socket
         try:
-            sock = relay.socket_path(f"{self.workdir.resolve()}#shared")
-        except relay.WorkerUnavailable as exc:
+            sock = resident.socket_path(f"{self.workdir.resolve()}#shared")
+        except resident.WorkerUnavailable as exc:
             raise LaunchError(f"cannot place the shared worker's socket: {exc}") from None
-        self._owner_locks.append((sock, relay.hold_owner_lock(sock)))
-        env = dict(self.env, **{relay.SOCKET_ENV: str(sock), relay.KEEP_ENV: str(nodes)})
+        self._owner_locks.append((sock, resident.hold_owner_lock(sock)))
+        env = dict(self.env, **{resident.SOCKET_ENV: str(sock), resident.KEEP_ENV: str(nodes)})
         worker = self.spawn(
-            "worker-shared", relay.worker_argv(sock), relay.worker_env(env, app_dir()), track=False
+            "worker-shared",
+            resident.worker_argv(sock),
+            resident.worker_env(env, app_dir()),
+            track=False,
         )
         self.workers.append(worker)
         self._shared_socket = sock
@@ -587,7 +590,7 @@ class Federation:
         self.procs.extend(self.workers)
         self.workers.clear()
         for sock, fd in self._owner_locks:
-            relay.release_owner_lock(sock, fd)
+            resident.release_owner_lock(sock, fd)
         self._owner_locks.clear()
         self._shared_socket = None
         for proc in reversed(self.procs):
@@ -970,10 +973,10 @@ def serve_node(
     argv = [bin_path(argv[0]), *argv[1:]]
     worker, owner = None, -1
     if worker_socket is not None:
-        owner = relay.hold_owner_lock(worker_socket)  # released when the node ends
-        env[relay.SOCKET_ENV] = str(worker_socket)
+        owner = resident.hold_owner_lock(worker_socket)  # released when the node ends
+        env[resident.SOCKET_ENV] = str(worker_socket)
         worker = subprocess.Popen(
-            relay.worker_argv(worker_socket), env=relay.worker_env(env, PROJECT_DIR),
+            resident.worker_argv(worker_socket), env=resident.worker_env(env, PROJECT_DIR),
             stdin=subprocess.DEVNULL,
             start_new_session=True, preexec_fn=_die_with_parent,
         )  # fmt: skip
@@ -1015,7 +1018,7 @@ def serve_node(
             child.kill()
             child.wait()
     if worker_socket is not None:
-        relay.release_owner_lock(worker_socket, owner)
+        resident.release_owner_lock(worker_socket, owner)
     if stopping:
         return 0
     if code != 0:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
-from client import relay
+from client import relay, resident
 from client.app import app
 from client.env import ClientEnv
 from pollen.core import protocol
@@ -88,18 +88,18 @@ class _Reap:
 def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A node's worker socket whose owner (this test) holds the lock; the worker is started by
     the first relayed message, as after a crash."""
-    sock = relay.socket_path(f"{tmp_path}/node")
-    lock = relay.hold_owner_lock(sock)
-    monkeypatch.setenv(relay.SOCKET_ENV, str(sock))
+    sock = resident.socket_path(f"{tmp_path}/node")
+    lock = resident.hold_owner_lock(sock)
+    monkeypatch.setenv(resident.SOCKET_ENV, str(sock))
     yield sock
     pid = None
     answer = relay._exchange(sock, {"op": "ping"}, ()) if sock.exists() else None
     if answer is not None:
         pid = int(answer[0]["pid"])
-    relay.release_owner_lock(sock, lock)  # the node ends: its worker must exit by itself
+    resident.release_owner_lock(sock, lock)  # the node ends: its worker must exit by itself
     if pid is not None:
         assert _wait_gone(pid), "the worker outlived its node's owner"
-    assert not relay.owner_lock(sock).exists() and not sock.with_suffix(".start").exists()
+    assert not resident.owner_lock(sock).exists() and not sock.with_suffix(".start").exists()
 
 
 def test_relayed_replies_equal_in_process_replies(
@@ -113,7 +113,7 @@ def test_relayed_replies_equal_in_process_replies(
     assert metrics["time-import-torch"] == 0.0 and metrics["time-relay"] >= 0.0
     assert "time-startup" not in metrics  # the worker's first message was the hello
 
-    monkeypatch.delenv(relay.SOCKET_ENV)
+    monkeypatch.delenv(resident.SOCKET_ENV)
     local = {**cfg, "out-dir": str(tmp_path / "in-process")}
     direct = [app(_message(t, r), _context(local, **{"partition-id": 1})) for t, r in (
         ("query.hello", 1), ("train", 1), ("train", 2), ("evaluate", 3))]  # fmt: skip
@@ -127,12 +127,12 @@ def test_one_worker_serves_the_nodes_that_share_it(
 ) -> None:
     """`pollen deploy` gives all its SuperNodes one worker: messages of three clients,
     interleaved, get the replies each client gets in-process, from one worker process."""
-    monkeypatch.setenv(relay.KEEP_ENV, "3")  # inherited by the worker the relay starts
+    monkeypatch.setenv(resident.KEEP_ENV, "3")  # inherited by the worker the relay starts
     cfg = {**run_config, "algorithm": "local"}
     steps = [(t, r, c) for t, r in (("train", 1), ("train", 2), ("evaluate", 3)) for c in (0, 1, 2)]
     relayed = [app(_message(t, r), _context(cfg, **{"partition-id": c})) for t, r, c in steps]
     pid = _pid(node)
-    monkeypatch.delenv(relay.SOCKET_ENV)
+    monkeypatch.delenv(resident.SOCKET_ENV)
     local = {**cfg, "out-dir": str(tmp_path / "in-process")}
     direct = [app(_message(t, r), _context(local, **{"partition-id": c})) for t, r, c in steps]
     for a, b, step in zip(relayed, direct, steps, strict=True):
@@ -158,7 +158,7 @@ def test_a_worker_killed_between_messages_is_restarted_and_loses_nothing(
         "state-000002.npz",
     ]
 
-    monkeypatch.delenv(relay.SOCKET_ENV)
+    monkeypatch.delenv(resident.SOCKET_ENV)
     local = _context({**cfg, "out-dir": str(tmp_path / "in-process")}, **{"partition-id": 0})
     assert _plain(app(_message("train", 1), local).content) == _plain(first.content)
     assert _plain(app(_message("train", 2), local).content) == _plain(second.content)
@@ -180,15 +180,15 @@ def test_a_worker_of_other_code_is_replaced(
     run_config: dict[str, Any], node: Path, tmp_path: Path
 ) -> None:
     other = tmp_path / "other-code"
-    for package in relay.APP_PACKAGES:
+    for package in resident.APP_PACKAGES:
         shutil.copytree(
-            relay.app_root() / package, other / package,
+            resident.app_root() / package, other / package,
             ignore=shutil.ignore_patterns("__pycache__"),
         )  # fmt: skip
     with open(other / "client" / "handlers_note.py", "w") as fh:
         fh.write("NOTE = 'a different version'\n")
-    assert relay.code_fingerprint(other) != relay.code_fingerprint()
-    stale = relay.start_worker(node, other)
+    assert resident.code_fingerprint(other) != resident.code_fingerprint()
+    stale = resident.start_worker(node, other)
     deadline = time.monotonic() + 60
     while relay._exchange(node, {"op": "ping"}, ()) is None:
         assert stale.poll() is None and time.monotonic() < deadline
@@ -216,7 +216,7 @@ def test_a_reply_for_another_run_or_message_is_refused(tmp_path: Path) -> None:
 
     thread = threading.Thread(target=fake_worker)
     thread.start()
-    with pytest.raises(relay.WorkerUnavailable, match="answered for run 8"):
+    with pytest.raises(resident.WorkerUnavailable, match="answered for run 8"):
         relay.forward(_message("query.hello"), _context({}, run_id=7), sock, False)
     thread.join()
     listener.close()
@@ -231,40 +231,12 @@ def test_a_worker_that_cannot_start_leaves_the_message_to_the_clientapp(
     def broken(sock: Path, root: Path | None = None) -> subprocess.Popen[bytes]:
         return subprocess.Popen(["python3", "-c", "raise SystemExit(3)"])
 
-    monkeypatch.setattr(relay, "start_worker", broken)
+    monkeypatch.setattr(resident, "start_worker", broken)
     reply = app(_message("query.hello"), _context(run_config, **{"partition-id": 1}))
     assert reply.content[protocol.ENVELOPE]["client-id"] == 1  # type: ignore[index]
     assert "the worker exited at start (code 3); this ClientApp runs the handler itself" in (
         caplog.text
     )
-
-
-def test_a_worker_without_an_owner_does_not_start(tmp_path: Path) -> None:
-    sock = relay.socket_path(f"{tmp_path}/orphan")
-    done = subprocess.run(
-        relay.worker_argv(sock), capture_output=True, text=True, timeout=120, check=False
-    )
-    assert done.returncode == 2 and "no node owns" in done.stderr
-    assert not sock.exists()
-
-
-def test_the_socket_directory_is_private() -> None:
-    directory = relay.socket_dir()
-    assert directory.stat().st_mode & 0o777 == 0o700
-
-
-def test_the_fingerprint_ignores_the_bundle_signature_only(tmp_path: Path) -> None:
-    from pollen.tools.signing import SIGNATURE_FILE
-
-    assert SIGNATURE_FILE in relay.NOT_CODE
-    root = tmp_path / "app"
-    (root / "pollen").mkdir(parents=True)
-    (root / "pollen" / "a.py").write_text("x = 1\n")
-    before = relay.code_fingerprint(root)
-    (root / SIGNATURE_FILE).write_text("SIGNATURE = 'abc'\n")
-    assert relay.code_fingerprint(root) == before
-    (root / "pollen" / "a.py").write_text("x = 2\n")
-    assert relay.code_fingerprint(root) != before
 
 
 def test_resident_partitions_are_read_only(run_config: dict[str, Any], tmp_path: Path) -> None:

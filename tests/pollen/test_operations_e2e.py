@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client import relay
+from client import relay, resident
 from pollen.core.rundir import read_jsonl
 from pollen.tools.launcher import free_port
 from tests.pollen.test_cli_e2e import POLLEN, _processes_under
@@ -258,5 +258,5 @@ def test_deploy_a_killed_worker_is_replaced_and_the_results_are_unchanged(
     time.sleep(1.5)
     assert _processes_under(out) == [] and _processes_under(plain) == []
     for i in range(3):  # nothing of the nodes' workers is left beside their sockets
-        sock = relay.socket_path(str((out / "processes" / f"node-{i}").resolve()))
-        assert not sock.exists() and not relay.owner_lock(sock).exists()
+        sock = resident.socket_path(str((out / "processes" / f"node-{i}").resolve()))
+        assert not sock.exists() and not resident.owner_lock(sock).exists()
