@@ -15,8 +15,9 @@ from flwr.app import Message, RecordDict
 
 from client.app import app as client_app
 from pollen.core.rundir import read_jsonl
-from server import engine as engine_mod
-from server.engine import Engine, PhaseFailed, _Sends
+from server import exchange
+from server.engine import Engine, PhaseFailed
+from server.exchange import Sends, resend_after
 from server.results import ResultsWriter
 from strategies.fedavg import FedAvg
 from tests.fakes import FakeClock, FakeGrid, settings_of
@@ -65,7 +66,7 @@ def test_a_lost_reply_is_asked_again_and_the_run_ends_as_without_the_loss(
         assert report["resent"] == {"0": 1} and not report["failed"]
         assert report["valid"] == report["sent"]
         # it cost the resend deadline, not the phase timeout
-        assert engine_mod.RESEND_FLOOR <= report["seconds"] < 2 * engine_mod.RESEND_FLOOR
+        assert exchange.RESEND_FLOOR <= report["seconds"] < 2 * exchange.RESEND_FLOOR
     ref_arrays, ref_meta = ref.strategy.state()
     arrays, meta = lossy.strategy.state()
     assert meta == ref_meta and set(arrays) == set(ref_arrays)
@@ -111,7 +112,7 @@ def test_a_lost_hello_costs_the_resend_deadline_and_a_double_reply_counts_once(
     events = read_jsonl(Path(cfg["out-dir"]) / "events.jsonl")
     hello = next(e for e in events if e["event"] == "phase-end")
     assert hello["phase"] == "query.hello" and hello["resent"] == {"102": 1}
-    assert engine_mod.RESEND_FLOOR <= hello["seconds"] < 2 * engine_mod.RESEND_FLOOR
+    assert exchange.RESEND_FLOOR <= hello["seconds"] < 2 * exchange.RESEND_FLOOR
     assert not any(e["event"] == "clients-missing" for e in events)
     rows = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")
     train = rows[1]["phases"][-1]
@@ -208,26 +209,24 @@ def test_without_resends_a_lost_reply_waits_out_the_phase(run_config: dict[str, 
     assert [t for n, t in grid.sent if n == 101] == ["query.hello", "train"]
 
 
-def test_the_resend_deadline_follows_how_long_the_phase_takes(run_config: dict[str, Any]) -> None:
+def test_the_resend_deadline_follows_how_long_the_phase_takes() -> None:
     """Twice the time by which half of the messages were answered, at least RESEND_FLOOR; with
     fewer answered, the last phase of that type's; with nothing to go by, no resend."""
-    cfg = settings_of({**run_config, "phase-timeout": LONG_TIMEOUT})
-    engine, _ = _engine(cfg, FakeGrid(client_app, 4, cfg))
     messages = [
         Message(RecordDict(), dst_node_id=n, message_type="train", group_id="1")
         for n in (1, 2, 3, 4)
     ]
-    sent = _Sends(messages, ["a", "b", "c", "d"], at=100.0)
-    assert engine._resend_after("train", sent) is None  # nothing known
+    sent = Sends(messages, ["a", "b", "c", "d"], at=100.0)
+    assert resend_after(sent, None) is None  # nothing known
     sent.answered(1, 103.0)
-    engine._typical["train"] = 30.0  # the earlier train phase's
-    assert engine._resend_after("train", sent) == 60.0
+    earlier = 30.0  # the earlier train phase's typical reply time
+    assert resend_after(sent, earlier) == 60.0
     sent.answered(2, 125.0)  # half answered, the second after 25 s
-    assert engine._resend_after("train", sent) == 50.0
-    quick = _Sends(messages, ["e", "f", "g", "h"], at=0.0)
+    assert resend_after(sent, earlier) == 50.0
+    quick = Sends(messages, ["e", "f", "g", "h"], at=0.0)
     quick.answered(1, 1.0)
     quick.answered(2, 2.0)
-    assert engine._resend_after("train", quick) == engine_mod.RESEND_FLOOR
+    assert resend_after(quick, earlier) == exchange.RESEND_FLOOR
     assert sent.due(now=175.0, after=50.0, limit=2) == [3, 4]
     assert sent.due(now=149.0, after=50.0, limit=2) == []
 
@@ -269,7 +268,7 @@ def test_a_superlink_that_fails_a_call_now_and_then_does_not_stop_the_run(
         engine, _ = _engine(out, FlakyGrid(client_app, 3, out, fail=fail))
         return engine.run()
 
-    limit = engine_mod.GRID_RETRIES
+    limit = exchange.GRID_RETRIES
     flaky = run({"nodes": [1], "push": [2, 3], "pull": list(range(2, 2 + limit))}, "flaky")
     steady = run({}, "steady")
     assert flaky["status"] == "completed"

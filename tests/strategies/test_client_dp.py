@@ -435,7 +435,7 @@ def test_fedavg_with_client_level_dp_learns_and_reports_both_guarantees(
 def test_the_summary_states_each_guarantee_and_fedsc_adds_dp_calr(
     run_config: dict[str, Any],
 ) -> None:
-    from server.engine import privacy_summary
+    from server.summary import privacy_summary
     from strategies.fedsc import FedSC
 
     settings = settings_of({"num-clients": N, "client-dp.noise-multiplier": 1.0,

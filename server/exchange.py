@@ -1,0 +1,497 @@
+"""One phase's exchange: send each client its instruction, wait for the replies, check each,
+send again what went unanswered, and report the phase.
+
+One message goes to each node: a simulated node hosting several clients (setting
+simulation-nodes) gets theirs packed into one (pollen.core.protocol.pack) and answers packed; the
+reply is split back into per-client replies, each checked on its own (server.checks), so
+strategies, metrics and failures see the same per-client replies as with one node per client.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from typing import Any, NamedTuple, Protocol, TypeVar
+
+from flwr.app import Message, RecordDict
+from flwr.serverapp import Grid
+
+from pollen.core import protocol
+from pollen.core.protocol import HELLO
+from pollen.core.rundir import Event
+from pollen.core.settings import RunSettings
+from server.results import ResultsWriter, brief
+from server.roster import Roster
+from strategies.base import Fold, Validator
+
+log = logging.getLogger("flwr.pollen")
+_T = TypeVar("_T")
+
+WAITING_NAMED = 5
+"""A `phase-progress` event names the clients still awaited when at most this many are."""
+
+RESEND_FLOOR = 10.0
+"""Least seconds before an unanswered instruction is sent again (a deployed exchange takes 3-6 s
+at best: the SuperNode pulls every 3 s)."""
+RESEND_FACTOR = 2.0
+"""An instruction is sent again once it has waited this many times the phase's typical reply
+time (the time by which half of its messages were answered)."""
+
+GRID_RETRIES = 5
+"""Consecutive failures of one Grid call (push, pull, list nodes) taken for transient: Flower's
+SuperLink answers HTTP 500 while its SQLite database is locked (`--database`, many SuperNodes on
+a loaded machine). The call is made again after GRID_RETRY_WAIT seconds; the next failure is
+raised. Repeating them is safe: a pull or a listing reads, and an instruction pushed twice is
+answered twice, of which the engine uses the first reply it knows."""
+GRID_RETRY_WAIT = 2.0
+
+NOT_REPEATABLE: dict[str, str] = {}
+"""Message types that are never sent twice within a phase, with the reason. Every other one is
+safe to repeat: the hello reads only the partition's sizes, and every phase's handler computes
+its reply from the instruction, the client's state stored before the round
+(client.state.StateStore.load) and seeds fixed by run, client and round, so a second answer
+equals the first (tests/server/test_resend.py checks this for every algorithm and phase). A
+phase listed here waits for its reply up to phase-timeout, as before."""
+
+
+class Reply(NamedTuple):
+    node_id: int
+    key: int  # the client id; for a hello to a node of one client, the node id
+    content: RecordDict
+
+
+class Host(Protocol):
+    """What a phase uses of the engine that runs it (server.engine.Engine)."""
+
+    grid: Grid
+    results: ResultsWriter
+    clock: Callable[[], float]
+    sleep: Callable[[float], None]
+    run_settings: RunSettings
+    server_round: int
+    roster: Roster
+    typical: dict[str, float]  # message type -> its last phase's typical reply time
+    phases: list[dict[str, Any]]  # the round's phase reports
+
+    def call(self, what: str, call: Callable[[], _T]) -> _T: ...
+
+    def screen(
+        self,
+        content: RecordDict,
+        message_type: str,
+        key: int,
+        validate: Validator | None,
+        expect_cid: bool = True,
+    ) -> str | None: ...
+
+
+def grid_call(
+    what: str,
+    call: Callable[[], _T],
+    results: ResultsWriter,
+    server_round: int,
+    sleep: Callable[[float], None],
+) -> _T:
+    """`call()`, made again after a failure up to GRID_RETRIES times in a row."""
+    for attempt in range(GRID_RETRIES + 1):
+        try:
+            return call()
+        except Exception as exc:
+            if attempt == GRID_RETRIES:
+                raise
+            log.warning(
+                "round %s: %s failed (%s); trying again in %g s",
+                server_round,
+                what,
+                brief(f"{type(exc).__name__}: {exc}"),
+                GRID_RETRY_WAIT,
+            )
+            results.event(Event.GRID_RETRY, round=server_round, call=what)
+            sleep(GRID_RETRY_WAIT)
+    raise AssertionError("unreachable")
+
+
+def resend_after(sent: Sends, earlier: float | None) -> float | None:
+    """Seconds an instruction waits for its reply before it is sent again: RESEND_FACTOR times
+    the phase's typical reply time (`earlier`, that of the earlier phase of this type, until
+    half of this one's messages are answered), at least RESEND_FLOOR. A loaded machine answers
+    slowly and so waits longer before asking again. None (no resend yet) with nothing to go by:
+    a phase none of whose replies came may be slow, not lost, and sending it all again would
+    only add to the load (a SuperNode starts a ClientApp process for every instruction it
+    holds, even while an earlier one runs)."""
+    typical = sent.typical()
+    if typical is None:
+        typical = earlier
+    if typical is None:
+        return None
+    return max(RESEND_FLOOR, RESEND_FACTOR * typical)
+
+
+class Phase:
+    """The exchange of one phase: `payloads` by client id (for the hello: by node id). `run()`
+    returns the valid replies in client order and the reasons of the clients skipped. With
+    `fold`, each valid reply goes to it in client order once every client before it is settled,
+    and only its non-array records are kept (Federation.exchange)."""
+
+    def __init__(
+        self,
+        host: Host,
+        message_type: str,
+        payloads: Mapping[int, RecordDict],
+        validate: Validator | None,
+        hello: bool = False,
+        fold: Fold | None = None,
+    ) -> None:
+        self.host = host
+        self.message_type = message_type
+        self.payloads = payloads
+        self.validate = validate
+        self.hello = hello
+        self.fold = fold
+        self.started = host.clock()
+        # one message per node: a node hosting several clients gets theirs packed into one
+        self.batches: dict[int, dict[int, RecordDict]] = {}
+        self.bytes_sent = 0
+        for key, content in payloads.items():
+            node_id = key if hello else host.roster.clients[key].node_id
+            self.batches.setdefault(node_id, {})[key] = content
+            self.bytes_sent += protocol.payload_bytes(content)
+        self.messages = []
+        for node_id, batch in self.batches.items():
+            if node_id in host.roster.packed and not hello:
+                content = protocol.pack(batch)
+            else:
+                (content,) = batch.values()  # a node of one client
+            self.messages.append(message(content, node_id, message_type, host.server_round))
+        # an unanswered instruction that is safe to repeat is sent again (a reply lost on its
+        # way, e.g. to the SuperLink's "database is locked"); of its replies the first is used
+        self.repeat = 0 if message_type in NOT_REPEATABLE else host.run_settings.resend_limit
+        self.replies: list[Reply] = []
+        self.failures: dict[int, str] = {}
+        self.order = sorted(payloads) if fold is not None else []
+        self.settled = 0  # order[:settled] are folded or failed
+        self.ready: dict[int, Reply] = {}  # valid, waiting for the clients before them
+        self.bytes_received = 0
+        self.reported = -1
+
+    def run(self) -> tuple[list[Reply], dict[int, str]]:
+        host, run = self.host, self.host.run_settings
+        host.results.event(
+            Event.PHASE_START,
+            round=host.server_round,
+            phase=self.message_type,
+            clients=len(self.payloads),  # for the hello: the nodes greeted
+            messages=len(self.messages),
+        )
+        self._push()
+        deadline = self.started + run.phase_timeout
+        while self.pending:
+            pulled = host.call("pull", partial(_pull, host.grid, list(self.pending)))
+            for msg in pulled:
+                self._take(msg)
+            if self.fold is not None:
+                self._release()
+            self._progress()
+            if not self.pending:
+                break
+            if host.clock() >= deadline:
+                break
+            if self._send_again():
+                break  # every node left was asked repeat + 1 times: greeted again later
+            # poll fast first (in-memory simulation answers in milliseconds), then back off in
+            # proportion to the time already waited: a reply is picked up at most ~25% late
+            # (doubling waits picked it up up to 100% late: 0.5 s instead of 0.25 s per round)
+            wait = min(run.poll_interval, max(0.005, 0.25 * (host.clock() - self.started)))
+            host.sleep(min(wait, max(0.0, deadline - host.clock())))
+        self._give_up()
+        if self.fold is not None:
+            self._release()  # every client is settled now
+        for key, reason in sorted(self.failures.items()):
+            log.warning(
+                "round %s %s: client %s skipped: %s",
+                host.server_round,
+                self.message_type,
+                key,
+                reason,
+            )
+        self._report()
+        # in client order, not arrival order: strategies sum replies in the order given, and
+        # float sums in a different order differ in the last bits, which training amplifies
+        return sorted(self.replies, key=lambda r: (r.key, r.node_id)), self.failures
+
+    def _push(self) -> None:
+        host = self.host
+        pushed = host.clock()
+        message_ids = host.call("push", lambda: list(host.grid.push_messages(self.messages)))
+        self.push_seconds = host.clock() - pushed
+        self.by_message: dict[str, int] = {}  # message id -> its node (a resent one: two ids)
+        for mid, msg in zip(message_ids, self.messages, strict=True):
+            self.by_message[mid] = msg.metadata.dst_node_id
+        self.pending = set(self.by_message)
+        self.sent = Sends(self.messages, message_ids, pushed)
+
+    def _take(self, msg: Message) -> None:
+        """One reply pulled: its node's first is used, split into its clients' replies."""
+        host = self.host
+        mid = msg.metadata.reply_to_message_id
+        if mid not in self.pending:
+            return  # not a reply to this phase (or a node's second): never mixed in
+        node_id = self.by_message[mid]
+        self.pending.difference_update(self.sent.ids[node_id])  # its first reply is the one used
+        self.sent.answered(node_id, host.clock())
+        host.roster.silent.discard(node_id)
+        keys = list(self.batches[node_id])
+        if msg.has_error():
+            log.warning("node %s's error reply, in full: %s", node_id, msg.error.reason)
+            error = f"error reply (code {msg.error.code}): " + brief(msg.error.reason or "")
+            self.failures.update(dict.fromkeys(keys, error))
+            if not self.hello:
+                host.roster.forget_node(node_id)
+            return
+        for key, named, part in self._parts(msg.content, node_id, keys):
+            if isinstance(part, str):
+                self.failures[key] = part
+                continue
+            reason = host.screen(part, self.message_type, key, self.validate, named)
+            if reason is not None:
+                self.failures[key] = reason
+                continue
+            self.bytes_received += protocol.payload_bytes(part)
+            if self.fold is None:
+                self.replies.append(Reply(node_id, key, part))
+            else:
+                self.ready[key] = Reply(node_id, key, part)
+
+    def _parts(
+        self, content: RecordDict, node_id: int, keys: Sequence[int]
+    ) -> list[tuple[int, bool, RecordDict | str]]:
+        """A node's reply split into the replies of the clients it answers for, each as (key,
+        whether the reply must carry the key as its client id, the reply or the reason it is
+        missing). The key is the client id, except for the hello of a node of one client: its
+        node id, its client being not known yet. A node hosting several clients answers the
+        hello packed, naming them."""
+        packed, hello = self.host.roster.packed, self.hello
+        if not protocol.is_packed(content):
+            if node_id in packed and not hello:
+                return [(k, True, "invalid reply: a packed node answered unpacked") for k in keys]
+            return [(keys[0], not hello, content)]
+        try:
+            parts = protocol.unpack(content)
+        except Exception as exc:  # a malformed reply must never stop the server
+            return [(k, True, f"invalid packed reply: {exc}") for k in keys]
+        if hello:
+            if not parts:
+                return [(k, False, "invalid reply: a packed hello naming no client") for k in keys]
+            packed.add(node_id)
+            return [(cid, True, _part(part)) for cid, part in parts.items()]
+        unasked = sorted(set(parts) - set(keys))
+        if unasked:
+            log.warning("node %s answered for clients it was not asked: %s", node_id, unasked)
+        missing = "no reply in its node's packed reply"
+        return [(k, True, _part(parts[k]) if k in parts else missing) for k in keys]
+
+    def _release(self) -> None:
+        """Fold the valid replies whose clients before them are all settled."""
+        assert self.fold is not None
+        while self.settled < len(self.order):
+            key = self.order[self.settled]
+            if key in self.ready:
+                reply = self.ready.pop(key)
+                self.fold(key, reply.content)
+                self.replies.append(reply._replace(content=protocol.without_arrays(reply.content)))
+            elif key not in self.failures:
+                break
+            self.settled += 1
+
+    def _progress(self) -> None:
+        """A `phase-progress` event each time the count of settled clients changes."""
+        answered = len(self.replies) + len(self.ready) + len(self.failures)
+        if answered == self.reported:
+            return
+        self.reported = answered
+        # the clients the phase still waits for, named when few are left: the stragglers (not
+        # for the hello, which knows nodes, not clients, yet). Each pending message holds a
+        # client at least, so with more pending than that nothing is listed: a phase of 10,000
+        # clients costs no sort per reply
+        few = not self.hello and len(self.pending) <= WAITING_NAMED
+        batches, by_message = self.batches, self.by_message
+        awaited = sorted(k for m in self.pending for k in batches[by_message[m]]) if few else []
+        named = 0 < len(awaited) <= WAITING_NAMED
+        self.host.results.event(
+            Event.PHASE_PROGRESS,
+            round=self.host.server_round,
+            phase=self.message_type,
+            answered=answered,
+            total=len(self.payloads),
+            valid=len(self.replies) + len(self.ready),
+            **({"waiting": awaited} if named else {}),
+        )
+
+    def _send_again(self) -> bool:
+        """Send again the instructions due for it; True when the hello is to be given up
+        (every node left was asked repeat + 1 times)."""
+        host, sent = self.host, self.sent
+        earlier = host.typical.get(self.message_type)
+        after = resend_after(sent, earlier) if self.repeat and sent.waiting else None
+        if after is None:
+            return False
+        again = sent.due(host.clock(), after, self.repeat)
+        if again:
+            self.push_seconds += self._resend(again, after)
+            for node_id in again:
+                self.by_message[sent.ids[node_id][-1]] = node_id
+                self.pending.add(sent.ids[node_id][-1])
+            return False
+        return self.hello and sent.lost(host.clock(), after, self.repeat)
+
+    def _resend(self, nodes: Sequence[int], after: float) -> float:
+        """Send `nodes` their instruction again; returns the seconds the push took."""
+        host, sent, message_type = self.host, self.sent, self.message_type
+        messages = [
+            message(sent.content[n], n, message_type, host.server_round) for n in nodes
+        ]
+        pushed = host.clock()
+        ids = host.call("push", lambda: list(host.grid.push_messages(messages)))
+        took = host.clock() - pushed
+        for node_id, mid in zip(nodes, ids, strict=True):
+            sent.again(node_id, mid, host.clock())
+        clients = sorted(k for n in nodes for k in self.batches[n])
+        hello = message_type == HELLO
+        log.warning(
+            "round %s %s: no reply after %.0f s; sent again to %s %s",
+            host.server_round,
+            message_type,
+            after,
+            "nodes" if hello else "clients",
+            list(nodes) if hello else clients,
+        )
+        host.results.event(
+            Event.RESEND,
+            round=host.server_round,
+            phase=message_type,
+            nodes=list(nodes),
+            **({} if hello else {"clients": clients}),
+            after=round(after, 1),
+        )
+        return took
+
+    def _give_up(self) -> None:
+        """The clients of the messages still unanswered fail; their nodes are silent."""
+        host, sent = self.host, self.sent
+        timeout = host.run_settings.phase_timeout
+        waited = host.clock() - self.started
+        for mid in self.pending:
+            node_id = self.by_message[mid]
+            times = len(sent.ids[node_id])
+            if self.hello and waited < timeout:
+                reason = f"no reply to {times} hellos in {waited:.0f} s"
+            else:
+                reason = f"no reply within {timeout:g} s"
+            for key in self.batches[node_id]:
+                self.failures[key] = reason
+            host.roster.silent.add(node_id)
+        if self.hello:
+            host.roster.greeted(sent.ids, sent.waiting, self.repeat, host.server_round)
+        typical = sent.typical()
+        if typical is not None:
+            host.typical[self.message_type] = typical
+
+    def _report(self) -> None:
+        """The phase's report (in the round's row and a `phase-end` event) and, past the
+        hello, each valid reply's metrics in clients.jsonl."""
+        host = self.host
+        seconds = host.clock() - self.started
+        report = {
+            "phase": self.message_type,
+            "sent": len(self.payloads),  # clients instructed (messages: fewer when packed)
+            "valid": len(self.replies),
+            "failed": {str(k): v for k, v in sorted(self.failures.items())},
+            "seconds": round(seconds, 4),
+            # Flower serializing the instructions and handing them to the SuperLink
+            "push-seconds": round(self.push_seconds, 4),
+            # instructions sent again for want of a reply (by client; the hello: by node)
+            **({"resent": self.sent.resent(self.batches)} if self.sent.resends else {}),
+            "bytes-sent": self.bytes_sent,
+            "bytes-received": self.bytes_received,
+        }
+        host.phases.append(report)
+        host.results.event(
+            Event.PHASE_END, round=host.server_round, messages=len(self.messages), **report
+        )
+        if not self.hello:
+            for r in sorted(self.replies, key=lambda r: r.key):
+                host.results.client(
+                    {
+                        "round": host.server_round,
+                        "client-id": r.key,
+                        "phase": self.message_type,
+                        "metrics": dict(r.content[protocol.METRICS]),
+                    }
+                )
+
+
+def message(content: RecordDict, node_id: int, message_type: str, server_round: int) -> Message:
+    return Message(
+        content, dst_node_id=node_id, message_type=message_type, group_id=str(server_round)
+    )
+
+
+def _pull(grid: Grid, message_ids: list[str]) -> list[Message]:
+    return list(grid.pull_messages(message_ids))
+
+
+class Sends:
+    """The instructions of one phase by node: their message ids (the first send's, then each
+    resend's), when each node was last sent one, and the reply times of the nodes answered."""
+
+    def __init__(self, messages: Sequence[Message], ids: Sequence[str], at: float) -> None:
+        self.started = at
+        self.content = {m.metadata.dst_node_id: m.content for m in messages}
+        self.ids: dict[int, list[str]] = {
+            m.metadata.dst_node_id: [mid] for m, mid in zip(messages, ids, strict=True)
+        }
+        self.last = dict.fromkeys(self.content, at)
+        self.waiting = set(self.content)
+        self.replied: list[float] = []  # seconds from the phase's push, in arrival order
+        self.resends = 0
+
+    def answered(self, node_id: int, now: float) -> None:
+        self.waiting.discard(node_id)
+        self.replied.append(now - self.started)
+
+    def again(self, node_id: int, mid: str, now: float) -> None:
+        self.ids[node_id].append(mid)
+        self.last[node_id] = now
+        self.resends += 1
+
+    def typical(self) -> float | None:
+        """When half of the phase's messages had been answered; None before."""
+        half = math.ceil(len(self.content) / 2)
+        return self.replied[half - 1] if len(self.replied) >= half else None
+
+    def due(self, now: float, after: float, limit: int) -> list[int]:
+        """The waiting nodes to send again now: `after` seconds since their last send, at most
+        `limit` resends."""
+        return sorted(
+            n for n in self.waiting if len(self.ids[n]) <= limit and now - self.last[n] >= after
+        )
+
+    def lost(self, now: float, after: float, limit: int) -> bool:
+        """Every waiting node was sent `limit` + 1 times and its last wait is over."""
+        return all(len(self.ids[n]) > limit and now - self.last[n] >= after for n in self.waiting)
+
+    def resent(self, batches: Mapping[int, Mapping[int, RecordDict]]) -> dict[str, int]:
+        return {
+            str(k): len(ids) - 1
+            for n, ids in sorted(self.ids.items())
+            if len(ids) > 1
+            for k in batches[n]
+        }
+
+
+def _part(content: RecordDict) -> RecordDict | str:
+    """A client's part of a packed reply, or why it has none (its handler raised)."""
+    reason = protocol.error_of(content)
+    return content if reason is None else "error: " + brief(reason)
