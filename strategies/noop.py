@@ -6,6 +6,7 @@ client echoes back, to see how time grows with bytes."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from flwr.app import RecordDict
@@ -37,6 +38,13 @@ class NoOp(Strategy):
         }
         replies = fed.exchange("query.noop", payloads, self.validate)
         return {"clients": float(len(replies))}
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        return dict(self.payload), {}
+
+    def load_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
+        """The payload of the run being resumed (it is drawn once, in `initialize`)."""
+        self.payload = {k: np.asarray(v) for k, v in arrays.items()}
 
     def validate(self, _cid: int, content: RecordDict) -> None:
         """The echo must be what was sent (keys, shapes, dtypes)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pollen.core.contracts import fedlrt as fedlrt_contract
@@ -58,6 +58,12 @@ class AlgorithmSpec:
     client: str  # "module" with HANDLERS, or "module:NAME": dict[message_type, handler]
     message_types: tuple[str, ...]
     settings: tuple[Setting, ...] = ()
+    once: tuple[str, ...] = ()
+    """Message types not sent in every round (FeDLRT's warm start, before its first round when
+    the run asks for one)."""
+    small: Mapping[str, Scalar] = field(default_factory=dict)
+    """Settings that make a run of it small (seconds on one CPU core) and still go through every
+    phase of its round: what the tests that run every registered algorithm add to theirs."""
     uses: tuple[str, ...] = ()
     """Groups of other algorithms' settings this one reads too (`fedem` for D-FedEM)."""
     uses_torch: bool = True
@@ -100,6 +106,11 @@ class AlgorithmSpec:
     classifier loop of client.training); an algorithm without it refuses local-steps > 0
     before anything starts: its loops count epochs of their own (FedSC's two views, ADEPT's)."""
 
+    def round_phases(self) -> tuple[str, ...]:
+        """The phases of one round, in order: its message types but those sent once and the
+        final evaluation."""
+        return tuple(m for m in self.message_types if m not in self.once and m != "evaluate")
+
     def setting_groups(self) -> set[str]:
         """The prefixes (`fedem` of `fedem.components`) of every setting this algorithm reads."""
         groups = {s.key.split(".")[0] for s in self.settings if "." in s.key} | set(self.uses)
@@ -108,6 +119,11 @@ class AlgorithmSpec:
 
 
 ADEPT_MESSAGES = ("train", "evaluate")
+
+SMALL_FEDSC: dict[str, Scalar] = {
+    "fedsc.dim": 8, "fedsc.passes": 1, "fedsc.views-per-pass": 1, "fedsc.knn-k": 5,
+    "fedsc.probe-epochs": 1, "batch-size": 64,
+}  # fmt: skip
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {
     spec.name: spec
@@ -158,6 +174,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.fedem:FedEM",
             client="client.fedem",
             message_types=("train", "evaluate"),
+            small={"fedem.components": 2},
             settings=FedEMSettings.declarations(),
             amp=True,
             dp=True,
@@ -172,6 +189,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.dfedem:DFedEM",
             client="client.fedem",
             message_types=("train", "evaluate"),
+            small={"fedem.components": 2},
             uses=("fedem",),
             settings=DFedEMSettings.declarations(),
             robust_rules=("mean", "centered-clip"),
@@ -212,6 +230,8 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.fedlrt:FeDLRT",
             client="client.fedlrt",
             message_types=fedlrt_contract.FEDLRT_PHASES,
+            once=(fedlrt_contract.WARM_START,),
+            small={"fedlrt.var-cor": "full", "fedlrt.max-rank": 8},
             settings=FeDLRTSettings.declarations(),
             local_steps=True,
             client_dp_note=(
@@ -227,6 +247,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.fedlrt:FedLin",
             client="client.fedlrt:FEDLIN_HANDLERS",
             message_types=fedlrt_contract.FEDLIN_PHASES,
+            once=(fedlrt_contract.WARM_START,),
             uses=("fedlrt",),
             local_steps=True,
             client_dp_note=(
@@ -242,6 +263,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.fedsc:FedSC",
             client="client.fedsc",
             message_types=(CORRELATION_PHASE, "train", "evaluate"),
+            small=SMALL_FEDSC,
             settings=FedSCSettings.declarations(),
             labels=False,
             model_reply=True,
@@ -257,6 +279,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.fedsc:FedAvgSC",
             client="client.fedsc",
             message_types=("train", "evaluate"),
+            small=SMALL_FEDSC,
             uses=("fedsc",),
             labels=False,
             model_reply=True,
@@ -269,6 +292,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.fedsc:FedAvgSC",
             client="client.fedsc:SIMCLR_HANDLERS",
             message_types=("train", "evaluate"),
+            small=SMALL_FEDSC,
             uses=("fedsc",),
             settings=SimCLRSettings.declarations(),
             labels=False,
@@ -284,6 +308,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.fedsc:FedAvgBYOL",
             client="client.fedsc:BYOL_HANDLERS",
             message_types=("train", "evaluate"),
+            small=SMALL_FEDSC,
             uses=("fedsc",),
             settings=BYOLSettings.declarations(),
             labels=False,
@@ -298,6 +323,11 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.adept:ADEPTPCA",
             client="client.adept:PCA_HANDLERS",
             message_types=ADEPT_MESSAGES,
+            small={
+                "dataset": "pca-synthetic", "partitioner": "natural", "val-fraction": 0.0,
+                "synthetic.dimension": 12, "synthetic.rank": 3, "synthetic.train-size": 10,
+                "synthetic.test-size": 20, "adept-pca.rank": 3, "lr": 2e-3,
+            },
             settings=AdeptSettings.declarations() + AdeptPCASettings.declarations(),
             labels=False,
             client_dp_note=(
@@ -312,6 +342,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.adept:ADEPTAE",
             client="client.adept:AE_HANDLERS",
             message_types=ADEPT_MESSAGES,
+            small={"adept-ae.latent": 4, "adept-ae.local-steps": 2},
             uses=("adept",),
             settings=AdeptAESettings.declarations(),
             labels=False,
@@ -328,6 +359,11 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.adept:ADEPTDGM",
             client="client.adept:DGM_HANDLERS",
             message_types=ADEPT_MESSAGES,
+            small={
+                "adept-dgm.channels": 4, "adept-dgm.kernel": 3, "adept-ae.local-steps": 2,
+                "adept-dgm.samples": 8, "adept-dgm.sample-steps": 3, "adept-dgm.kid-subsets": 2,
+                "adept-dgm.feature-epochs": 1, "lr": 1e-3,
+            },
             uses=("adept", "adept-ae"),
             settings=AdeptDGMSettings.declarations(),
             labels=False,
@@ -371,6 +407,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             strategy="strategies.noop:NoOp",
             client="client.noop",
             message_types=("query.noop",),
+            small={"noop.payload-kb": 1},
             uses_torch=False,
             settings=NoOpSettings.declarations(),
             robust_rules=("mean",),
