@@ -22,7 +22,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from client.env import ClientEnv
-from pollen.core.registry import from_run_config
+from pollen.core.runconfig import from_run_config
 
 server = ServerApp()
 client = ClientApp()

@@ -37,7 +37,7 @@ def _updates(n: int, d: int) -> dict[int, dict[str, np.ndarray]]:
 def measure(clients: Sequence[int], params: int, f_share: float = 0.1) -> list[dict[str, Any]]:
     """One row per (n, configuration): seconds, peak MB, and the peak over one model's
     float64 size (the fold holds about one)."""
-    from pollen.core.registry import resolve
+    from pollen.core.runconfig import resolve
     from strategies.aggregate import RunningMean
     from strategies.robust import Combiner
 

@@ -302,7 +302,7 @@ def flower_app_dir(work: Path) -> Path:
 
 
 def flower_run(mode: str, clients: int, rounds: int, out: Path, cache: Path) -> dict[str, Any]:
-    from pollen.core.registry import resolve
+    from pollen.core.runconfig import resolve
     from pollen.tools.launcher import Federation, follow
 
     os.environ.update(_env(cache))

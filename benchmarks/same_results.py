@@ -37,7 +37,7 @@ def run(out: Path) -> None:
     from flwr.supercore.task_identity import TaskIdentity
 
     from client.app import app as client_app
-    from pollen.core.registry import resolve
+    from pollen.core.runconfig import resolve
     from server.app import app as server_app
     from tests.fakes import FakeGrid
 

@@ -15,7 +15,7 @@ def main(kind: str) -> None:
 
     from client.app import app
     from pollen.core import protocol
-    from pollen.core.registry import resolve
+    from pollen.core.runconfig import resolve
 
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
     cfg = resolve({"dataset": "mnist-5k", "num-clients": 2, "run-name": "probe"})

@@ -21,7 +21,8 @@ from client import relay, resident
 from client.dispatch import answer_node, seconds_since_process_start
 from client.env import ClientEnv
 from pollen.core import protocol
-from pollen.core.registry import all_message_types, from_run_config
+from pollen.core.registry import all_message_types
+from pollen.core.runconfig import from_run_config
 from pollen.core.settings import RunSettings
 
 log = logging.getLogger("flwr.pollen")

@@ -24,7 +24,7 @@ from models.privacy import Entry, add_steps, dp_compatible, epsilon
 from pollen.core import protocol
 from pollen.core.contracts.dp_sgd import EPSILON, LEDGER, NOISE, STEPS, ClientDP, client_dp, shown
 from pollen.core.dataspec import class_weights, model_input
-from pollen.core.settings import DPSettings
+from pollen.core.protection import DPSettings
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ from flwr.app import MetricRecord, RecordDict
 from client.env import ClientConfigError, ClientEnv, client_handler
 from pollen.core import protocol
 from pollen.core.contracts import client_dp
+from pollen.core.protection import ClientDPSettings
 from pollen.core.protocol import HELLO, Hello
 from pollen.core.registry import AlgorithmSpec, get_algorithm
-from pollen.core.settings import ClientDPSettings
 from robust.attacks import attack_rows
 from robust.client_dp import privatize_update
 from robust.flat import flatten, unflatten

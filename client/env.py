@@ -21,8 +21,10 @@ from flwr.app import Context, RecordDict
 from client.state import StateStore, private_seed
 from pollen.core.dataspec import data_spec, partition_of
 from pollen.core.paths import cache_dir
-from pollen.core.registry import AlgorithmSpec, from_run_config
-from pollen.core.settings import NODE_ATTACKS, AttackSettings, RunSettings, Scalar
+from pollen.core.protection import NODE_ATTACKS, AttackSettings
+from pollen.core.registry import AlgorithmSpec
+from pollen.core.runconfig import from_run_config
+from pollen.core.settings import RunSettings, Scalar
 
 if TYPE_CHECKING:
     import torch

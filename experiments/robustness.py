@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from pollen.core.settings import ATTACKS
+from pollen.core.protection import ATTACKS
 
 RULES: dict[str, dict[str, Any]] = {
     "mean": {"robust.rule": "mean"},
@@ -152,7 +152,7 @@ def run_case(case: Federation, out: Path, cache: Path) -> dict[str, Any]:
     from flwr.app import Context, RecordDict
 
     from client.app import app as client_app
-    from pollen.core.registry import resolve
+    from pollen.core.runconfig import resolve
     from server.app import app as server_app
     from server.local_grid import LocalGrid, task_identity
 

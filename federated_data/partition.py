@@ -186,6 +186,20 @@ def validate_partition_params(
     if "beta" in out:
         out["beta"] = _positive_float("beta", out["beta"], where)
 
+    _check_scheme_params(scheme, out, n, num_labels, num_examples, where)
+    return out
+
+
+def _check_scheme_params(
+    scheme: str,
+    out: dict[str, Any],
+    n: int,
+    num_labels: int | None,
+    num_examples: int | None,
+    where: str,
+) -> None:
+    """The checks of `validate_partition_params` that belong to one scheme; converts `out`'s
+    values in place."""
     if scheme == "dirichlet":
         out["min_size"] = _as_int("min_size", out["min_size"], where)
         out["max_tries"] = _as_int("max_tries", out["max_tries"], where)
@@ -248,7 +262,6 @@ def validate_partition_params(
                 f"num_clients must be in [1, {num_keys}] (the number of distinct keys), got {n}"
             )
         out["keys"] = keys
-    return out
 
 
 def partition_labels(

@@ -7,7 +7,7 @@ robust.rules. The omniscient attacks (alie, ipm, opt-alie, opt-ipm, min-max) rea
 clients' updates of the round; where none reach this aggregation point they use the attackers'
 own honest updates as their estimate of them.
 
-Kinds (the names of `attack.kind`, pollen.core.settings.ATTACKS):
+Kinds (the names of `attack.kind`, pollen.core.protection.ATTACKS):
   sign-flip          -scale x the attacker's own honest update.
   gaussian           pure noise N(0, std^2) per coordinate (the model g plus noise).
   model-replacement  explicit boosting (Bagdasaryan, Veit, Hua, Estrin and Shmatikov, AISTATS

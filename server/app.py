@@ -16,7 +16,8 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from pollen.core.contracts.launcher import LAUNCHER_PID
-from pollen.core.registry import from_run_config, get_algorithm
+from pollen.core.registry import get_algorithm
+from pollen.core.runconfig import from_run_config
 from pollen.core.settings import RunSettings
 from server.blas import limit_blas_threads
 from server.engine import Engine

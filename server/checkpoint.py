@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from pollen.core.files import atomic_write_bytes
-from pollen.core.registry import all_settings
+from pollen.core.runconfig import all_settings
 from pollen.core.rundir import CHECKPOINT
 
 FORMAT_VERSION = 1

@@ -28,9 +28,10 @@ from flwr.app import RecordDict
 from flwr.serverapp import Grid
 
 from pollen.core import protocol
+from pollen.core.protection import ClientDPSettings
 from pollen.core.protocol import HELLO
 from pollen.core.rundir import SERVER_LOG, Event
-from pollen.core.settings import ClientDPSettings, RunSettings, Scalar
+from pollen.core.settings import RunSettings, Scalar
 from server import checkpoint, checks
 from server.exchange import Phase, grid_call
 from server.results import ResultsWriter, brief

@@ -9,13 +9,8 @@ from dataclasses import fields
 from typing import Any
 
 from pollen.core.contracts import client_dp, dp_sgd
-from pollen.core.settings import (
-    AttackSettings,
-    ClientDPSettings,
-    DPSettings,
-    RobustSettings,
-    Scalar,
-)
+from pollen.core.protection import AttackSettings, ClientDPSettings, DPSettings, RobustSettings
+from pollen.core.settings import Scalar
 
 
 def threat_summary(settings: Mapping[str, Scalar]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import numpy as np
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
 from pollen.core import protocol
-from pollen.core.settings import AttackSettings
+from pollen.core.protection import AttackSettings
 from strategies.base import ClientInfo, Federation, InvalidReply
 
 

@@ -12,7 +12,8 @@ import numpy as np
 from federated_data import ArrayDataset, load_server_test_data
 from pollen.core.dataspec import class_weights, data_spec, model_input
 from pollen.core.paths import cache_dir
-from pollen.core.settings import DPSettings, RunSettings, Scalar
+from pollen.core.protection import DPSettings
+from pollen.core.settings import RunSettings, Scalar
 
 if TYPE_CHECKING:
     from torch import nn

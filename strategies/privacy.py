@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from pollen.core.contracts import client_dp as client_level
 from pollen.core.contracts.dp_sgd import EPSILON, client_dp, shown
-from pollen.core.settings import ClientDPSettings, DPSettings, RunSettings, Scalar, SettingsError
+from pollen.core.protection import ClientDPSettings, DPSettings
+from pollen.core.settings import RunSettings, Scalar, SettingsError
 from strategies.base import ClientInfo
 
 if TYPE_CHECKING:

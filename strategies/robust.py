@@ -35,13 +35,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from pollen.core.contracts import client_dp as dp_contract
-from pollen.core.settings import (
-    AttackSettings,
-    ClientDPSettings,
-    RobustSettings,
-    RunSettings,
-    Scalar,
-)
+from pollen.core.protection import AttackSettings, ClientDPSettings, RobustSettings
+from pollen.core.settings import RunSettings, Scalar
 from robust import client_dp, rules
 from robust.attacks import attack_rows
 from robust.flat import flatten, unflatten

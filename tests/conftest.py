@@ -30,7 +30,7 @@ def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def run_config(tmp_path: Path, shared_cache: Path) -> dict[str, Any]:
-    from pollen.core.registry import resolve
+    from pollen.core.runconfig import resolve
 
     return resolve(
         {

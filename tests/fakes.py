@@ -93,7 +93,7 @@ class FakeGrid(LocalGrid):
 
 def settings_of(values: dict[str, Any]) -> dict[str, Any]:
     """Checked run settings, typed loosely for tests."""
-    from pollen.core.registry import resolve
+    from pollen.core.runconfig import resolve
 
     return dict(resolve(values))
 
@@ -190,7 +190,7 @@ def run_in_process(tmp: Any, cache: Any, name: str, settings: Mapping[str, Any])
     from flwr.app import Context
 
     from client.app import app as client_app
-    from pollen.core.registry import resolve
+    from pollen.core.runconfig import resolve
     from server.app import app as server_app
 
     tmp = Path(tmp)

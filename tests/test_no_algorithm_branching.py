@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from pollen.core.registry import ALGORITHMS, all_settings
+from pollen.core.registry import ALGORITHMS
+from pollen.core.runconfig import all_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 # the algorithm code: both halves, what they share, models, data and the round engine

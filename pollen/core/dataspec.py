@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import TYPE_CHECKING
 
-from pollen.core.settings import AttackSettings, RunSettings, Scalar, SyntheticSettings
+from pollen.core.protection import AttackSettings
+from pollen.core.settings import RunSettings, Scalar, SyntheticSettings
 
 if TYPE_CHECKING:
     from federated_data import DataSpec

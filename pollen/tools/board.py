@@ -10,7 +10,7 @@ the same. Tags and steps (docs/monitoring.md#tensorboard):
   `round/seconds` and `round/MB` (sent + received);
 - `per-client/<metric>`: a histogram of the clients' values in a round.
 
-The step is the round whose aggregated model a figure describes (pollen.core.registry.model_round):
+The step is the round whose aggregated model a figure describes (pollen.core.runconfig.model_round):
 a client's test metrics of round r evaluate the model it received (after round r-1), so they
 are written at step r-1 (Local's, which test after training, at r), and the final evaluation at
 the last round, as `pollen report` places them.
@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pollen.core.registry import model_round
+from pollen.core.runconfig import model_round
 
 INSTALL_HINT = "pip install 'pollen[tensorboard]' (in a checkout: pip install -e '.[tensorboard]')"
 

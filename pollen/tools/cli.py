@@ -20,12 +20,13 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from client import resident
-from pollen.core import registry, rundir
+from pollen.core import registry, runconfig, rundir
 from pollen.core import settings as settings_mod
 from pollen.core.dataspec import check_model_fits, data_spec, model_input
 from pollen.core.files import atomic_write_json
 from pollen.core.paths import cache_dir
-from pollen.core.settings import NODE_ATTACKS, DPSettings, RunSettings, Scalar, SettingsError
+from pollen.core.protection import NODE_ATTACKS, DPSettings
+from pollen.core.settings import RunSettings, Scalar, SettingsError
 from pollen.tools import board, preflight
 from pollen.tools.diagnosis import no_space
 from pollen.tools.launcher import (
@@ -115,7 +116,7 @@ def resolve_run_settings(
     server.engine.Engine.wait_for_clients)."""
     _check_tensorboard(getattr(args, "tensorboard", None))
     overrides: dict[str, Any] = settings_mod.parse_assignments(args.set)
-    declared = registry.all_settings()
+    declared = runconfig.all_settings()
     for flag, key in RUN_FLAGS:
         value = getattr(args, flag)
         if value is None:
@@ -141,9 +142,9 @@ def resolve_run_settings(
         overrides["resume"] = True
     else:
         overrides.setdefault("resume", False)
-    resolved = registry.resolve(overrides, base)
+    resolved = runconfig.resolve(overrides, base)
     run = RunSettings.of(resolved)
-    foreign = registry.foreign_settings(run.algorithm, overrides)
+    foreign = runconfig.foreign_settings(run.algorithm, overrides)
     for key, owners in foreign.items():
         raise SettingsError(
             f"setting '{key}' is not read by {run.algorithm}; it belongs to {', '.join(owners)}"
@@ -1174,7 +1175,7 @@ def cmd_data_summary(args: argparse.Namespace) -> int:
             return 2
         preflight.check_writable_dir(plot.parent if str(plot.parent) else Path("."), "--plot")
     try:
-        resolved = registry.resolve(settings_mod.parse_assignments(args.set))
+        resolved = runconfig.resolve(settings_mod.parse_assignments(args.set))
         summary = partition_summary(data_spec(resolved), cache_dir(resolved))
     except (SettingsError, DataConfigError) as exc:
         print(f"pollen: error: {exc}", file=sys.stderr)
@@ -1242,10 +1243,10 @@ def _format_partition(summary: dict[str, Any]) -> str:
 
 
 def cmd_settings(args: argparse.Namespace) -> int:
-    declared = registry.all_settings()
+    declared = runconfig.all_settings()
     if args.algorithm:
-        registry.resolve({"algorithm": args.algorithm})  # an unknown one: named, with a hint
-        foreign = registry.foreign_settings(args.algorithm, declared)
+        runconfig.resolve({"algorithm": args.algorithm})  # an unknown one: named, with a hint
+        foreign = runconfig.foreign_settings(args.algorithm, declared)
         declared = {k: v for k, v in declared.items() if k not in foreign}
     for key, s in declared.items():
         extra = f" one of: {', '.join(s.choices)}" if s.choices else ""

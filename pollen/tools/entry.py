@@ -40,6 +40,6 @@ def main() -> int:
     if problem is not None:
         print(f"pollen: error: {problem}", file=sys.stderr)
         return 2
-    from pollen.tools.cli import main as cli_main  # after the check, by design
+    from pollen.tools.cli import main as cli_main  # lazy: only after the package check
 
     return cli_main()

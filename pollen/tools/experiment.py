@@ -38,7 +38,7 @@ from typing import Any
 
 import tomllib
 
-from pollen.core.registry import foreign_settings, resolve
+from pollen.core.runconfig import foreign_settings, resolve
 from pollen.core.rundir import completed, resumable, summary_of
 from pollen.core.settings import SettingsError, toml_value
 

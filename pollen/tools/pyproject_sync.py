@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pollen.core.registry import all_settings
+from pollen.core.runconfig import all_settings
 from pollen.core.settings import toml_value
 
 BEGIN, END = "# BEGIN SETTINGS", "# END SETTINGS"

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pollen.core import registry
+from pollen.core import runconfig
 from pollen.core.rundir import (
     CLIENTS,
     CONFIG,
@@ -365,7 +365,7 @@ def differing_settings(runs: Sequence[Run]) -> dict[str, list[Any]]:
     algorithms = {r.algorithm for r in with_config}
     own: set[str] = set()
     for algorithm in algorithms:
-        own |= set(registry.foreign_settings(algorithm, keys))
+        own |= set(runconfig.foreign_settings(algorithm, keys))
     out = {}
     for key in sorted(keys - own):
         values = [r.config[key] for r in with_config]
@@ -403,7 +403,7 @@ def metric_series(run: Run, suffix: str) -> dict[str, list[Point]]:
     "server KEY".
 
     The x of a value is the round whose aggregated model it describes (0: the initial model,
-    pollen.core.registry.model_round): clients' test metrics of round r evaluate the model they
+    pollen.core.runconfig.model_round): clients' test metrics of round r evaluate the model they
     received, the one after round r-1's aggregation, so they are placed at r-1 to line up with
     the server's evaluation of the same model (an algorithm that tests after its local
     training, Local, at r); the clients' final evaluation (after the last round) is placed at
@@ -419,7 +419,7 @@ def metric_series(run: Run, suffix: str) -> dict[str, list[Point]]:
                 y = _number(value)
                 if y is None or not _plotted(str(key), suffix):
                     continue
-                x = registry.model_round(run.algorithm, str(key), rnd) if who == "clients" else rnd
+                x = runconfig.model_round(run.algorithm, str(key), rnd) if who == "clients" else rnd
                 series.setdefault(f"{who} {key}", {})[float(x)] = y
     for name, (fx, fy) in final_points(run, suffix).items():
         if name in series:

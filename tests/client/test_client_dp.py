@@ -16,7 +16,7 @@ from client.app import app
 from client.state import StateError, StateStore
 from pollen.core import protocol
 from pollen.core.contracts.scaffold import CONTROL, CONTROL_DELTA
-from pollen.core.registry import resolve
+from pollen.core.runconfig import resolve
 from strategies.classifier import initial_weights
 
 

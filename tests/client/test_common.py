@@ -16,7 +16,7 @@ from client import fedavg
 from client.common import new_model
 from client.env import ClientEnv
 from pollen.core import protocol
-from pollen.core.registry import resolve
+from pollen.core.runconfig import resolve
 from strategies.classifier import initial_weights
 
 

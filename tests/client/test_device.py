@@ -18,7 +18,7 @@ from client import common, training
 from client.env import ClientEnv
 from client.training import SGD, MixedPrecision, amp_dtype, to_device, train_classifier
 from federated_data import ArrayDataset
-from pollen.core.registry import resolve
+from pollen.core.runconfig import resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from experiments.client_dp import LEVELS, Case, cases, markdown, summarise
-from pollen.core.registry import resolve
+from pollen.core.runconfig import resolve
 
 
 def test_the_grid_has_dp_sgd_for_fedavg_only_and_a_clean_run_per_seed() -> None:

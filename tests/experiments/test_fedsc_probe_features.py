@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.fedsc_probe_features import settings_of, untrained_key
-from pollen.core.registry import resolve
+from pollen.core.runconfig import resolve
 
 FEDERATED = {
     "algorithm": "fedsc",

@@ -178,7 +178,7 @@ PAPER_SETTINGS: dict[tuple[str, str], dict[str, Any]] = {
 
 @pytest.mark.parametrize(("file", "method"), list(PAPER_SETTINGS))
 def test_recipes_keep_the_papers_settings(file: str, method: str) -> None:
-    from pollen.core.registry import resolve
+    from pollen.core.runconfig import resolve
 
     exp = Experiment.load(EXPERIMENTS / file)
     settings = resolve(method_settings(exp, exp.methods[method], exp.seeds[0]))

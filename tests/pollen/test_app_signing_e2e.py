@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pollen.core.registry import resolve
+from pollen.core.runconfig import resolve
 from pollen.core.settings import Scalar
 from pollen.tools.launcher import Federation, free_port, supernode_argv
 from pollen.tools.signing import (

@@ -6,7 +6,7 @@ import pytest
 
 from federated_data.shakespeare import reference_class_weights
 from pollen.core.dataspec import check_model_fits, class_weights
-from pollen.core.registry import resolve
+from pollen.core.runconfig import resolve
 
 
 def test_class_weights_come_from_the_dataset_unless_switched_off() -> None:

@@ -29,7 +29,7 @@ def test_every_shipped_experiment_file_is_valid() -> None:
 def test_shakespeare_experiment_has_the_papers_setting() -> None:
     from federated_data.shakespeare import reference_class_weights
     from pollen.core.dataspec import class_weights, model_input
-    from pollen.core.registry import resolve
+    from pollen.core.runconfig import resolve
 
     exp = Experiment.load(EXPERIMENTS / "fedem_shakespeare.toml")
     assert set(exp.methods) == {"fedem", "fedavg", "fedprox", "fedavg-plus", "clustered", "local"}

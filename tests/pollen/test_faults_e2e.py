@@ -22,7 +22,7 @@ from flwr.app import Context, RecordDict
 
 from client.app import app as client_app
 from client.state import StateStore
-from pollen.core.registry import resolve
+from pollen.core.runconfig import resolve
 from pollen.core.rundir import read_jsonl
 from pollen.tools.launcher import Federation
 from server.app import app as server_app

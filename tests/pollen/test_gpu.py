@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from pollen.core import registry
+from pollen.core import registry, runconfig
 from pollen.core.settings import SettingsError, parse_assignments
 from pollen.tools import cli, launcher
 from pollen.tools.launcher import Federation, bin_path, serve_node
@@ -349,10 +349,10 @@ def test_serve_node_passes_env_extra_to_the_node(
 def test_amp_is_for_the_algorithms_that_declare_it() -> None:
     for name, spec in registry.ALGORITHMS.items():
         if spec.amp:
-            assert registry.resolve({"algorithm": name, "amp": True})["amp"] is True
+            assert runconfig.resolve({"algorithm": name, "amp": True})["amp"] is True
             continue
         with pytest.raises(SettingsError, match=f"amp=true: {name} trains in float32 only"):
-            registry.resolve({"algorithm": name, "amp": True})
+            runconfig.resolve({"algorithm": name, "amp": True})
     # the shared loops have it; float32 by construction where the math must stay float32
     assert registry.get_algorithm("fedavg").amp and registry.get_algorithm("fedem").amp
     for name in ("fedlrt", "fedlin", "fedsc", "fedavg-sc"):
@@ -402,7 +402,7 @@ def test_gpu_check_commands_are_valid_for_every_algorithm(tmp_path: Path, mode: 
             argv = gpu_check.pollen_argv(mode, name, device, 2, spec.amp, 1, tmp_path / "r")
             args = parser.parse_args(argv[3:])
             overrides = {**parse_assignments(args.set), "algorithm": args.algorithm}
-            assert registry.resolve(overrides)["device"] == device
-            assert registry.foreign_settings(name, overrides) == {}
+            assert runconfig.resolve(overrides)["device"] == device
+            assert runconfig.foreign_settings(name, overrides) == {}
             if device == "cuda":
                 assert (args.gpus_per_client if mode == "simulate" else args.gpus) in (0.5, "0,1")

@@ -17,7 +17,7 @@ import pytest
 from flwr.app import Context, RecordDict
 
 from client.app import app as client_app
-from pollen.core.registry import resolve
+from pollen.core.runconfig import resolve
 from server.app import app as server_app
 from server.local_grid import LocalGrid, task_identity
 

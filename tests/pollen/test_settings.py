@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from pollen.core import registry, settings
-from pollen.core.registry import resolve
+from pollen.core import registry, runconfig, settings
+from pollen.core.runconfig import resolve
 from pollen.core.settings import SettingsError
 from pollen.tools.pyproject_sync import synced
 
@@ -26,7 +26,7 @@ def test_pyproject_declares_exactly_the_settings() -> None:
             out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
         return out
 
-    assert flat(config) == registry.defaults()
+    assert flat(config) == runconfig.defaults()
 
 
 def test_values_are_coerced_from_text() -> None:
@@ -64,7 +64,7 @@ def test_assignments_parse() -> None:
 def test_model_choices_are_the_registered_models() -> None:
     from models.registry import ALL_MODEL_NAMES
 
-    assert set(registry.all_settings()["model"].choices or ()) == set(ALL_MODEL_NAMES)
+    assert set(runconfig.all_settings()["model"].choices or ()) == set(ALL_MODEL_NAMES)
 
 
 def test_model_round_places_a_clients_metric_at_the_model_it_describes() -> None:
@@ -72,7 +72,7 @@ def test_model_round_places_a_clients_metric_at_the_model_it_describes() -> None
     evaluations of the received model at r-1 (FedAvg tests before training; FedSC's kNN
     accuracy; FedAvg+'s global-test-*), training figures at r, and Local's evaluations, which
     test the personal model after the round's training, at r."""
-    from pollen.core.registry import model_round
+    from pollen.core.runconfig import model_round
 
     assert model_round("fedavg", "test-accuracy", 3) == 2
     assert model_round("fedavg", "test-accuracy-p10", 3) == 2
@@ -92,18 +92,18 @@ def test_dp_sgd_is_for_the_algorithms_that_declare_it() -> None:
     for name in registry.ALGORITHMS:
         asked = {"algorithm": name, "dp.noise-multiplier": 1.0}
         if name in expected:
-            assert registry.resolve(asked)["dp.noise-multiplier"] == 1.0
-            assert registry.foreign_settings(name, ["dp.delta"]) == {}
+            assert runconfig.resolve(asked)["dp.noise-multiplier"] == 1.0
+            assert runconfig.foreign_settings(name, ["dp.delta"]) == {}
             continue
         # `pollen settings` does not list dp.* for it, and the command line calls them foreign
-        assert registry.foreign_settings(name, ["dp.delta"]) == {"dp.delta": sorted(expected)}
+        assert runconfig.foreign_settings(name, ["dp.delta"]) == {"dp.delta": sorted(expected)}
         with pytest.raises(SettingsError, match=f"{name} has no DP-SGD training"):
-            registry.resolve(asked)
-        registry.resolve({**asked, "dp.noise-multiplier": 0.0})  # off: nothing to refuse
+            runconfig.resolve(asked)
+        runconfig.resolve({**asked, "dp.noise-multiplier": 0.0})  # off: nothing to refuse
     with pytest.raises(SettingsError, match="both set: give one"):
-        registry.resolve({"dp.noise-multiplier": 1.0, "dp.target-epsilon": 3.0})
+        runconfig.resolve({"dp.noise-multiplier": 1.0, "dp.target-epsilon": 3.0})
     with pytest.raises(SettingsError, match="amp=true with DP-SGD: refused"):
-        registry.resolve({"dp.target-epsilon": 3.0, "amp": True})
+        runconfig.resolve({"dp.target-epsilon": 3.0, "amp": True})
     with pytest.raises(SettingsError, match="drop-last=true with DP-SGD: refused"):
-        registry.resolve({"dp.noise-multiplier": 1.0, "drop-last": True})
-    assert registry.resolve({"dp.noise-multiplier": 1.0, "random-flip": True})["random-flip"]
+        runconfig.resolve({"dp.noise-multiplier": 1.0, "drop-last": True})
+    assert runconfig.resolve({"dp.noise-multiplier": 1.0, "random-flip": True})["random-flip"]

@@ -53,7 +53,7 @@ def test_every_kind_sends_k_finite_rows(kind: str, h: int, k: int) -> None:
 
 
 def test_the_settings_kinds_are_the_attacks() -> None:
-    from pollen.core.settings import ATTACKS
+    from pollen.core.protection import ATTACKS
 
     assert tuple(ATTACKS) == KINDS
 

@@ -284,7 +284,7 @@ def test_rule_function_is_aggregate() -> None:
 
 
 def test_every_settings_rule_is_known() -> None:
-    from pollen.core.settings import ROBUST_RULES
+    from pollen.core.protection import ROBUST_RULES
 
     assert set(ROBUST_RULES) == set(RULES)
 

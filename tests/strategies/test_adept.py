@@ -407,7 +407,7 @@ def test_adept_ae_learns_the_synthetic_decoders(run_config: dict[str, Any]) -> N
 def test_true_decoder_init_is_refused_where_there_is_no_true_decoder(
     extra: dict[str, Any], message: str
 ) -> None:
-    from pollen.core.registry import resolve
+    from pollen.core.runconfig import resolve
     from pollen.core.settings import SettingsError
 
     base = {"algorithm": "adept-ae", "adept-ae.init-decoder": "truth", "synthetic.rank": 5,

@@ -28,7 +28,8 @@ from models.privacy import epsilon
 from pollen.core import protocol
 from pollen.core.contracts import client_dp
 from pollen.core.contracts.scaffold import CONTROL, CONTROL_DELTA
-from pollen.core.registry import ALGORITHMS, foreign_settings, resolve
+from pollen.core.registry import ALGORITHMS
+from pollen.core.runconfig import foreign_settings, resolve
 from pollen.core.settings import SettingsError
 from strategies.base import ClientInfo
 from strategies.fedavg import FedAvg

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from pollen.core.registry import resolve
+from pollen.core.runconfig import resolve
 from strategies.base import ClientInfo
 from strategies.privacy import PrivacyLedger
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pollen.core.registry import resolve
+from pollen.core.runconfig import resolve
 from pollen.core.settings import SettingsError
 from robust import rules
 from strategies.robust import Combiner, TooFewReplies

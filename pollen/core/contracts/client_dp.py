@@ -23,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pollen.core.settings import ClientDPSettings, RunSettings, Scalar
+from pollen.core.protection import ClientDPSettings
+from pollen.core.settings import RunSettings, Scalar
 
 EPSILON = "client-epsilon"
 """Metric: the client-level epsilon at `client-dp.delta` after this round (-1: none)."""

@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pollen.core.settings import DPSettings, RunSettings, Scalar
+from pollen.core.protection import DPSettings
+from pollen.core.settings import RunSettings, Scalar
 
 if TYPE_CHECKING:
     from models.privacy import PoissonPlan

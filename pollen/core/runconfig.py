@@ -1,0 +1,350 @@
+"""A run's settings: the common ones (pollen.core.settings, pollen.core.protection) and every
+algorithm's (each in its contract module, named by its registry entry), resolved against their
+defaults and checked, alone and together, before anything starts."""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pollen.core.contracts.adept import AdeptAESettings
+from pollen.core.protection import (
+    AttackSettings,
+    ClientDPSettings,
+    DPSettings,
+    RobustSettings,
+)
+from pollen.core.registry import ALGORITHMS, AlgorithmSpec
+from pollen.core.settings import (
+    RunSettings,
+    Scalar,
+    Setting,
+    SettingsError,
+    SyntheticSettings,
+)
+from robust.client_dp import count_std, update_noise_multiplier
+from robust.rules import breakdown_note, clients_needed
+
+COMMON_SETTINGS: tuple[Setting, ...] = (
+    RunSettings.declarations()
+    + SyntheticSettings.declarations()
+    + DPSettings.declarations()
+    + ClientDPSettings.declarations()
+    + RobustSettings.declarations()
+    + AttackSettings.declarations()
+)
+"""Every setting a run has whatever its algorithm; each algorithm declares its own in its
+contract module (a SettingsGroup) named by its registry entry."""
+
+
+
+def _by_key(settings: Iterable[Setting]) -> dict[str, Setting]:
+    out: dict[str, Setting] = {}
+    for s in settings:
+        if s.key in out:
+            raise ValueError(f"setting '{s.key}' declared twice")
+        out[s.key] = s
+    return out
+
+
+def all_settings() -> dict[str, Setting]:
+    """Every declared setting: the common ones and each algorithm's own."""
+    declared: list[Setting] = list(COMMON_SETTINGS)
+    for spec in ALGORITHMS.values():
+        declared.extend(spec.settings)
+    return _by_key(declared)
+
+
+def defaults() -> dict[str, Scalar]:
+    return {key: s.default for key, s in all_settings().items()}
+
+
+def resolve(
+    overrides: Mapping[str, Any], base: Mapping[str, Any] | None = None
+) -> dict[str, Scalar]:
+    """Defaults, then `base`, then `overrides`; every key known, every value checked."""
+    declared = all_settings()
+    out: dict[str, Scalar] = {k: s.default for k, s in declared.items()}
+    for layer in (base or {}, overrides):
+        for key, value in layer.items():
+            if key not in declared:
+                raise SettingsError(f"unknown setting '{key}'{_closest(key, declared)}")
+            out[key] = declared[key].coerce(value)
+    _check_consistency(out)
+    return out
+
+
+def _check_consistency(cfg: Mapping[str, Scalar]) -> None:
+    if cfg["algorithm"] not in ALGORITHMS:
+        raise SettingsError(
+            f"unknown algorithm {cfg['algorithm']!r}{_closest(str(cfg['algorithm']), ALGORITHMS)}"
+            f"; known: {', '.join(sorted(ALGORITHMS))}"
+        )
+    spec = ALGORITHMS[str(cfg["algorithm"])]
+    if cfg["amp"] and not spec.amp:
+        supported = ", ".join(sorted(n for n, a in ALGORITHMS.items() if a.amp))
+        raise SettingsError(
+            f"amp=true: {spec.name} trains in float32 only (docs/deployment.md#gpu); "
+            f"mixed precision is for {supported}"
+        )
+    _check_dp(cfg, spec)
+    _check_robust(cfg, spec)
+    _check_client_dp(cfg, spec)
+    if int(cfg["local-steps"]) > 0 and not spec.local_steps:
+        supported = ", ".join(sorted(n for n, a in ALGORITHMS.items() if a.local_steps))
+        raise SettingsError(
+            f"local-steps={cfg['local-steps']}: {spec.name} counts its local work in "
+            f"local-epochs only; local-steps is for {supported}"
+        )
+    _check_true_decoder(cfg)
+    if float(cfg["val-fraction"]) + float(cfg["test-fraction"]) >= 0.95:
+        raise SettingsError("val-fraction + test-fraction must leave data to train on (< 0.95)")
+    if int(cfg["min-replies"]) > int(cfg["num-clients"]):
+        raise SettingsError(
+            f"min-replies ({cfg['min-replies']}) exceeds num-clients ({cfg['num-clients']})"
+        )
+    if int(cfg["min-available-clients"]) > int(cfg["num-clients"]):
+        raise SettingsError(
+            f"min-available-clients ({cfg['min-available-clients']}) exceeds "
+            f"num-clients ({cfg['num-clients']})"
+        )
+
+
+def _check_dp(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
+    """DP-SGD only where the clients' training supports it, one way of setting its noise, and
+    not with mixed precision."""
+    dp = DPSettings.of(cfg)
+    if not dp.enabled:
+        return
+    if not spec.dp:
+        supported = ", ".join(sorted(n for n, a in ALGORITHMS.items() if a.dp))
+        raise SettingsError(
+            f"dp.noise-multiplier / dp.target-epsilon: {spec.name} has no DP-SGD training "
+            f"(docs/privacy.md); DP-SGD is for {supported}"
+        )
+    if dp.noise_multiplier > 0 and dp.target_epsilon > 0:
+        raise SettingsError(
+            "dp.noise-multiplier and dp.target-epsilon both set: give one (the noise, or the "
+            "epsilon the noise is calibrated to)"
+        )
+    if cfg["amp"]:
+        raise SettingsError(
+            "amp=true with DP-SGD: refused; per-example gradients are clipped and noised in "
+            "float32 (docs/privacy.md)"
+        )
+    if cfg["drop-last"]:
+        raise SettingsError(
+            "drop-last=true with DP-SGD: refused; Poisson-sampled batches have no last batch to "
+            "drop (docs/privacy.md)"
+        )
+    if int(cfg["local-steps"]) > 0:
+        raise SettingsError(
+            f"local-steps={cfg['local-steps']} with DP-SGD: refused; DP-SGD's steps are "
+            "local-epochs passes of Poisson-sampled batches, which its privacy accounting counts "
+            "(docs/privacy.md)"
+        )
+
+
+def _check_client_dp(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
+    """Client-level DP only where the algorithm's aggregation has a stated sensitivity, one
+    way of setting its noise, robust rules only where they are post-processing (noise on the
+    clients), Poisson sampling that honours no minimum, and a planned epsilon within the
+    budget (docs/privacy.md#client-level-dp)."""
+    dp = ClientDPSettings.of(cfg)
+    if not dp.enabled:
+        return
+    if not spec.client_dp:
+        supported = ", ".join(sorted(n for n, a in ALGORITHMS.items() if a.client_dp))
+        raise SettingsError(
+            f"client-dp: {spec.name} refuses client-level DP ({spec.client_dp_note}); it is for "
+            f"{supported}"
+        )
+    if dp.noise_multiplier > 0 and dp.target_epsilon > 0:
+        raise SettingsError(
+            "client-dp.noise-multiplier and client-dp.target-epsilon both set: give one (the "
+            "noise, or the epsilon the noise is calibrated to)"
+        )
+    run, robust = RunSettings.of(cfg), RobustSettings.of(cfg)
+    if dp.noise_at == "client":
+        if dp.adaptive:
+            raise SettingsError(
+                "client-dp.target-quantile with client-dp.noise-at=client: refused; adaptive "
+                "clipping releases the noised count of unclipped updates, which only the server "
+                "can noise (a client's own bit would reach it in the clear)"
+            )
+    else:
+        if robust.rule != "mean":
+            raise SettingsError(
+                f"robust.rule={robust.rule} with client-level DP noised on the server: refused; "
+                "the noise is calibrated to a mean that one client moves by at most clip / m, "
+                f"which {robust.rule} does not guarantee. Use client-dp.noise-at=client (any "
+                "rule is then post-processing of noised updates) or robust.rule=mean"
+            )
+        if robust.clip_quantile > 0:
+            raise SettingsError(
+                "robust.clip-quantile with client-level DP noised on the server: refused; the "
+                "bound would be read from the updates un-noised. Use client-dp.target-quantile "
+                "(adaptive clipping with a noised count)"
+            )
+        if robust.nnm or robust.bucket > 1:
+            raise SettingsError(
+                "robust.nnm / robust.bucket with client-level DP noised on the server: refused; "
+                "they mix clients' updates before the noisy sum, so one client would move "
+                "several of its terms"
+            )
+        if run.fraction_train <= 0:
+            raise SettingsError(
+                "client-level DP with fraction-train=0: each client takes part in a round with "
+                "probability fraction-train; give it above 0"
+            )
+        if run.fraction_train < 1 and run.min_train_clients > 1:
+            raise SettingsError(
+                f"min-train-clients={run.min_train_clients} with client-level DP and "
+                f"fraction-train={run.fraction_train:g}: refused; clients are sampled "
+                "independently (Poisson sampling, as the privacy analysis assumes), which "
+                "honours no minimum"
+            )
+    from pollen.core.contracts import client_dp  # lazy: opacus
+
+    try:
+        mech = client_dp.mechanism(cfg)
+        assert mech is not None  # enabled
+        if dp.adaptive:
+            update_noise_multiplier(mech.noise_multiplier,
+                                    count_std(mech.denominator, dp.count_std))  # fmt: skip
+        planned = client_dp.planned_epsilon(mech, run.num_rounds)
+    except ValueError as exc:
+        raise SettingsError(f"client-dp: {exc}") from None
+    if dp.max_epsilon > 0 and planned > dp.max_epsilon:
+        raise SettingsError(
+            f"client-dp: {run.num_rounds} rounds at noise multiplier "
+            f"{mech.noise_multiplier:.4g} would spend epsilon {planned:.3g} (delta "
+            f"{dp.delta:g}), above the budget client-dp.max-epsilon={dp.max_epsilon:g}; lower "
+            "num-rounds, raise client-dp.noise-multiplier or give client-dp.target-epsilon"
+        )
+
+
+def expected_round_clients(cfg: Mapping[str, Scalar]) -> int:
+    """How many clients a round samples when every training client is connected (the
+    engine's sampling: max(min-train-clients, ceil(fraction-train x pool)), at most the pool)."""
+    run = RunSettings.of(cfg)
+    pool = run.training_clients
+    want = max(run.min_train_clients, math.ceil(run.fraction_train * pool))
+    return min(want, pool)
+
+
+def _check_robust(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
+    """A robust rule the algorithm takes, sized for the clients a round will have; attackers
+    that exist and train; a label-flip attack only where clients train on labels."""
+    robust, attack = RobustSettings.of(cfg), AttackSettings.of(cfg)
+    if robust.rule not in spec.robust_rules:
+        raise SettingsError(
+            f"robust.rule={robust.rule}: {spec.name} takes {', '.join(spec.robust_rules)} "
+            f"only ({spec.robust_note}; docs/robustness.md)"
+        )
+    if spec.robust_rules == ("mean",) and (
+        robust.clip > 0 or robust.clip_quantile > 0 or robust.nnm or robust.bucket > 1
+    ):
+        raise SettingsError(
+            f"robust.clip / clip-quantile / nnm / bucket: {spec.name} refuses them "
+            f"({spec.robust_note})"
+        )
+    n = expected_round_clients(cfg)
+    need = clients_needed(robust.rule, robust.f, robust.bucket, robust.nnm)
+    if n < need:
+        per = f" (in buckets of {robust.bucket})" if robust.bucket > 1 else ""
+        mixing = " and more than f for robust.nnm" if robust.nnm else ""
+        raise SettingsError(
+            f"robust.rule={robust.rule} with robust.f={robust.f} needs "
+            f"{breakdown_note(robust.rule)}{mixing}, i.e. at least {need} updates a round{per}, "
+            f"but a round has {n} clients; lower robust.f or sample more clients"
+        )
+    ids = attack.ids()
+    if not ids:
+        return
+    run = RunSettings.of(cfg)
+    pool = run.training_clients
+    outside = [i for i in ids if i >= pool]
+    if outside:
+        raise SettingsError(
+            f"attack.clients: {outside} are not training clients (ids 0 to {pool - 1})"
+        )
+    if attack.kind == "label-flip" and not spec.labels:
+        raise SettingsError(
+            f"attack.kind=label-flip: {spec.name} trains without labels; choose an attack on "
+            "the updates (sign-flip, gaussian, alie, ...)"
+        )
+    if spec.robust_rules == ("mean",):
+        raise SettingsError(
+            f"attack.clients: {spec.name} has nothing to attack ({spec.robust_note})"
+        )
+
+
+def _check_true_decoder(cfg: Mapping[str, Scalar]) -> None:
+    """adept-ae.init-decoder=truth needs the generator's decoders: dataset ae-synthetic, and a
+    latent size equal to theirs."""
+    if AdeptAESettings.of(cfg).init_decoder != "truth":
+        return
+    run, synthetic = RunSettings.of(cfg), SyntheticSettings.of(cfg)
+    if run.dataset != "ae-synthetic":
+        raise SettingsError(
+            f"adept-ae.init-decoder=truth starts each decoder at the client's true generator, "
+            f"which only dataset 'ae-synthetic' has (dataset is {run.dataset!r})"
+        )
+    if AdeptAESettings.of(cfg).latent != synthetic.rank:
+        raise SettingsError(
+            f"adept-ae.init-decoder=truth: adept-ae.latent ({AdeptAESettings.of(cfg).latent}) "
+            f"must equal the generator's latent size synthetic.rank ({synthetic.rank})"
+        )
+
+
+def _closest(name: str, known: Iterable[str]) -> str:
+    """' (did you mean X?)' for the nearest known names, or ''."""
+    names = list(known)
+    close = difflib.get_close_matches(name, names, n=2, cutoff=0.6)
+    close += [k for k in names if k.split(".")[-1] == name.split(".")[-1] and k not in close]
+    return f" (did you mean {' or '.join(close[:3])}?)" if close else ""
+
+
+def model_round(algorithm: str, key: str, rnd: int) -> int:
+    """The round whose model a client metric `key` of round `rnd`'s training reply describes
+    (0: the initial model), where reports and TensorBoard place it. Evaluation metrics (test-*,
+    a -test- part, *accuracy*) describe the model the client received unless the algorithm
+    evaluates after training (`AlgorithmSpec.evaluates_received`); the others (train-loss, ...)
+    the round's training. An algorithm this version does not know counts as evaluating the
+    received model."""
+    spec = ALGORITHMS.get(algorithm)
+    received = spec.evaluates_received if spec is not None else True
+    evaluation = not key.startswith("train-") and (
+        key.startswith("test-") or "-test-" in key or "accuracy" in key
+    )
+    return rnd - 1 if evaluation and received else rnd
+
+
+def foreign_settings(algorithm: str, keys: Iterable[str]) -> dict[str, list[str]]:
+    """The keys among `keys` that `algorithm` does not read, each with the algorithms that do
+    (`fedprox.mu` for `fedavg`: ['fedprox']). Common settings belong to every algorithm, except
+    `dp.*` (to the algorithms with DP-SGD) and `client-dp.*` (with client-level DP)."""
+    spec = ALGORITHMS.get(algorithm)
+    if spec is None:
+        return {}
+    mine = spec.setting_groups()
+    # synthetic.* too, though it has a prefix
+    private = DPSettings.declarations() + ClientDPSettings.declarations()
+    common = {s.key for s in COMMON_SETTINGS} - {s.key for s in private}
+    out: dict[str, list[str]] = {}
+    for key in keys:
+        group = key.split(".")[0] if "." in key else None
+        if group is None or group in mine or key in common:
+            continue
+        out[key] = sorted(n for n, a in ALGORITHMS.items() if group in a.setting_groups())
+    return out
+
+
+def from_run_config(run_config: Mapping[str, Any]) -> dict[str, Scalar]:
+    """Settings of a running app: Flower's run config, checked like CLI input."""
+    declared = all_settings()
+    known = {k: v for k, v in run_config.items() if k in declared}
+    return resolve(known)
