@@ -30,7 +30,16 @@ from flwr.serverapp import Grid
 from pollen.core import protocol
 from pollen.core.protection import ClientDPSettings
 from pollen.core.protocol import HELLO
-from pollen.core.rundir import SERVER_LOG, Event
+from pollen.core.rundir import (
+    COMPLETED,
+    FAILED,
+    SERVER_LOG,
+    Event,
+    FinalRecord,
+    PhaseReport,
+    RoundRow,
+    Summary,
+)
 from pollen.core.settings import RunSettings, Scalar
 from server import checkpoint, checks
 from server.exchange import Phase, grid_call
@@ -75,7 +84,7 @@ class Engine:
             self._poisson = self.rng if dp.reproducible else np.random.default_rng()
         self.roster = Roster()
         self.typical: dict[str, float] = {}  # message type -> last phase's typical reply time
-        self.phases: list[dict[str, Any]] = []  # the round's phase reports
+        self.phases: list[PhaseReport] = []  # the round's phase reports
 
     # ---- what strategies use -------------------------------------------------------------
     @property
@@ -225,48 +234,51 @@ class Engine:
             pending_config = run.resume
             self.server_round = start_round
             self.wait_for_clients()
-            last: dict[str, Any] = {}
+            last: RoundRow | None = None
             for rnd in range(start_round, run.num_rounds + 1):
                 row = self._round(rnd, settings)
                 if pending_config:
                     self.results.write_config(settings)
                     pending_config = False
-                log.info("round %s: %s", rnd, round_line(row))
+                log.info("round %s: %s", rnd, round_line(row.to_json()))
                 last = row
-            final = self._final() if run.final_eval else {}
+            final = self._final() if run.final_eval else None
             model = self.strategy.global_arrays()
             if model is not None:
                 self.results.final_model(model)
-            summary = {
-                "status": "completed",
-                "algorithm": run.algorithm,
-                "dataset": run.dataset,
-                "rounds": run.num_rounds,
-                "last-round": last,
-                "final": final,
-                "seconds": round(self.clock() - t0, 3),
-                "clients": sorted(self.roster.clients),
-                "peak-rss-mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-                **threats,
-                **privacy_summary(
-                    settings, last.get("train", {}), self.strategy.privacy_guarantees()
-                ),
-            }
+            privacy = privacy_summary(
+                settings, last.train if last else {}, self.strategy.privacy_guarantees()
+            )
+            summary = Summary(
+                status=COMPLETED,
+                algorithm=run.algorithm,
+                dataset=run.dataset,
+                rounds=run.num_rounds,
+                last_round=last,
+                final=final,
+                seconds=round(self.clock() - t0, 3),
+                clients=sorted(self.roster.clients),
+                peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+                robust=threats.get("robust"),
+                attack=threats.get("attack"),
+                privacy=privacy.get("privacy"),
+            )
             self.results.summary(summary)
-            return summary
+            return summary.to_json()
         except BaseException as exc:
             log.error("the run failed", exc_info=exc)  # the full traceback, in the server log
             self.results.summary(
-                {
-                    "status": "failed",
-                    "reason": brief(f"{type(exc).__name__}: {exc}", limit=600),
-                    "log": str(Path(self.results.dir) / SERVER_LOG),
-                    "algorithm": run.algorithm,
-                    "dataset": run.dataset,
-                    "last-completed-round": self.server_round - 1,
-                    "seconds": round(self.clock() - t0, 3),
-                    **threats,
-                }
+                Summary(
+                    status=FAILED,
+                    reason=brief(f"{type(exc).__name__}: {exc}", limit=600),
+                    log=str(Path(self.results.dir) / SERVER_LOG),
+                    algorithm=run.algorithm,
+                    dataset=run.dataset,
+                    last_completed_round=self.server_round - 1,
+                    seconds=round(self.clock() - t0, 3),
+                    robust=threats.get("robust"),
+                    attack=threats.get("attack"),
+                )
             )
             raise
 
@@ -284,7 +296,7 @@ class Engine:
         log.info("resuming after round %s", ckpt.server_round)
         return ckpt.server_round + 1
 
-    def _round(self, rnd: int, settings: Mapping[str, Any]) -> dict[str, Any]:
+    def _round(self, rnd: int, settings: Mapping[str, Any]) -> RoundRow:
         """Round `rnd`, written to metrics.jsonl and checkpointed; its row."""
         run = self.run_settings
         self.server_round = rnd
@@ -294,31 +306,38 @@ class Engine:
         self.results.event(Event.ROUND_START, round=rnd, rounds=run.num_rounds)
         self.discover()
         train = self.strategy.run_round(self)
-        row: dict[str, Any] = {"round": rnd, "train": train}
+        server_eval = None
         if run.server_eval:
             self.results.event(Event.SERVER_EVAL_START, round=rnd)
-            row["server-eval"] = self.strategy.server_evaluate()
-        row["phases"] = self.phases
-        row["seconds"] = round(self.clock() - r0, 4)
-        row["bytes-sent"] = sum(p["bytes-sent"] for p in self.phases)
-        row["bytes-received"] = sum(p["bytes-received"] for p in self.phases)
-        # arrays <-> record bytes in this process (encode instructions, decode replies)
-        row["codec-seconds"] = round(protocol.codec_seconds() - codec0, 4)
+            server_eval = self.strategy.server_evaluate()
+        row = RoundRow(
+            round=rnd,
+            train=dict(train),
+            server_eval=None if server_eval is None else dict(server_eval),
+            phases=self.phases,
+            seconds=round(self.clock() - r0, 4),
+            bytes_sent=sum(p.bytes_sent for p in self.phases),
+            bytes_received=sum(p.bytes_received for p in self.phases),
+            # arrays <-> record bytes in this process (encode instructions, decode replies)
+            codec_seconds=round(protocol.codec_seconds() - codec0, 4),
+        )
         self.results.round(row)
         self._checkpoint(rnd, settings)
         return row
 
-    def _final(self) -> dict[str, Any]:
+    def _final(self) -> FinalRecord:
         """The final evaluation after the last round (final-eval)."""
         self.server_round = self.run_settings.num_rounds + 1
         self.phases = []
         self.results.event(Event.FINAL_START, round=self.server_round)
         self.discover()
-        final = {"eval": self.strategy.finalize(self), "phases": self.phases}
+        evaluation = self.strategy.finalize(self)
+        phases = self.phases
+        server_eval = None
         if self.run_settings.server_eval:
             self.results.event(Event.SERVER_EVAL_START, round=self.server_round)
-            final["server-eval"] = self.strategy.server_evaluate()
-        return final
+            server_eval = dict(self.strategy.server_evaluate())
+        return FinalRecord(dict(evaluation), phases, server_eval)
 
     def _checkpoint(self, rnd: int, settings: Mapping[str, Any]) -> None:
         arrays, meta = self.strategy.state()

@@ -13,14 +13,14 @@ import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
 from pollen.core import protocol
 from pollen.core.protocol import HELLO
-from pollen.core.rundir import Event
+from pollen.core.rundir import ClientRow, Event, PhaseReport
 from pollen.core.settings import RunSettings
 from server.results import ResultsWriter, brief
 from server.roster import Roster
@@ -73,7 +73,7 @@ class Host(Protocol):
     server_round: int
     roster: Roster
     typical: dict[str, float]  # message type -> its last phase's typical reply time
-    phases: list[dict[str, Any]]  # the round's phase reports
+    phases: list[PhaseReport]  # the round's phase reports
 
     def call(self, what: str, call: Callable[[], _T]) -> _T: ...
 
@@ -403,33 +403,29 @@ class Phase:
         hello, each valid reply's metrics in clients.jsonl."""
         host = self.host
         seconds = host.clock() - self.started
-        report = {
-            "phase": self.message_type,
-            "sent": len(self.payloads),  # clients instructed (messages: fewer when packed)
-            "valid": len(self.replies),
-            "failed": {str(k): v for k, v in sorted(self.failures.items())},
-            "seconds": round(seconds, 4),
-            # Flower serializing the instructions and handing them to the SuperLink
-            "push-seconds": round(self.push_seconds, 4),
+        report = PhaseReport(
+            phase=self.message_type,
+            sent=len(self.payloads),  # clients instructed (messages: fewer when packed)
+            valid=len(self.replies),
+            failed={str(k): v for k, v in sorted(self.failures.items())},
+            seconds=round(seconds, 4),
+            push_seconds=round(self.push_seconds, 4),
+            bytes_sent=self.bytes_sent,
+            bytes_received=self.bytes_received,
             # instructions sent again for want of a reply (by client; the hello: by node)
-            **({"resent": self.sent.resent(self.batches)} if self.sent.resends else {}),
-            "bytes-sent": self.bytes_sent,
-            "bytes-received": self.bytes_received,
-        }
+            resent=self.sent.resent(self.batches) if self.sent.resends else None,
+        )
         host.phases.append(report)
         host.results.event(
-            Event.PHASE_END, round=host.server_round, messages=len(self.messages), **report
+            Event.PHASE_END,
+            round=host.server_round,
+            messages=len(self.messages),
+            **report.to_json(),
         )
         if not self.hello:
             for r in sorted(self.replies, key=lambda r: r.key):
-                host.results.client(
-                    {
-                        "round": host.server_round,
-                        "client-id": r.key,
-                        "phase": self.message_type,
-                        "metrics": dict(r.content[protocol.METRICS]),
-                    }
-                )
+                metrics = dict(r.content[protocol.METRICS])  # type: ignore[arg-type]
+                host.results.client(ClientRow(host.server_round, r.key, self.message_type, metrics))
 
 
 def message(content: RecordDict, node_id: int, message_type: str, server_round: int) -> Message:

@@ -23,7 +23,11 @@ from pollen.core.rundir import (
     METRICS,
     RESUME_FAILED,
     SUMMARY,
+    ClientRow,
     Event,
+    EventRecord,
+    RoundRow,
+    Summary,
     append_line,
     completed,
     read_jsonl,
@@ -60,20 +64,21 @@ class ResultsWriter:
     def write_config(self, config: Mapping[str, Any]) -> None:
         atomic_write_json(self.dir / CONFIG, dict(config))
 
-    def round(self, row: Mapping[str, Any]) -> None:
-        self._append(METRICS, row)
+    def round(self, row: RoundRow) -> None:
+        self._append(METRICS, row.to_json())
 
-    def client(self, row: Mapping[str, Any]) -> None:
-        self._append(CLIENTS, row)
+    def client(self, row: ClientRow) -> None:
+        self._append(CLIENTS, row.to_json())
 
     def event(self, kind: str, **fields: Any) -> None:
-        self._append(EVENTS, {Event.KEY: kind, "time": round(time.time() - self._t0, 3), **fields})
+        record = EventRecord(kind, round(time.time() - self._t0, 3), fields)
+        self._append(EVENTS, record.to_json())
 
-    def summary(self, summary: Mapping[str, Any]) -> None:
+    def summary(self, summary: Summary) -> None:
         """Write summary.json, except that a failure never replaces the summary of a completed
         run (a resume that failed): that failure is recorded beside it, in resume-failed.json
         and as a `resume-failed` event, and the completed results stay as they were."""
-        record = json.loads(json.dumps(summary, default=_jsonable))
+        record = json.loads(json.dumps(summary.to_json(), default=_jsonable))
         if record.get("status") != COMPLETED and self.completed():
             atomic_write_json(self.dir / RESUME_FAILED, record)
             self.event(Event.RESUME_FAILED, reason=record.get("reason", ""))

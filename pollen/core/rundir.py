@@ -24,7 +24,8 @@ import errno
 import json
 import os
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,274 @@ class Event:
     NODE_RESTARTED = "node-restarted"
     """Written by the launcher (`pollen deploy` restarted a SuperNode), not the ServerApp."""
     RESUME_FAILED = "resume-failed"
+
+
+Metrics = dict[str, Any]
+"""Named figures: a client's reply metrics (a number, or a list of numbers) or their
+aggregate (numbers)."""
+
+
+def _metrics(value: Any) -> Metrics:
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+def _int(value: Any, default: int = 0) -> int:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return int(value) if number else default
+
+
+def _float(value: Any, default: float = 0.0) -> float:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return float(value) if number else default
+
+
+@dataclass(frozen=True)
+class PhaseReport:
+    """One phase of a round (metrics.jsonl `phases`, and a `phase-end` event's fields)."""
+
+    phase: str
+    sent: int  # clients instructed (messages: fewer when a node hosts several)
+    valid: int
+    failed: dict[str, str]  # client id (for the hello: node id) -> why it was skipped
+    seconds: float
+    push_seconds: float  # Flower serializing the instructions and handing them over
+    bytes_sent: int
+    bytes_received: int
+    resent: dict[str, int] | None = None  # client (hello: node) id -> times sent again
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "phase": self.phase, "sent": self.sent, "valid": self.valid,
+            "failed": dict(self.failed), "seconds": self.seconds,
+            "push-seconds": self.push_seconds,
+            **({"resent": dict(self.resent)} if self.resent is not None else {}),
+            "bytes-sent": self.bytes_sent, "bytes-received": self.bytes_received,
+        }  # fmt: skip
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> PhaseReport:
+        """Lenient: a field an older version did not write reads as 0 (or none)."""
+        resent = obj.get("resent")
+        return cls(
+            phase=str(obj.get("phase", "")),
+            sent=_int(obj.get("sent")),
+            valid=_int(obj.get("valid")),
+            failed={str(k): str(v) for k, v in _metrics(obj.get("failed")).items()},
+            seconds=_float(obj.get("seconds")),
+            push_seconds=_float(obj.get("push-seconds")),
+            bytes_sent=_int(obj.get("bytes-sent")),
+            bytes_received=_int(obj.get("bytes-received")),
+            resent={str(k): _int(v) for k, v in resent.items()}
+            if isinstance(resent, Mapping)
+            else None,
+        )
+
+
+@dataclass(frozen=True)
+class RoundRow:
+    """A line of metrics.jsonl: one round."""
+
+    round: int
+    train: Metrics  # the clients' aggregated metrics
+    phases: list[PhaseReport]
+    seconds: float
+    bytes_sent: int
+    bytes_received: int
+    codec_seconds: float  # arrays <-> record bytes in the ServerApp's process
+    server_eval: Metrics | None = None  # the server's evaluation (server-eval)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "train": dict(self.train),
+            **({"server-eval": dict(self.server_eval)} if self.server_eval is not None else {}),
+            "phases": [p.to_json() for p in self.phases],
+            "seconds": self.seconds,
+            "bytes-sent": self.bytes_sent,
+            "bytes-received": self.bytes_received,
+            "codec-seconds": self.codec_seconds,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> RoundRow:
+        """Lenient, as PhaseReport.from_json."""
+        phases = obj.get("phases")
+        server_eval = obj.get("server-eval")
+        return cls(
+            round=_int(obj.get("round")),
+            train=_metrics(obj.get("train")),
+            phases=[PhaseReport.from_json(p) for p in phases if isinstance(p, Mapping)]
+            if isinstance(phases, list)
+            else [],
+            seconds=_float(obj.get("seconds")),
+            bytes_sent=_int(obj.get("bytes-sent")),
+            bytes_received=_int(obj.get("bytes-received")),
+            codec_seconds=_float(obj.get("codec-seconds")),
+            server_eval=_metrics(server_eval) if isinstance(server_eval, Mapping) else None,
+        )
+
+
+@dataclass(frozen=True)
+class ClientRow:
+    """A line of clients.jsonl: one client's valid reply in one phase."""
+
+    round: int
+    client_id: int
+    phase: str
+    metrics: Metrics
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "client-id": self.client_id,
+            "phase": self.phase,
+            "metrics": dict(self.metrics),
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> ClientRow:
+        return cls(
+            round=_int(obj.get("round")),
+            client_id=_int(obj.get("client-id"), -1),
+            phase=str(obj.get("phase", "")),
+            metrics=_metrics(obj.get("metrics")),
+        )
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """A line of events.jsonl: its kind (an `Event` attribute), the seconds since the ServerApp
+    started, and the kind's own fields (docs/monitoring.md#eventsjsonl)."""
+
+    kind: str
+    time: float
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {Event.KEY: self.kind, "time": self.time, **self.fields}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> EventRecord:
+        rest = {k: v for k, v in obj.items() if k not in (Event.KEY, "time")}
+        return cls(str(obj.get(Event.KEY, "")), _float(obj.get("time")), rest)
+
+
+@dataclass(frozen=True)
+class FinalRecord:
+    """summary.json's `final`: the evaluation after the last round."""
+
+    eval: Metrics
+    phases: list[PhaseReport]
+    server_eval: Metrics | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "eval": dict(self.eval),
+            "phases": [p.to_json() for p in self.phases],
+            **({"server-eval": dict(self.server_eval)} if self.server_eval is not None else {}),
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> FinalRecord:
+        phases = obj.get("phases")
+        server_eval = obj.get("server-eval")
+        return cls(
+            eval=_metrics(obj.get("eval")),
+            phases=[PhaseReport.from_json(p) for p in phases if isinstance(p, Mapping)]
+            if isinstance(phases, list)
+            else [],
+            server_eval=_metrics(server_eval) if isinstance(server_eval, Mapping) else None,
+        )
+
+
+@dataclass(frozen=True)
+class Summary:
+    """summary.json: how the run ended. A completed run has `rounds` to `peak_rss_mb`; a failed
+    one `reason`, `log` and `last_completed_round`. `robust`, `attack` and `privacy` are there
+    when the run had them (docs/robustness.md, docs/privacy.md); `node_restarts` when
+    `pollen deploy` restarted a SuperNode."""
+
+    status: str
+    algorithm: str
+    dataset: str
+    seconds: float
+    rounds: int | None = None
+    last_round: RoundRow | None = None
+    final: FinalRecord | None = None
+    clients: list[int] | None = None
+    peak_rss_mb: float | None = None
+    reason: str | None = None
+    log: str | None = None
+    last_completed_round: int | None = None
+    robust: dict[str, Any] | None = None
+    attack: dict[str, Any] | None = None
+    privacy: dict[str, Any] | None = None
+    node_restarts: list[dict[str, Any]] | None = None
+
+    @property
+    def completed(self) -> bool:
+        return self.status == COMPLETED
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"status": self.status}
+        if self.reason is not None:
+            out["reason"] = self.reason
+        if self.log is not None:
+            out["log"] = self.log
+        out["algorithm"] = self.algorithm
+        out["dataset"] = self.dataset
+        if self.completed:
+            out["rounds"] = self.rounds
+            out["last-round"] = self.last_round.to_json() if self.last_round else {}
+            out["final"] = self.final.to_json() if self.final else {}
+        if self.last_completed_round is not None:
+            out["last-completed-round"] = self.last_completed_round
+        out["seconds"] = self.seconds
+        if self.clients is not None:
+            out["clients"] = list(self.clients)
+        if self.peak_rss_mb is not None:
+            out["peak-rss-mb"] = self.peak_rss_mb
+        for key, value in (
+            ("robust", self.robust), ("attack", self.attack), ("privacy", self.privacy),
+            ("node-restarts", self.node_restarts),
+        ):  # fmt: skip
+            if value is not None:
+                out[key] = value
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> Summary:
+        """Lenient: what a version did not write reads as absent."""
+
+        def opt(key: str, kind: type) -> Any:
+            value = obj.get(key)
+            return value if isinstance(value, kind) else None
+
+        last, final = obj.get("last-round"), obj.get("final")
+        clients = obj.get("clients")
+        return cls(
+            status=str(obj.get("status", "")),
+            algorithm=str(obj.get("algorithm", "")),
+            dataset=str(obj.get("dataset", "")),
+            seconds=_float(obj.get("seconds")),
+            rounds=_int(obj["rounds"]) if "rounds" in obj else None,
+            last_round=RoundRow.from_json(last) if isinstance(last, Mapping) and last else None,
+            final=FinalRecord.from_json(final) if isinstance(final, Mapping) and final else None,
+            clients=[_int(c) for c in clients if isinstance(c, int)]
+            if isinstance(clients, list)
+            else None,
+            peak_rss_mb=_float(obj["peak-rss-mb"]) if "peak-rss-mb" in obj else None,
+            reason=opt("reason", str),
+            log=opt("log", str),
+            last_completed_round=_int(obj["last-completed-round"])
+            if "last-completed-round" in obj
+            else None,
+            robust=opt("robust", dict),
+            attack=opt("attack", dict),
+            privacy=opt("privacy", dict),
+            node_restarts=opt("node-restarts", list),
+        )
 
 
 class ResultsFileError(ValueError):
@@ -200,3 +469,24 @@ def append_line(path: Path, line: str) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def read_rounds(directory: Path) -> list[RoundRow]:
+    """metrics.jsonl as typed rows (read_jsonl's warning on a cut last line)."""
+    return [RoundRow.from_json(r) for r in read_jsonl(directory / METRICS)]
+
+
+def read_clients(directory: Path) -> list[ClientRow]:
+    """clients.jsonl as typed rows."""
+    return [ClientRow.from_json(r) for r in read_jsonl(directory / CLIENTS)]
+
+
+def read_events(directory: Path) -> list[EventRecord]:
+    """events.jsonl as typed records."""
+    return [EventRecord.from_json(r) for r in read_jsonl(directory / EVENTS)]
+
+
+def read_summary(directory: Path, name: str = SUMMARY) -> Summary | None:
+    """summary.json (or `name`) typed; None when there is none that can be read."""
+    obj = summary_of(directory, name)
+    return None if obj is None else Summary.from_json(obj)

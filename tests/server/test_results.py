@@ -9,16 +9,22 @@ from pathlib import Path
 
 import pytest
 
-from pollen.core.rundir import append_line, read_jsonl
+from pollen.core.rundir import RoundRow, append_line, read_jsonl
 from server.results import ResultsWriter
+
+
+def _row(rnd: int, loss: float) -> RoundRow:
+    return RoundRow(rnd, {"loss": loss}, [], 1.0, 2, 3, 0.5)
 
 
 def test_lines_are_appended_whole(tmp_path: Path) -> None:
     writer = ResultsWriter(tmp_path)
-    writer.round({"round": 1, "train": {"loss": 0.5}})
-    writer.round({"round": 2, "train": {"loss": 0.25}})
+    writer.round(_row(1, 0.5))
+    writer.round(_row(2, 0.25))
+    tail = '"bytes-received": 3, "bytes-sent": 2, "codec-seconds": 0.5, "phases": []'
     assert (tmp_path / "metrics.jsonl").read_text() == (
-        '{"round": 1, "train": {"loss": 0.5}}\n{"round": 2, "train": {"loss": 0.25}}\n'
+        f'{{{tail}, "round": 1, "seconds": 1.0, "train": {{"loss": 0.5}}}}\n'
+        f'{{{tail}, "round": 2, "seconds": 1.0, "train": {{"loss": 0.25}}}}\n'
     )
 
 
