@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pollen.core import rundir
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -56,17 +58,17 @@ def main() -> int:
             "server-eval=false",
         ]
         subprocess.run(argv, cwd=ROOT, env=env, check=True, capture_output=True)
-        metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        metrics = rundir.read_rounds(out)
         steady = metrics[1:] or metrics
-        train = [p for r in steady for p in r["phases"] if p["phase"] == "train"]
+        train = [p for r in steady for p in r.phases if p.phase == "train"]
         row = {
             "components": m,
-            "seconds-per-round-median": round(statistics.median(r["seconds"] for r in steady), 3),
+            "seconds-per-round-median": round(statistics.median(r.seconds for r in steady), 3),
             "bytes-to-client-per-round": int(
-                statistics.mean(p["bytes-sent"] / p["sent"] for p in train)
+                statistics.mean(p.bytes_sent / p.sent for p in train)
             ),
             "bytes-from-client-per-round": int(
-                statistics.mean(p["bytes-received"] / p["valid"] for p in train)
+                statistics.mean(p.bytes_received / p.valid for p in train)
             ),
         }
         rows.append(row)

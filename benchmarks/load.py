@@ -28,6 +28,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from pollen.core import rundir  # noqa: E402  (the checkout's, as the runs use)
+
 FEDSC = {"fedsc.dim": 16, "fedsc.passes": 1, "fedsc.views-per-pass": 1, "fedsc.knn-k": 5,
          "fedsc.probe-epochs": 1}  # fmt: skip
 # settings an algorithm needs to run small (and the dataset it runs on)
@@ -130,9 +132,7 @@ def run(
     for entry in peaks.values():
         by_role.setdefault(entry["role"], []).append(entry["mb"])
         commands.setdefault(entry["role"], entry["cmd"])
-    summary = {}
-    if (out / "summary.json").exists():
-        summary = json.loads((out / "summary.json").read_text())
+    summary = rundir.read_summary(out)
     return {
         "mode": mode,
         "algorithm": algorithm,
@@ -140,7 +140,7 @@ def run(
         "sampled-per-round": sampled or clients,
         "rounds": rounds,
         "returncode": proc.returncode,
-        "status": summary.get("status", "missing"),
+        "status": summary.status if summary is not None else "missing",
         "seconds": round(seconds, 1),
         "load-average-1min": [round(load_before, 1), round(os.getloadavg()[0], 1)],
         "memory-mb": {

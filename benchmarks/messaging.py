@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pollen.core import rundir
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -42,10 +44,9 @@ def _pollen(args: list[str], cache: Path) -> None:
 
 def _phases(out: Path) -> dict[str, list[dict[str, Any]]]:
     by_phase: dict[str, list[dict[str, Any]]] = {}
-    for line in (out / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        for phase in row["phases"]:
-            by_phase.setdefault(phase["phase"], []).append(phase)
+    for row in rundir.read_rounds(out):
+        for phase in row.phases:
+            by_phase.setdefault(phase.phase, []).append(phase.to_json())
     return by_phase
 
 

@@ -63,6 +63,8 @@ sys.path.insert(0, str(ROOT))
 from load import EXTRA  # noqa: E402  (this directory is on sys.path)
 from messaging import measure_startup  # noqa: E402
 
+from pollen.core import rundir  # noqa: E402  (light: no torch, no Flower)
+
 RESULTS = ROOT / "benchmarks" / "results"
 QUIET = ["--set", "server-eval=false", "--set", "client-timing=true"]
 
@@ -116,43 +118,43 @@ def pollen_run(
             "wall-seconds": round(wall, 2), "tree-peak-rss-mb": memory.peak_mb,
             "tree-peak-pss-mb": memory.peak_pss_mb, "roles": memory.by_role,
         }  # fmt: skip
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = rundir.read_rounds(out)
     steady = rows[1:] if len(rows) > 1 else rows
     phases: dict[str, dict[str, list[float]]] = {}
     for row in steady:
-        for p in row["phases"]:
-            acc = phases.setdefault(p["phase"], {"seconds": [], "push": [], "down": [], "up": []})
-            acc["seconds"].append(p["seconds"])
-            acc["push"].append(p.get("push-seconds", float("nan")))
-            acc["down"].append(p["bytes-sent"] / max(p["sent"], 1))
-            acc["up"].append(p["bytes-received"] / max(p["valid"], 1))
-    client_rows = [json.loads(x) for x in (out / "clients.jsonl").read_text().splitlines()]
-    first = rows[0]["round"]
+        for p in row.phases:
+            acc = phases.setdefault(p.phase, {"seconds": [], "push": [], "down": [], "up": []})
+            acc["seconds"].append(p.seconds)
+            acc["push"].append(p.push_seconds)
+            acc["down"].append(p.bytes_sent / max(p.sent, 1))
+            acc["up"].append(p.bytes_received / max(p.valid, 1))
+    client_rows = rundir.read_clients(out)
+    first = rows[0].round
     timing: dict[str, list[float]] = {}
     for c in client_rows:
-        for key, value in c["metrics"].items():
+        for key, value in c.metrics.items():
             if not (key.startswith("time-") or key in ("peak-rss-mb", "relay-peak-rss-mb")):
                 continue
             # round 1 of a long-lived (simulation) worker includes its imports: left out of
             # the per-message figures, like round 1 of the round times
-            if key in ("time-handler", "time-data") and len(rows) > 1 and c["round"] == first:
+            if key in ("time-handler", "time-data") and len(rows) > 1 and c.round == first:
                 continue
             timing.setdefault(key, []).append(float(value))
-    summary = json.loads((out / "summary.json").read_text())
-    final = (summary.get("final") or {}).get("eval") or {}
-    seconds = [r["seconds"] for r in steady]
-    peaks = [float(c["metrics"].get("peak-rss-mb", "nan")) for c in client_rows]
-    outside = [r["seconds"] - sum(p["seconds"] for p in r["phases"]) for r in steady]
+    summary = rundir.read_summary(out)
+    final = summary.final.eval if summary is not None and summary.final else {}
+    seconds = [r.seconds for r in steady]
+    peaks = [float(c.metrics.get("peak-rss-mb", "nan")) for c in client_rows]
+    outside = [r.seconds - sum(p.seconds for p in r.phases) for r in steady]
     return {
         "algorithm": algorithm,
         "mode": mode,
         "clients": clients,
         "rounds": rounds,
         "wall-seconds": round(wall, 2),
-        "round-seconds-first": rows[0]["seconds"],
+        "round-seconds-first": rows[0].seconds,
         "round-seconds": _median(seconds),
         "server-outside-exchanges-seconds": _median(outside),
-        "server-codec-seconds": _median([r.get("codec-seconds", float("nan")) for r in steady]),
+        "server-codec-seconds": _median([r.codec_seconds for r in steady]),
         "phases": {
             name: {
                 "seconds": _median(acc["seconds"]),
@@ -165,7 +167,7 @@ def pollen_run(
         "client": {
             key: {"median": _median(v), "max": round(max(v), 4)} for key, v in timing.items()
         },
-        "server-peak-rss-mb": summary.get("peak-rss-mb"),
+        "server-peak-rss-mb": summary.peak_rss_mb if summary is not None else None,
         # every process of the run at once (launcher, SuperLink, simulation or SuperNodes, Ray)
         "tree-peak-rss-mb": memory.peak_mb,
         **({"tree-peak-pss-mb": memory.peak_pss_mb, "roles": memory.by_role} if roles else {}),
@@ -485,12 +487,11 @@ def _lost_and_resent(out: Path) -> dict[str, Any]:
         return total
 
     resent = 0
-    with contextlib.suppress(OSError):
-        for line in (out / "events.jsonl").read_text().splitlines():
-            event = json.loads(line)
-            if event.get("event") == "resend":
-                resent += len(event.get("nodes", []))
-    procs = out / "processes"
+    with contextlib.suppress(OSError, rundir.ResultsFileError):
+        for event in rundir.read_events(out):
+            if event.kind == rundir.Event.RESEND:
+                resent += len(event.fields.get("nodes", []))
+    procs = out / rundir.PROCESSES
     return {
         "resent": resent,
         "database-locked": count([procs / "superlink.log"], "database is locked"),

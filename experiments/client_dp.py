@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.robustness import grid_cli, names, rows, run
+from pollen.core import rundir
 
 BASE: dict[str, Any] = {
     "dataset": "mnist-5k",
@@ -101,10 +102,10 @@ def cases(algorithms: Iterable[str], levels: Iterable[str], seeds: Iterable[int]
 
 def epsilon_of(out: Path, name: str, level: str) -> float | None:
     """The epsilon a run's summary states for its guarantee (client-level, or DP-SGD's)."""
-    path = out / "runs" / name / "summary.json"
-    if level == "none" or not path.exists():
+    summary = rundir.read_summary(out / "runs" / name)
+    if level == "none" or summary is None:
         return None
-    privacy = json.loads(path.read_text()).get("privacy", {})
+    privacy = summary.privacy or {}
     entry = privacy.get("example-level" if level == "example" else "client-level", {})
     eps = entry.get("epsilon")
     return float(eps) if isinstance(eps, int | float) else None

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from experiments.fedsc_probe_features import evaluator_of, initial_weights, settings_of, table
+from pollen.core import rundir
 from pollen.core.contracts.fedsc import FedSCSettings
 
 COLUMNS = {
@@ -90,14 +91,14 @@ def main() -> None:
     seeds = sorted({p.parent.name.rpartition("-seed")[2] for p in runs}, key=int)
     for seed in seeds:
         reference = args.out / f"{args.split_of}-seed{seed}"
-        if not (reference / "config.json").exists():
+        if not (reference / rundir.CONFIG).exists():
             raise SystemExit(f"{reference}: no run of --split-of {args.split_of} for seed {seed}")
         base = settings_of(reference)
         views, q = client_views(client_splits(base), args.views)
         mu = FedSCSettings.of(base).mu
         for path in (p for p in runs if p.parent.name.endswith(f"-seed{seed}")):
             method = path.parent.name.rpartition("-seed")[0]
-            if not (path.parent / "config.json").exists():
+            if not (path.parent / rundir.CONFIG).exists():
                 raise SystemExit(f"{path.parent}: final_model.npz without config.json")
             evaluator = evaluator_of(settings_of(path.parent))
             with np.load(path) as saved:

@@ -25,6 +25,7 @@ import numpy as np
 
 from experiments.fedsc_objective import client_splits, client_views, terms
 from experiments.fedsc_probe_features import evaluator_of, settings_of
+from pollen.core import rundir
 from pollen.core.contracts.fedsc import FedSCSettings
 from pollen.core.settings import RunSettings
 
@@ -130,7 +131,7 @@ def main() -> None:
     )
     parser.add_argument("--lr", type=float, default=0.03)
     args = parser.parse_args()
-    for name in ("config.json", "final_model.npz"):
+    for name in (rundir.CONFIG, rundir.FINAL_MODEL):
         if not (args.run / name).exists():
             raise SystemExit(f"{args.run}: no {name} (a run directory of a FedSC experiment?)")
     settings = settings_of(args.run)
@@ -141,7 +142,7 @@ def main() -> None:
 
     torch.manual_seed(0)
     evaluator = evaluator_of(settings)
-    with np.load(args.run / "final_model.npz") as saved:
+    with np.load(args.run / rundir.FINAL_MODEL) as saved:
         start = dict(saved)
     splits = client_splits(settings)
     views, q = client_views(splits, 4)

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from pollen.core import rundir
 
 if TYPE_CHECKING:
     from strategies.fedsc import FedSC, RepresentationEvaluator
@@ -64,8 +65,7 @@ def initial_weights(settings: dict[str, Any]) -> dict[str, np.ndarray]:
 
 
 def settings_of(run: Path) -> dict[str, Any]:
-    settings: dict[str, Any] = json.loads((run / "config.json").read_text())
-    return settings
+    return rundir.read_object(run / rundir.CONFIG)
 
 
 def untrained_key(settings: dict[str, Any]) -> str:

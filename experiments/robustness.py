@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from pollen.core import rundir
 from pollen.core.protection import ATTACKS
 
 RULES: dict[str, dict[str, Any]] = {
@@ -168,11 +169,11 @@ def run_case(case: Federation, out: Path, cache: Path) -> dict[str, Any]:
             server_app(grid, Context(1, 0, {}, RecordDict(), settings))
     except Exception as exc:  # a run that fails is a result too (the rule broke)
         row["error"] = f"{type(exc).__name__}: {exc}"[:300]
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = rundir.read_summary(run_dir)
     row["seconds"] = round(time.perf_counter() - started, 2)
-    final = (summary.get("final") or {}).get("eval") or {}
+    final = summary.final.eval if summary is not None and summary.final else {}
     row["accuracy"] = final.get("test-accuracy")
-    row["status"] = summary.get("status")
+    row["status"] = summary.status if summary is not None else None
     shutil.rmtree(out / "state" / case.name, ignore_errors=True)
     return row
 

@@ -11,7 +11,6 @@ On a machine where torch sees no CUDA GPU it says so in one line and exits 0.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -19,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from pollen.core import rundir
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -68,8 +69,8 @@ def measure(argv: list[str], out: Path, cache: Path) -> dict[str, Any]:
     if done.returncode != 0:
         lines = (done.stderr or done.stdout).strip().splitlines()
         return {"error": lines[-1] if lines else f"exit code {done.returncode}"}
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return {"seconds": float(rows[-1]["seconds"]), "wall": wall}
+    rows = rundir.read_rounds(out)
+    return {"seconds": rows[-1].seconds, "wall": wall}
 
 
 def main(argv: list[str] | None = None) -> int:
