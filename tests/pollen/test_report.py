@@ -9,7 +9,10 @@ from typing import Any
 
 import pytest
 
-from pollen.tools.report import ReportError, load_run, metric_series, write_report, write_tables
+from pollen.tools.plots import metric_series
+from pollen.tools.report import write_report
+from pollen.tools.runs import ReportError, load_run
+from pollen.tools.tables import write_tables
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 ALL_PNGS = ("accuracy.png", "loss.png", "time.png", "bytes.png", "client-accuracy.png")
@@ -401,7 +404,7 @@ def test_unknown_formats_are_refused_in_one_line(
 
 
 def test_a_partition_plot_draws_every_client_and_label_count(tmp_path: Path) -> None:
-    from pollen.tools.report import plot_partition
+    from pollen.tools.plots import plot_partition
 
     summary = {"clients": [
         {"client_id": 0, "train": 150, "train_labels": [100, 50, 0]},
