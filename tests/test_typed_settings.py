@@ -3,9 +3,10 @@ algorithm's group in its contract module), never as `settings["fedsc.mu"]`: a st
 of a settings mapping outside the settings layer fails this test.
 
 The settings layer (pollen/core/settings.py, pollen/core/runconfig.py) resolves, checks and
-compares whole mappings; pollen/tools/report.py and pollen/tools/experiment.py parse files (a
-run's config.json of any version, an experiment's TOML), not a run's settings. Writes
-(`resolved["out-dir"] = ...`, the command line composing a run's settings) are not reads.
+compares whole mappings; `pollen report` (pollen/tools/runs.py, pollen/tools/report.py) and
+pollen/tools/experiment.py parse files (a run's config.json of any version, an experiment's
+TOML), not a run's settings. Writes (`resolved["out-dir"] = ...`, the command line composing a
+run's settings) are not reads.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from pollen.core.runconfig import all_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKED = ("client", "strategies", "server", "models", "federated_data", "pollen")
-SETTINGS_LAYER = {"pollen/core/settings.py", "pollen/core/runconfig.py", "pollen/tools/report.py",
-                  "pollen/tools/experiment.py"}  # fmt: skip
+SETTINGS_LAYER = {"pollen/core/settings.py", "pollen/core/runconfig.py", "pollen/tools/runs.py",
+                  "pollen/tools/report.py", "pollen/tools/experiment.py"}  # fmt: skip
 KEYS = set(all_settings())
 
 

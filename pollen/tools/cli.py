@@ -1077,11 +1077,8 @@ def _add_attack_options(p: argparse.ArgumentParser, who: str) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from pollen.tools.report import (  # lazy: only on this path
-        ReportError,
-        parse_formats,
-        write_report,
-    )
+    from pollen.tools.report import parse_formats, write_report  # lazy: only on this path
+    from pollen.tools.runs import ReportError  # lazy: only on this path
 
     try:
         formats = parse_formats(args.format)
@@ -1186,7 +1183,7 @@ def cmd_data_summary(args: argparse.Namespace) -> int:
         else _format_partition(summary)
     )
     if plot is not None:
-        from pollen.tools.report import plot_partition  # lazy: matplotlib, only with --plot
+        from pollen.tools.plots import plot_partition  # lazy: matplotlib, only with --plot
 
         run = RunSettings.of(resolved)
         plot_partition(summary, plot, _partition_title(resolved, run))
@@ -1195,7 +1192,7 @@ def cmd_data_summary(args: argparse.Namespace) -> int:
 
 
 def _partition_title(resolved: Mapping[str, Scalar], run: RunSettings) -> str:
-    from pollen.tools.report import partition_text  # lazy: only on this path
+    from pollen.tools.runs import partition_text  # lazy: only on this path
 
     partition = partition_text(resolved) or run.partitioner
     return (

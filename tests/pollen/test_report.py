@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from pollen.tools.report import ReportError, load_run, metric_series, write_report, write_tables
+from pollen.tools.report import write_report
+from pollen.tools.runs import ReportError
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 ALL_PNGS = ("accuracy.png", "loss.png", "time.png", "bytes.png", "client-accuracy.png")
@@ -278,43 +279,6 @@ def test_a_plot_without_data_in_a_format_no_longer_asked_for_is_removed(tmp_path
     assert not (out / "accuracy.svg").exists() and not (out / "metrics.csv").exists()
 
 
-def test_the_flat_files_hold_every_round_client_and_the_final_evaluation(tmp_path: Path) -> None:
-    import csv
-
-    out = tmp_path
-    assert write_tables([load_run(SEED0)], out) == ["metrics.csv", "clients.csv"]
-    rows = list(csv.DictReader((out / "metrics.csv").open()))
-    recorded = [json.loads(x) for x in (SEED0 / "metrics.jsonl").read_text().splitlines()]
-    summary = json.loads((SEED0 / "summary.json").read_text())
-    assert [(r["round"], r["stage"]) for r in rows] == [("1", "round"), ("2", "round"),
-                                                       ("2", "final")]  # fmt: skip
-    for row, rec in zip(rows, recorded, strict=False):
-        assert row["run"] == "fedavg-digits-seed0" and row["algorithm"] == "fedavg"
-        assert row["seed"] == "0" and row["dataset"] == "digits"
-        assert float(row["clients.test-accuracy"]) == rec["train"]["test-accuracy"]
-        assert float(row["server.test-accuracy"]) == rec["server-eval"]["test-accuracy"]
-        assert int(row["bytes-sent"]) == rec["bytes-sent"]
-    final = rows[-1]
-    assert float(final["clients.test-accuracy"]) == summary["final"]["eval"]["test-accuracy"]
-    assert final["seconds"] == "" and final["clients.train-loss"] == ""
-    clients = list(csv.DictReader((out / "clients.csv").open()))
-    recorded_clients = (SEED0 / "clients.jsonl").read_text().splitlines()
-    assert len(clients) == len(recorded_clients) == 9  # 3 clients x (2 rounds + final)
-    finals = [c for c in clients if c["stage"] == "final"]
-    assert len(finals) == 3 and {c["round"] for c in finals} == {"2"}  # written as round 3
-    assert {c["phase"] for c in finals} == {"evaluate"}
-    assert all(0.0 <= float(c["test-accuracy"]) <= 1.0 for c in clients)
-
-
-def test_the_flat_files_read_into_pandas(tmp_path: Path) -> None:
-    pd = pytest.importorskip("pandas")
-    write_tables([load_run(SEED0), load_run(SEED1)], tmp_path)
-    metrics = pd.read_csv(tmp_path / "metrics.csv")
-    final = metrics[metrics["stage"] == "final"].set_index("seed")["clients.test-accuracy"]
-    assert final.to_dict() == pytest.approx({0: 0.575, 1: 0.5556}, abs=1e-4)
-    assert str(metrics["round"].dtype) == "int64"
-
-
 def test_seeds_of_one_setting_are_drawn_as_mean_and_std(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -365,20 +329,6 @@ def test_comparing_algorithms_with_their_own_settings_is_no_warning(
     assert capsys.readouterr().err == ""
 
 
-def test_local_tests_after_training_so_its_figures_stay_at_their_round(tmp_path: Path) -> None:
-    """Local's clients test their personal model after the round's training (pollen.core.registry:
-    evaluates_received=False): round r's figure describes model r, and the final evaluation
-    (of the model after the last round) takes the last round's place, not a second point."""
-    fedavg = load_run(make_run(tmp_path, "a", "fedavg", 0.5))
-    local = load_run(make_run(tmp_path, "b", "local", 0.5))
-    assert [x for x, _ in metric_series(fedavg, "accuracy")["clients test-accuracy"]] == [
-        0, 1, 2, 3]  # fmt: skip
-    placed = metric_series(local, "accuracy")["clients test-accuracy"]
-    final = local.summary["final"]["eval"]["test-accuracy"]
-    assert placed == [(1, 0.55), (2, 0.60), (3, final)]
-    assert [x for x, _ in metric_series(local, "loss")["clients train-loss"]] == [1, 2, 3]
-
-
 def test_a_directory_named_after_its_algorithm_is_labelled_once(tmp_path: Path) -> None:
     runs = [make_run(tmp_path, "fedavg", "fedavg", 0.6), make_run(tmp_path, "x", "fedprox", 0.7)]
     out = write_report(runs, tmp_path / "r", formats=("svg",))
@@ -398,23 +348,6 @@ def test_unknown_formats_are_refused_in_one_line(
         "pollen: error: --format 'png,gif': formats are a comma-separated list of png, svg, pdf\n"
     )
     assert not (tmp_path / "r").exists()
-
-
-def test_a_partition_plot_draws_every_client_and_label_count(tmp_path: Path) -> None:
-    from pollen.tools.report import plot_partition
-
-    summary = {"clients": [
-        {"client_id": 0, "train": 150, "train_labels": [100, 50, 0]},
-        {"client_id": 1, "train": 80, "train_labels": [0, 20, 60]},
-    ]}  # fmt: skip
-    plot_partition(summary, tmp_path / "p.svg", "toy, 2 clients")
-    texts = _svg_texts(tmp_path / "p.svg")
-    assert "toy, 2 clients" in texts
-    for count in ("100", "50", "20", "60"):  # every segment says its count
-        assert count in texts
-    assert {"0", "1", "2"} <= set(texts) and "label" in texts
-    plot_partition(summary, tmp_path / "p.png")
-    assert_png(tmp_path / "p.png")
 
 
 def test_a_private_runs_epsilon_is_a_column_of_the_rounds_table(tmp_path: Path) -> None:

@@ -1,0 +1,89 @@
+"""The flat files of `pollen report`, for pandas: metrics.csv (a row per run and round, and
+the final evaluation) and clients.csv (a row per client reply). Columns:
+docs/monitoring.md#reports.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pollen.tools.runs import SECTIONS, Run, as_int, as_number, section_of
+
+METRICS_CSV = "metrics.csv"
+CLIENTS_CSV = "clients.csv"
+RUN_COLUMNS = ("run", "algorithm", "dataset", "seed")
+ROUND_COLUMNS_CSV = ("round", "stage", "seconds", "bytes-sent", "bytes-received")
+
+
+def _run_cells(run: Run) -> dict[str, Any]:
+    return {"run": run.name, "algorithm": run.algorithm, "dataset": run.dataset, "seed": run.seed}
+
+
+def metrics_table(runs: Sequence[Run]) -> tuple[list[str], list[dict[str, Any]]]:
+    """metrics.csv: a row per run and round (stage `round`) and one for the final evaluation
+    (stage `final`, at the last round), metrics as `clients.KEY` and `server.KEY`."""
+    rows: list[dict[str, Any]] = []
+    for run in runs:
+        for row in run.rows:
+            cells = {**_run_cells(run), "round": as_int(row.get("round")), "stage": "round"}
+            for key in ROUND_COLUMNS_CSV[2:]:
+                cells[key] = row.get(key) if as_number(row.get(key)) is not None else None
+            for section, who in SECTIONS:
+                for key, value in section_of(row, section).items():
+                    if as_number(value) is not None:
+                        cells[f"{who}.{key}"] = value
+            rows.append(cells)
+        final = run.final
+        if section_of(final, "eval") or section_of(final, "server-eval"):
+            cells = {**_run_cells(run), "round": run.last_round, "stage": "final"}
+            for section, who in (("eval", "clients"), ("server-eval", "server")):
+                for key, value in section_of(final, section).items():
+                    if as_number(value) is not None:
+                        cells[f"{who}.{key}"] = value
+            rows.append(cells)
+    metric_cols = sorted({k for r in rows for k in r} - set(RUN_COLUMNS) - set(ROUND_COLUMNS_CSV))
+    return [*RUN_COLUMNS, *ROUND_COLUMNS_CSV, *metric_cols], rows
+
+
+def clients_table(runs: Sequence[Run]) -> tuple[list[str], list[dict[str, Any]]]:
+    """clients.csv: a row per client reply with metrics (clients.jsonl), flat; the final
+    evaluation's replies (written as round N+1) have stage `final` and round N."""
+    rows: list[dict[str, Any]] = []
+    for run in runs:
+        for row in run.clients:
+            rnd = as_int(row.get("round"))
+            final = rnd is not None and run.is_final(rnd)
+            cells = {
+                **_run_cells(run),
+                "round": run.planned_rounds if final else rnd,
+                "stage": "final" if final else "round",
+                "client-id": as_int(row.get("client-id")),
+                "phase": row.get("phase"),
+            }
+            for key, value in section_of(row, "metrics").items():
+                if as_number(value) is not None:
+                    cells[str(key)] = value
+            rows.append(cells)
+    head = [*RUN_COLUMNS, "round", "stage", "client-id", "phase"]
+    return head + sorted({k for r in rows for k in r} - set(head)), rows
+
+
+def _write_csv(path: Path, table: tuple[list[str], list[dict[str, Any]]]) -> bool:
+    columns, rows = table
+    if not rows:
+        return False
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns, restval="")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
+    return True
+
+
+def write_tables(runs: Sequence[Run], out: Path) -> list[str]:
+    """metrics.csv and clients.csv (each only when it has a row); returns the names written."""
+    tables = ((METRICS_CSV, metrics_table(runs)), (CLIENTS_CSV, clients_table(runs)))
+    return [name for name, table in tables if _write_csv(out / name, table)]
