@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from pollen.tools.launcher import Progress
-from pollen.tools.progress import PlainView, RichView, State, clock_text
+from pollen.tools import follow as following
+from pollen.tools.processes import DiskFull, LaunchError
+from pollen.tools.progress import PlainView, Progress, RichView, State, clock_text
 
 
 def _write(path: Path, rows: list[dict]) -> None:
@@ -279,8 +280,6 @@ def _follow(
     start_timeout: float = 300.0,
     fed_out: list | None = None,
 ) -> tuple:
-    import pollen.tools.launcher as launcher
-
     def tick(now: float) -> None:
         if (
             summary_at is not None
@@ -290,27 +289,25 @@ def _follow(
             (tmp_path / "summary.json").write_text("{}")
 
     clock = _Clock(tick)
-    monkeypatch.setattr(launcher, "time", clock)
+    monkeypatch.setattr(following, "time", clock)
     fed = _Federation(clock, finished_at)
     fed.full_at = full_at
     if fed_out is not None:
         fed_out.append(fed)
-    status = launcher.follow(fed, "1", tmp_path, timeout=1000, stream=io.StringIO(),  # type: ignore[arg-type]
-                             start_timeout=start_timeout)  # fmt: skip
+    status = following.follow(fed, "1", tmp_path, timeout=1000, stream=io.StringIO(),  # type: ignore[arg-type]
+                              start_timeout=start_timeout)  # fmt: skip
     return status, fed.queries, clock.now
 
 
 def test_follow_stops_a_run_whose_serverapp_never_starts(tmp_path: Path, monkeypatch) -> None:
     """Nothing in the results directory `start_timeout` seconds after the submission: the run
     is stopped with one line, instead of "waiting for the ServerApp to start" for ever."""
-    import pollen.tools.launcher as launcher
-
     feds: list = []
     says = r"wrote nothing to .* within 60 s of the submission \(--start-timeout\)"
-    with pytest.raises(launcher.LaunchError, match=says) as info:
+    with pytest.raises(LaunchError, match=says) as info:
         _follow(tmp_path, finished_at=1e9, summary_at=None, monkeypatch=monkeypatch,
                 start_timeout=60.0, fed_out=feds)  # fmt: skip
-    assert not isinstance(info.value, launcher.DiskFull)
+    assert not isinstance(info.value, DiskFull)
     assert feds[0].stopped == ["1"]
     assert 60.0 < feds[0].clock.now < 62.0
 
@@ -325,10 +322,8 @@ def test_follow_lets_a_started_serverapp_run_past_the_start_timeout(
 
 
 def test_follow_stops_the_run_when_a_process_logs_a_full_disk(tmp_path: Path, monkeypatch) -> None:
-    import pollen.tools.launcher as launcher
-
     feds: list = []
-    with pytest.raises(launcher.DiskFull, match="superlink could not write"):
+    with pytest.raises(DiskFull, match="superlink could not write"):
         _follow(tmp_path, finished_at=1e9, summary_at=None, monkeypatch=monkeypatch,
                 full_at=20.0, fed_out=feds)  # fmt: skip
     assert feds[0].stopped == ["1"] and 20.0 <= feds[0].clock.now < 21.0
@@ -355,13 +350,11 @@ def test_follow_asks_again_soon_when_the_run_ends_after_its_summary(
     """Flower reports the run finished once the ServerApp has exited, after the summary: the
     status is asked every STATUS_POLL_ENDING seconds from the summary on, not at the grown
     interval (up to 15 s)."""
-    import pollen.tools.launcher as launcher
-
     status, queries, ended = _follow(
         tmp_path, finished_at=101.2, summary_at=100.0, monkeypatch=monkeypatch
     )
     assert status["status"] == "finished:completed"
-    assert ended <= 101.2 + launcher.STATUS_POLL_ENDING + 0.6
+    assert ended <= 101.2 + following.STATUS_POLL_ENDING + 0.6
     after = [q for q in queries if q >= 100.0]
     assert len(after) >= 2 and all(b - a >= 1.0 for a, b in itertools.pairwise(after))
 
@@ -392,12 +385,12 @@ def test_follow_notices_a_run_that_ends_without_a_summary(tmp_path: Path, monkey
 def test_a_status_query_that_times_out_is_unknown_not_fatal(tmp_path: Path, monkeypatch) -> None:
     import subprocess
 
-    from pollen.tools.launcher import Federation
+    from pollen.tools.local_federation import LocalFederation
 
     def slow(*args: object, **kwargs: object) -> None:
         raise subprocess.TimeoutExpired(cmd="flwr ls", timeout=120)
 
-    fed = Federation(tmp_path / "fed")
+    fed = LocalFederation(tmp_path / "fed")
     monkeypatch.setattr(subprocess, "run", slow)  # the CLI process does not answer in time
     assert fed.run_status("1") == {}
 
@@ -405,12 +398,12 @@ def test_a_status_query_that_times_out_is_unknown_not_fatal(tmp_path: Path, monk
 def test_a_server_log_query_that_times_out_leaves_a_note(tmp_path: Path, monkeypatch) -> None:
     import subprocess
 
-    from pollen.tools.launcher import Federation
+    from pollen.tools.local_federation import LocalFederation
 
     def slow(*args: object, **kwargs: object) -> None:
         raise subprocess.TimeoutExpired(cmd="flwr log", timeout=60)
 
-    fed = Federation(tmp_path / "fed")
+    fed = LocalFederation(tmp_path / "fed")
     monkeypatch.setattr(subprocess, "run", slow)  # the CLI process does not answer in time
     assert "unavailable" in fed.server_log("7")
     fed.stop_run("7")  # best effort, no exception
