@@ -305,12 +305,13 @@ def flower_app_dir(work: Path) -> Path:
 
 def flower_run(mode: str, clients: int, rounds: int, out: Path, cache: Path) -> dict[str, Any]:
     from pollen.core.runconfig import resolve
-    from pollen.tools.launcher import Federation, follow
+    from pollen.tools.follow import follow
+    from pollen.tools.local_federation import LocalFederation
 
     os.environ.update(_env(cache))
     resolved = resolve({"num-clients": clients, "num-rounds": rounds, "run-name": out.name})
     resolved["out-dir"] = str(out.resolve())
-    fed = Federation(out / "processes", resident_workers=False)  # Flower's ClientApp: no relay
+    fed = LocalFederation(out / "processes", resident_workers=False)  # Flower's ClientApp: no relay
     started = time.monotonic()
     memory = TreeMemory(os.getpid()).__enter__()  # this process and the run it starts
     try:
@@ -412,7 +413,7 @@ def part_resident(args: argparse.Namespace, work: Path, cache: Path) -> dict[str
     """The resident worker's other figures, in deployment with 2 SuperNodes: the no-op round
     with the SuperExecs' task poll at Flower's 1 s and at Pollen's interval, alternating; and
     a long FedAvg run's memory per node (worker and relay) from its first to its last round."""
-    from pollen.tools.launcher import TASK_POLL_INTERVAL
+    from pollen.tools.processes import TASK_POLL_INTERVAL
 
     rows: list[dict[str, Any]] = []
     for repeat in range(args.repeats):

@@ -29,24 +29,17 @@ from pollen.core.protection import NODE_ATTACKS, DPSettings
 from pollen.core.settings import RunSettings, Scalar, SettingsError
 from pollen.tools import board, preflight
 from pollen.tools.diagnosis import no_space
-from pollen.tools.launcher import (
-    START_TIMEOUT,
+from pollen.tools.follow import START_TIMEOUT, follow
+from pollen.tools.local_federation import (
     TLS,
-    DiskFull,
-    Federation,
-    LaunchError,
+    LocalFederation,
     allow_list,
-    app_runner_argv,
-    bin_path,
-    follow,
-    free_port,
     load_certificate,
     node_key,
-    runner_secret,
-    serve_node,
-    supernode_argv,
     tls_args_superlink,
 )
+from pollen.tools.node_service import app_runner_argv, runner_secret, serve_node, supernode_argv
+from pollen.tools.processes import DiskFull, LaunchError, bin_path, free_port
 
 
 # ---- settings from the command line ----------------------------------------------------------
@@ -183,7 +176,7 @@ class Watch:
     tensorboard: Path | None = None
     """TensorBoard writes to this directory's subdirectory named after the results one."""
     start_timeout: float = START_TIMEOUT
-    """Seconds the ServerApp may take to start (pollen.tools.launcher.follow)."""
+    """Seconds the ServerApp may take to start (pollen.tools.follow.follow)."""
 
     @classmethod
     def of(cls, args: argparse.Namespace) -> Watch:
@@ -278,7 +271,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     attackers = _attack_nodes(args, n) if attack else []
     keys = [node_key(args.tls_dir, i) for i in range(n)] if args.auth else []
     # a SuperNode that dies is restarted on its partition and state (docs/reliability.md)
-    fed = Federation(
+    fed = LocalFederation(
         out / rundir.PROCESSES,
         restart_nodes=True,
         events=out / rundir.EVENTS,
@@ -343,7 +336,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     run = RunSettings.of(resolved)
     out, n = Path(run.out_dir), run.num_clients
     num_gpus = _simulation_gpus(args.gpus_per_client, run.device, ray_address is not None)
-    fed = Federation(out / rundir.PROCESSES)
+    fed = LocalFederation(out / rundir.PROCESSES)
     # the SuperLink's environment reaches the simulation process, whose ray.init() reads it;
     # "local": a Ray instance of its own, never a cluster `ray start` left on this machine
     fed.env["RAY_ADDRESS"] = ray_address or "local"
@@ -540,7 +533,7 @@ RUNTIME_START_FAILURE = "timed out during startup"
 
 
 def simulate_run(
-    fed: Federation,
+    fed: LocalFederation,
     resolved: dict[str, Scalar],
     timeout: float,
     watch: Watch = Watch(),
@@ -581,7 +574,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _one_client_per_node(RunSettings.of(resolved))
     out = Path(RunSettings.of(resolved).out_dir)
     fresh = not out.exists()
-    fed = Federation(out / rundir.PROCESSES, signing_key=signing_key)
+    fed = LocalFederation(out / rundir.PROCESSES, signing_key=signing_key)
     fed.write_connection(
         args.superlink, Path(args.root_certificates) if args.root_certificates else None
     )
@@ -660,7 +653,7 @@ def _record_restarts(summary_path: Path, restarts: list[dict[str, Any]]) -> None
 
 
 def _run_and_report(
-    fed: Federation, resolved: dict[str, Scalar], timeout: float, watch: Watch = Watch()
+    fed: LocalFederation, resolved: dict[str, Scalar], timeout: float, watch: Watch = Watch()
 ) -> int:
     run = RunSettings.of(resolved)
     out = Path(run.out_dir)
@@ -864,7 +857,7 @@ def _serve_supervised(argv: list[str], args: argparse.Namespace, tls: TLS | None
     if ready is not None:
         ready.unlink(missing_ok=True)  # a restarted server is not ready until it says so again
     scratch = None if args.workdir else Path(tempfile.mkdtemp(prefix="superlink-"))
-    fed = Federation(scratch or Path(args.workdir))
+    fed = LocalFederation(scratch or Path(args.workdir))
     print("starting:", " ".join(argv), flush=True)
     proc = fed.spawn("superlink", [bin_path(argv[0]), *argv[1:]], console=True)
     try:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from pollen.tools import cli
-from pollen.tools.launcher import TLS
+from pollen.tools.local_federation import TLS
 from tests.deploy.compose import COMPOSE, GPU, INSECURE, ROOT, commands, load, merged
 
 VARIANTS = {"tls": (COMPOSE,), "insecure": (COMPOSE, INSECURE), "gpu": (COMPOSE, GPU)}

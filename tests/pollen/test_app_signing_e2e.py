@@ -15,7 +15,9 @@ import pytest
 
 from pollen.core.runconfig import resolve
 from pollen.core.settings import Scalar
-from pollen.tools.launcher import Federation, free_port, supernode_argv
+from pollen.tools.local_federation import LocalFederation
+from pollen.tools.node_service import supernode_argv
+from pollen.tools.processes import free_port
 from pollen.tools.signing import (
     SIGNATURE_FILE,
     generate_key,
@@ -28,7 +30,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 FOREIGN = Path(__file__).resolve().parent / "foreign_app"
 
 
-def _finished(fed: Federation, run_id: str, timeout: float = 240) -> dict[str, object]:
+def _finished(fed: LocalFederation, run_id: str, timeout: float = 240) -> dict[str, object]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status = fed.run_status(run_id)
@@ -38,7 +40,7 @@ def _finished(fed: Federation, run_id: str, timeout: float = 240) -> dict[str, o
     raise AssertionError(f"run {run_id} did not finish within {timeout} s")
 
 
-def _foreign_replies(fed: Federation, run_id: str) -> list[str]:
+def _foreign_replies(fed: LocalFederation, run_id: str) -> list[str]:
     _finished(fed, run_id)
     log = fed.server_log(run_id)
     return [line.split("foreign app reply:", 1)[1].strip() for line in log.splitlines()
@@ -48,7 +50,7 @@ def _foreign_replies(fed: Federation, run_id: str) -> list[str]:
 def test_only_the_operators_signed_app_runs_on_the_supernodes(
     tmp_path: Path, shared_cache: Path
 ) -> None:
-    fed = Federation(tmp_path / "fed")
+    fed = LocalFederation(tmp_path / "fed")
     fed.sign_apps_with_new_key()
     operator = fed.signing_key
     assert operator is not None
@@ -107,7 +109,7 @@ def test_flowers_own_trusted_entities_refuse_even_the_operators_bundle(tmp_path:
     """Why Pollen signs bundles itself: a SuperNode started with Flower 1.39's
     `--trusted-entities` refuses a bundle submitted from a directory whoever signed it, since
     only apps from Flower's online hub carry verification records."""
-    fed = Federation(tmp_path / "fed")
+    fed = LocalFederation(tmp_path / "fed")
     key = tmp_path / "operator.key"
     generate_key(key)
     entities = tmp_path / "trusted-entities.yaml"

@@ -193,7 +193,7 @@ def test_simulate_results_do_not_depend_on_the_packing_or_parallelism(
 
 def test_server_client_and_run_commands(tmp_path: Path, shared_cache: Path) -> None:
     """The multi-machine path, on loopback: `pollen server`, two `pollen client`, `pollen run`."""
-    from pollen.tools.launcher import free_port
+    from pollen.tools.processes import free_port
 
     port, fleet = free_port(), free_port()
     base = dict(os.environ, POLLEN_CACHE_DIR=str(shared_cache), FLWR_TELEMETRY_ENABLED="0")

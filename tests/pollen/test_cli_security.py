@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pollen.tools import cli
-from pollen.tools.launcher import allow_list, node_key
+from pollen.tools.local_federation import allow_list, node_key
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "generate-certs.sh"
 

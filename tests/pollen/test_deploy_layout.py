@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import pytest
 
 from pollen.tools import cli
-from pollen.tools.launcher import Federation
+from pollen.tools.local_federation import LocalFederation
 
 
 class RecordingFederation:
@@ -56,7 +56,7 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
         submitted.append(resolved)
         return 0
 
-    monkeypatch.setattr(cli, "Federation", RecordingFederation)
+    monkeypatch.setattr(cli, "LocalFederation", RecordingFederation)
     monkeypatch.setattr(cli, "_run_and_report", record)
     monkeypatch.setattr(cli, "simulate_run", record)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
@@ -95,13 +95,13 @@ def test_task_polls_spread_with_the_nodes_per_core(
 ) -> None:
     monkeypatch.delenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", raising=False)
     monkeypatch.setattr("os.cpu_count", lambda: 2)
-    fed = Federation(tmp_path / "a")
+    fed = LocalFederation(tmp_path / "a")
     fed.spread_task_polls(17)
     assert fed.env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "0.85"
     fed.spread_task_polls(2)
     assert fed.env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "0.1"
     monkeypatch.setenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.5")  # the operator's is kept
-    fed = Federation(tmp_path / "b")
+    fed = LocalFederation(tmp_path / "b")
     before = fed.env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"]
     fed.spread_task_polls(17)
     assert fed.env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == before
@@ -110,7 +110,7 @@ def test_task_polls_spread_with_the_nodes_per_core(
 def test_lost_messages_names_the_database_lock_and_the_nodes_that_could_not_send(
     tmp_path: Path,
 ) -> None:
-    fed = Federation(tmp_path / "processes")
+    fed = LocalFederation(tmp_path / "processes")
     assert fed.lost_messages() == ""
     (fed.workdir / "superlink.log").write_text(
         "ERROR: (sqlite3.OperationalError) database is locked\nINFO ok\n"

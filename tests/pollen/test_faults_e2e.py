@@ -24,7 +24,7 @@ from client.app import app as client_app
 from client.state import StateStore
 from pollen.core.runconfig import resolve
 from pollen.core.rundir import read_jsonl
-from pollen.tools.launcher import Federation
+from pollen.tools.local_federation import LocalFederation
 from server.app import app as server_app
 from tests.fakes import FakeGrid
 from tests.pollen.test_cli_e2e import POLLEN, _processes_under
@@ -44,8 +44,10 @@ def _settings(out: Path, cache: Path, **extra: Any) -> dict[str, Any]:
 
 
 @contextmanager
-def _federation(workdir: Path, state_dir: Path, n: int = 3) -> Iterator[tuple[Federation, str]]:
-    fed = Federation(workdir)
+def _federation(
+    workdir: Path, state_dir: Path, n: int = 3
+) -> Iterator[tuple[LocalFederation, str]]:
+    fed = LocalFederation(workdir)
     try:
         _, fleet_port = fed.start_superlink()
         fleet = f"127.0.0.1:{fleet_port}"
@@ -78,7 +80,7 @@ def _rounds(out: Path, count: int) -> Callable[[], bool]:
     return lambda: len(read_jsonl(out / "metrics.jsonl")) >= count
 
 
-def _finish(fed: Federation, run_id: str, timeout: float = 400) -> dict[str, Any]:
+def _finish(fed: LocalFederation, run_id: str, timeout: float = 400) -> dict[str, Any]:
     status: dict[str, Any] = {}
 
     def finished() -> bool:
@@ -89,7 +91,7 @@ def _finish(fed: Federation, run_id: str, timeout: float = 400) -> dict[str, Any
     return status
 
 
-def _node(fed: Federation, partition: int) -> subprocess.Popen[bytes]:
+def _node(fed: LocalFederation, partition: int) -> subprocess.Popen[bytes]:
     return next(p.popen for p in fed.procs if p.name == f"supernode-{partition}")
 
 

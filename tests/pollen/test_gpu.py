@@ -17,8 +17,10 @@ import torch
 
 from pollen.core import registry, runconfig
 from pollen.core.settings import SettingsError, parse_assignments
-from pollen.tools import cli, launcher
-from pollen.tools.launcher import Federation, bin_path, serve_node
+from pollen.tools import cli, node_service, processes
+from pollen.tools.local_federation import LocalFederation
+from pollen.tools.node_service import serve_node
+from pollen.tools.processes import bin_path
 
 ROOT = Path(__file__).resolve().parents[2]
 SIMULATE = ["simulate", "--dataset", "digits", "--clients", "2", "--rounds", "1"]
@@ -31,7 +33,7 @@ def _cuda(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
 
 
 class FakeFederation:
-    """What cmd_simulate and cmd_deploy ask of a Federation, recorded."""
+    """What cmd_simulate and cmd_deploy ask of a LocalFederation, recorded."""
 
     made: ClassVar[list[FakeFederation]] = []
 
@@ -73,7 +75,7 @@ class FakeFederation:
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[FakeFederation]]:
     FakeFederation.made = []
-    monkeypatch.setattr(cli, "Federation", FakeFederation)
+    monkeypatch.setattr(cli, "LocalFederation", FakeFederation)
     monkeypatch.setattr(cli, "_run_and_report", lambda *a, **k: 0)
     monkeypatch.setattr(cli, "simulate_run", lambda *a, **k: 0)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
@@ -116,7 +118,7 @@ def test_without_gpus_clients_reserve_none(
 def test_configure_simulation_passes_the_share_to_flower(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fed = Federation(tmp_path / "w")
+    fed = LocalFederation(tmp_path / "w")
     calls: list[tuple[str, ...]] = []
 
     def flwr(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -226,7 +228,7 @@ def test_a_ray_address_nobody_answers_is_one_line(
     fake: list[FakeFederation], tmp_path: Path, shared_cache: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
-    address = f"127.0.0.1:{launcher.free_port()}"
+    address = f"127.0.0.1:{processes.free_port()}"
     assert _main([*SIMULATE, "--ray-address", address], tmp_path, shared_cache) == 2
     _one_error_line(capsys, "no Ray cluster answers there")
     assert fake == []
@@ -276,13 +278,13 @@ def test_absent_gpus_stop_deploy_before_anything_starts(
 def test_start_supernode_puts_the_gpu_into_the_nodes_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The real Federation.start_supernode: env_extra reaches the process it spawns."""
-    fed = Federation(tmp_path / "w")
+    """The real LocalFederation.start_supernode: env_extra reaches the process it spawns."""
+    fed = LocalFederation(tmp_path / "w")
     spawned: dict[str, dict[str, str]] = {}
 
     def spawn(name: str, argv: Any, env: Any = None, **kwargs: Any) -> Any:
         spawned[name] = dict(env)
-        return launcher.Proc(name, None, tmp_path / "log")  # type: ignore[arg-type]
+        return processes.Proc(name, None, tmp_path / "log")  # type: ignore[arg-type]
 
     monkeypatch.setattr(fed, "spawn", spawn)
     fed.start_supernode(0, 2, "127.0.0.1:1", env_extra={"CUDA_VISIBLE_DEVICES": "1"})
@@ -338,7 +340,7 @@ def test_serve_node_passes_env_extra_to_the_node(
     monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """The real serve_node, with a stand-in for flower-supernode that prints its device."""
-    monkeypatch.setattr(launcher.signal, "signal", lambda *a: None)  # keep pytest's handlers
+    monkeypatch.setattr(node_service.signal, "signal", lambda *a: None)  # keep pytest's handlers
     program = "import os; print('visible=' + os.environ['CUDA_VISIBLE_DEVICES'])"
     argv = [Path(sys.executable).name, "-c", program]
     assert serve_node(argv, None, "x:1", None, env_extra={"CUDA_VISIBLE_DEVICES": "3"}) == 0

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from pollen.tools.launcher import TLS, Federation, Proc, free_port, node_key, supernode_argv
+from pollen.tools.local_federation import TLS, LocalFederation, node_key
+from pollen.tools.node_service import supernode_argv
+from pollen.tools.processes import Proc, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "generate-certs.sh"
@@ -27,11 +29,11 @@ def _exit_code(proc: Proc, timeout: float = 90) -> int:
     return proc.popen.wait(timeout=timeout)
 
 
-def _statuses(fed: Federation) -> dict[str, str]:
+def _statuses(fed: LocalFederation) -> dict[str, str]:
     return {str(n["node-id"]): str(n["status"]) for n in fed.nodes()}
 
 
-def _wait_status(fed: Federation, status: str, timeout: float = 60) -> dict[str, str]:
+def _wait_status(fed: LocalFederation, status: str, timeout: float = 60) -> dict[str, str]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         nodes = _statuses(fed)
@@ -45,7 +47,7 @@ def test_allow_list_ca_and_identity_across_restarts(tmp_path: Path) -> None:
     certs = _certs(tmp_path / "certs", "--nodes", "2")
     other = TLS.from_dir(_certs(tmp_path / "other-ca"))
     tls = TLS.from_dir(certs)
-    fed = Federation(tmp_path / "fed")
+    fed = LocalFederation(tmp_path / "fed")
     try:
         _, fleet = fed.start_superlink(tls=tls, auth=True)
         registered = certs / "supernodes" / "node-0.pub"

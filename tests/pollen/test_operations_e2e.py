@@ -16,7 +16,7 @@ import pytest
 
 from client import relay, resident
 from pollen.core.rundir import read_jsonl
-from pollen.tools.launcher import free_port
+from pollen.tools.processes import free_port
 from tests.pollen.test_cli_e2e import POLLEN, _processes_under
 from tests.pollen.test_faults_e2e import TIMEOUT, _digests, _started, _wait
 

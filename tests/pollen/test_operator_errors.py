@@ -23,7 +23,7 @@ from flwr.app import Context, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 from client.app import app as client_app
-from pollen.tools.launcher import Progress
+from pollen.tools.progress import Progress
 from server.app import app as server_app
 from tests.fakes import FakeGrid, settings_of
 from tests.pollen.test_cli_e2e import POLLEN, _processes_under
@@ -251,7 +251,7 @@ def test_a_mistake_is_one_line_before_anything_starts(
         if torch.cuda.is_available():
             pytest.skip("this machine has a CUDA GPU")
     before = _digests(world / "done")
-    from pollen.tools.launcher import free_port
+    from pollen.tools.processes import free_port
 
     argv = [a.replace("{w}", str(world)).replace("{taken}", str(taken_port))
             .replace("{free}", str(free_port())) for a in args]  # fmt: skip

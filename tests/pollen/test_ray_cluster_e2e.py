@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pollen.tools.launcher import free_port
+from pollen.tools.processes import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 RAY = Path(sys.executable).parent / "ray"

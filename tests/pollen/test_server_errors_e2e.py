@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pollen.tools.launcher import free_port
+from pollen.tools.processes import free_port
 from tests.pollen.test_cli_e2e import POLLEN, _processes_under
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

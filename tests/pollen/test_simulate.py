@@ -52,7 +52,7 @@ def _simulate(
         (out / "server.log").write_text(f"Exception: {failure}\n" if failure else "done\n")
         return 1 if failure else 0
 
-    monkeypatch.setattr(cli, "Federation", FakeFederation)
+    monkeypatch.setattr(cli, "LocalFederation", FakeFederation)
     monkeypatch.setattr(cli, "_run_and_report", fake_run_and_report)
     monkeypatch.setattr(cli.time, "sleep", lambda seconds: None)
     argv = ["simulate", "--dataset", "digits", "--clients", "2", "--rounds", "1", "--out",

@@ -1,5 +1,5 @@
-"""The launcher's watch over Flower's processes: a full disk in their logs, a node that dies on
-a full disk."""
+"""The watch over Flower's processes (pollen.tools.processes): a full disk in their logs, a node
+that dies on a full disk."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from pollen.tools import launcher
-from pollen.tools.launcher import DiskFull, Federation
+from pollen.tools import processes
+from pollen.tools.processes import DiskFull, Supervisor
 
 
 def test_a_full_disk_in_a_log_is_news_only_once_and_only_if_new(tmp_path: Path) -> None:
-    """`Federation.disk_full` reads what each process's log gained: a full disk an earlier
+    """`Supervisor.disk_full` reads what each process's log gained: a full disk an earlier
     process logged (the log of the run a resume continues) is not news."""
-    fed = Federation(tmp_path)
+    fed = Supervisor(tmp_path)
     (tmp_path / "superlink.log").write_text("ERROR: (sqlite3.OperationalError) database or "
                                             "disk is full\n")  # fmt: skip
     proc = fed.spawn("superlink", ["sleep", "30"])
@@ -33,16 +33,16 @@ def test_a_node_that_dies_on_a_full_disk_is_not_restarted(
 ) -> None:
     """`pollen deploy` restarts a SuperNode that dies, except when the disk is full: a node
     restarted there would die again, 8 times over two minutes, before the run failed."""
-    fed = Federation(tmp_path, restart_nodes=True)
+    fed = Supervisor(tmp_path, restart_nodes=True)
     node = fed.spawn("supernode-0", ["true"])
-    fed.started_nodes[0] = launcher.Node(0, lambda: [fed.spawn("supernode-0", ["true"])], [node])
+    fed.started_nodes[0] = processes.Node(0, lambda: [fed.spawn("supernode-0", ["true"])], [node])
     node.popen.wait()
-    monkeypatch.setattr(launcher, "free_mb", lambda path: 0.0)
+    monkeypatch.setattr(processes, "free_mb", lambda path: 0.0)
     with pytest.raises(
         DiskFull, match=r"no space left on device in .* supernode-0 exited \(code 0\)"
     ):
         fed.check_alive()
-    monkeypatch.setattr(launcher, "free_mb", lambda path: 500.0)
+    monkeypatch.setattr(processes, "free_mb", lambda path: 500.0)
     fed.check_alive()  # room on the disk: noted for a restart after the backoff
     assert fed.started_nodes[0].died_at is not None
     fed.stop()
