@@ -19,11 +19,11 @@ the last round, as `pollen report` places them.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pollen.core.runconfig import model_round
+from pollen.core.rundir import ClientRow, RoundRow, Summary
 
 INSTALL_HINT = "pip install 'pollen[tensorboard]' (in a checkout: pip install -e '.[tensorboard]')"
 
@@ -59,36 +59,24 @@ class Board:
             return self.num_rounds
         return model_round(self.algorithm, key, rnd)
 
-    def round(self, row: Mapping[str, Any]) -> None:
-        rnd = _number(row.get("round"))
-        if rnd is None:
-            return
-        r = int(rnd)
-        for section, who in (("train", "clients"), ("server-eval", "server")):
-            metrics = row.get(section)
-            for key, value in (metrics.items() if isinstance(metrics, Mapping) else ()):
+    def round(self, row: RoundRow) -> None:
+        r = row.round
+        for who, metrics in (("clients", row.train), ("server", row.server_eval or {})):
+            for key, value in metrics.items():
                 y = _number(value)
                 if y is None or str(key).endswith("examples"):
                     continue
                 step = self._step(str(key), r) if who == "clients" else r
                 self.writer.add_scalar(f"{who}/{key}", y, step)
                 self._written.add((f"{who}/{key}", step))
-        seconds = _number(row.get("seconds"))
-        if seconds is not None:
-            self.writer.add_scalar("round/seconds", seconds, r)
-        sent = [_number(row.get(k)) for k in ("bytes-sent", "bytes-received")]
-        if any(v is not None for v in sent):
-            self.writer.add_scalar("round/MB", sum(v or 0.0 for v in sent) / 1e6, r)
+        self.writer.add_scalar("round/seconds", row.seconds, r)
+        self.writer.add_scalar("round/MB", (row.bytes_sent + row.bytes_received) / 1e6, r)
         self._histograms(upto=r)
         self.writer.flush()
 
-    def client(self, row: Mapping[str, Any]) -> None:
-        rnd = _number(row.get("round"))
-        metrics = row.get("metrics")
-        if rnd is None or not isinstance(metrics, Mapping):
-            return
-        per_key = self._clients.setdefault(int(rnd), {})
-        for key, value in metrics.items():
+    def client(self, row: ClientRow) -> None:
+        per_key = self._clients.setdefault(row.round, {})
+        for key, value in row.metrics.items():
             y = _number(value)
             if y is not None and not str(key).endswith("examples"):
                 per_key.setdefault(str(key), []).append(y)
@@ -101,15 +89,14 @@ class Board:
                 step = self._step(key, rnd)
                 self.writer.add_histogram(f"per-client/{key}", np.asarray(values), step)
 
-    def close(self, summary: Mapping[str, Any] | None) -> None:
+    def close(self, summary: Summary | None) -> None:
         """The final evaluation (from summary.json) at the last round where no round measured
         that model already (Local's), then the files closed."""
-        final = summary.get("final") if isinstance(summary, Mapping) else None
-        rounds = _number(summary.get("rounds")) if isinstance(summary, Mapping) else None
-        last = int(rounds) if rounds is not None else self.num_rounds
-        evaluation = final.get("eval") if isinstance(final, Mapping) else None
-        if isinstance(evaluation, Mapping) and last:
-            for key, value in evaluation.items():
+        rounds = summary.rounds if summary is not None else None
+        last = rounds if rounds is not None else self.num_rounds
+        final = summary.final if summary is not None else None
+        if final is not None and last:
+            for key, value in final.eval.items():
                 y = _number(value)
                 tag = f"clients/{key}"
                 if y is None or not str(key).startswith("test-") or (tag, last) in self._written:

@@ -39,7 +39,7 @@ from typing import Any
 import tomllib
 
 from pollen.core.runconfig import foreign_settings, resolve
-from pollen.core.rundir import completed, resumable, summary_of
+from pollen.core.rundir import Summary, completed, read_summary, resumable
 from pollen.core.settings import SettingsError, toml_value
 
 
@@ -146,15 +146,17 @@ SERVER_EVAL = "server-eval."
 """Prefix of a metric taken from the final server-side evaluation instead of the clients'."""
 
 
-def final_value(summary: Mapping[str, Any], metric: str) -> float | None:
+def final_value(summary: Summary, metric: str) -> float | None:
     """A metric of a run's final evaluation: the clients' (`final.eval`), or with the
     `server-eval.` prefix the server's (`final.server-eval`); None when the run has none."""
-    final = summary.get("final") or {}
+    final = summary.final
+    if final is None:
+        return None
     if metric.startswith(SERVER_EVAL):
-        values = final.get("server-eval") or {}
+        values = final.server_eval or {}
         metric = metric.removeprefix(SERVER_EVAL)
     else:
-        values = final.get("eval") or {}
+        values = final.eval
     return float(values[metric]) if metric in values else None
 
 
@@ -168,12 +170,14 @@ def tabulate(exp: Experiment, out: Path) -> dict[str, Any]:
             target = run_dir(out, method, seed)
             if not completed(target):
                 continue
-            summary = summary_of(target) or {}
+            summary = read_summary(target)
+            if summary is None:
+                continue
             for metric in exp.metrics:
                 value = final_value(summary, metric)
                 if value is not None:
                     per_metric[metric].append(value)
-            seconds.append(float(summary.get("seconds", 0.0)))
+            seconds.append(summary.seconds)
         table["methods"][method] = {
             metric: {
                 "mean": statistics.fmean(v) if v else None,

@@ -28,7 +28,19 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from pollen.core.protocol import HELLO
-from pollen.core.rundir import CLIENTS, EVENTS, METRICS, SUMMARY, Event, Tail, summary_of
+from pollen.core.rundir import (
+    CLIENTS,
+    EVENTS,
+    METRICS,
+    SUMMARY,
+    ClientRow,
+    Event,
+    EventRecord,
+    RoundRow,
+    Summary,
+    Tail,
+    read_summary,
+)
 
 NODE_RESTART_LIMIT = 8
 """How many times `pollen deploy` restarts one SuperNode before it gives the run up."""
@@ -66,11 +78,11 @@ MOST_PER_SECTION = 4
 class Sink(Protocol):
     """Something else that follows the run's results (pollen.tensorboard.Board)."""
 
-    def round(self, row: Mapping[str, Any]) -> None: ...
+    def round(self, row: RoundRow) -> None: ...
 
-    def client(self, row: Mapping[str, Any]) -> None: ...
+    def client(self, row: ClientRow) -> None: ...
 
-    def close(self, summary: Mapping[str, Any] | None) -> None: ...
+    def close(self, summary: Summary | None) -> None: ...
 
 
 @dataclass
@@ -163,18 +175,18 @@ class State:
         return f"waiting for {self.awaited()}"
 
 
-def format_round(
-    row: Mapping[str, Any], num_rounds: int = 0, eta: float | None = None
-) -> str:
+def format_round(row: RoundRow, num_rounds: int = 0, eta: float | None = None) -> str:
     """A round's results in one line: the headline metrics of the clients (their aggregate)
     and of the server's evaluation, the round's seconds and, given, the ETA."""
-    rnd = row.get("round", "?")
+    rnd = row.round
     parts = [f"round {rnd}/{num_rounds}" if num_rounds else f"round {rnd}"]
-    for section, who in (("train", "clients"), ("server-eval", "server")):
-        shown = metrics_text(row.get(section) or {}, section)
+    for section, who, metrics in (
+        ("train", "clients", row.train), ("server-eval", "server", row.server_eval or {}),
+    ):  # fmt: skip
+        shown = metrics_text(metrics, section)
         if shown:
             parts.append(f"{who} {shown}")
-    tail = f"{_number(row.get('seconds')) or 0.0:.1f} s"
+    tail = f"{row.seconds:.1f} s"
     if eta is not None:
         tail += f", ETA {clock_text(eta)}"
     parts.append(tail)
@@ -339,7 +351,7 @@ class Progress:
         self._events = Tail(self.out_dir / EVENTS, history)
         self._metrics = Tail(self.out_dir / METRICS, history)
         self._clients = Tail(self.out_dir / CLIENTS, history)
-        self._rows: list[dict[str, Any]] = []
+        self._rows: list[RoundRow] = []
         self._summary = _mtime(self.out_dir / SUMMARY)  # a resumed run's is the earlier run's
         self._news = self.t0
         self._stall = STALL_FIRST
@@ -352,9 +364,9 @@ class Progress:
     def poll(self) -> None:
         # rows and events are read in the order the server wrote them: clients.jsonl rows of a
         # phase before its phase-end, a round's metrics.jsonl row after its last event
-        clients = self._clients.rows()
-        self._rows.extend(self._metrics.rows())
-        events = self._events.rows()
+        clients = [ClientRow.from_json(r) for r in self._clients.rows()]
+        self._rows.extend(RoundRow.from_json(r) for r in self._metrics.rows())
+        events = [EventRecord.from_json(r) for r in self._events.rows()]
         for sink in self.sinks:
             for row in clients:
                 sink.client(row)
@@ -362,7 +374,7 @@ class Progress:
             self._news = self.clock()
             self._stall = STALL_FIRST
         for ev in events:
-            rnd = _int(ev.get("round"))
+            rnd = _int(ev.fields.get("round"))
             if rnd is not None:
                 self._flush_rounds(before=rnd)
             self._event(ev)
@@ -373,8 +385,8 @@ class Progress:
             self._news = self.clock()
         self._tick()
 
-    def _event(self, ev: Mapping[str, Any]) -> None:
-        kind = ev.get(Event.KEY)
+    def _event(self, record: EventRecord) -> None:
+        kind, ev = record.kind, record.fields
         state, view = self.state, self.view
         rnd = _int(ev.get("round"))
         if kind in (Event.ROUND_START, Event.FINAL_START) and rnd is not None:
@@ -456,12 +468,10 @@ class Progress:
         state.doing = "round" if name == HELLO else "server"
 
     def _flush_rounds(self, before: int | None) -> None:
-        while self._rows and (before is None or (_int(self._rows[0].get("round")) or 0) < before):
+        while self._rows and (before is None or self._rows[0].round < before):
             row = self._rows.pop(0)
-            rnd = _int(row.get("round")) or 0
-            seconds = _number(row.get("seconds"))
-            if seconds is not None:
-                self.state.round_seconds.append(seconds)
+            rnd = row.round
+            self.state.round_seconds.append(row.seconds)
             self.state.done = max(self.state.done, rnd)
             if self.state.round <= rnd:
                 self.state.round_started = None
@@ -498,7 +508,7 @@ class Progress:
             self.state.doing = "finished"
             self.view.update(self.state, self.clock())
             self.view.close()
-            summary = summary_of(self.out_dir)
+            summary = read_summary(self.out_dir)
             for sink in self.sinks:
                 sink.close(summary)
 

@@ -18,7 +18,7 @@ import pytest
 
 from client.app import app as client_app
 from pollen.core.registry import get_algorithm
-from pollen.core.rundir import read_jsonl
+from pollen.core.rundir import Summary, read_jsonl
 from pollen.core.settings import RunSettings, toml_value
 from pollen.tools.cli import build_parser, resolve_run_settings
 from pollen.tools.experiment import Experiment, final_value, method_settings
@@ -121,7 +121,7 @@ def test_recipe_runs_two_rounds_on_a_stand_in(
         rows = read_jsonl(tmp_path / method / "metrics.jsonl")
         assert [row["round"] for row in rows] == [1, 2], method
         primary = exp.metrics[0]
-        value = final_value(summary, primary)
+        value = final_value(Summary.from_json(summary), primary)
         assert value is not None and value == value, (method, primary, summary["final"])
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from pollen.core.rundir import Summary
 from pollen.core.settings import SettingsError
 from pollen.tools.experiment import Experiment, final_value, run_dir, tabulate
 
@@ -118,13 +119,16 @@ algorithm = "adept-ae"
 
 
 def test_a_metric_can_be_the_servers_final_evaluation(tmp_path: Path) -> None:
-    summary = {
+    raw = {
+        "status": "completed",
         "final": {"eval": {"test-accuracy": 0.5}, "server-eval": {"test-accuracy": 0.9}},
     }
+    summary = Summary.from_json(raw)
     assert final_value(summary, "test-accuracy") == 0.5
     assert final_value(summary, "server-eval.test-accuracy") == 0.9
     assert final_value(summary, "server-eval.test-loss") is None
-    assert final_value({"final": {}}, "server-eval.test-accuracy") is None
+    empty = Summary.from_json({"status": "completed", "final": {}})
+    assert final_value(empty, "server-eval.test-accuracy") is None
     text = (
         '[experiment]\nmetrics = ["server-eval.test-accuracy"]\n'
         '[methods.a]\nalgorithm = "fedlrt"\n'
@@ -132,7 +136,7 @@ def test_a_metric_can_be_the_servers_final_evaluation(tmp_path: Path) -> None:
     exp = Experiment.load(_write(tmp_path, text))
     d = run_dir(tmp_path / "out", "a", 0)
     d.mkdir(parents=True)
-    (d / "summary.json").write_text(json.dumps({"status": "completed", **summary}))
+    (d / "summary.json").write_text(json.dumps(raw))
     tabulate(exp, tmp_path / "out")
     assert "| a | 90.0 ± 0.0 (n=1) |" in (tmp_path / "out" / "results.md").read_text()
 
