@@ -1359,7 +1359,21 @@ def _seconds(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="pollen", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_deploy(sub)
+    _add_simulate(sub)
+    _add_run(sub)
+    _add_server(sub)
+    _add_client(sub)
+    _add_report(sub)
+    _add_experiment(sub)
+    _add_data(sub)
+    _add_settings(sub)
+    _add_listings(sub)
+    return parser
 
+
+def _add_deploy(sub: Any) -> None:
+    """`pollen deploy`'s arguments."""
     p = _command(sub, "deploy", help="SuperLink + N SuperNodes as processes on loopback (gRPC)")
     _add_run_options(p)
     p.add_argument("--tls-dir", help="directory with ca.crt, server.pem, server.key")
@@ -1399,6 +1413,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_deploy)
 
+
+def _add_simulate(sub: Any) -> None:
+    """`pollen simulate`'s arguments."""
     p = _command(sub, "simulate", help="the same run on Flower's simulation runtime")
     _add_run_options(p)
     p.add_argument("--parallel", type=int, default=2, help="clients trained at once")
@@ -1428,6 +1445,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_simulate)
 
+
+def _add_run(sub: Any) -> None:
+    """`pollen run`'s arguments."""
     p = _command(sub, "run", help="submit a run to a running SuperLink and follow it")
     _add_run_options(p)
     p.add_argument("--superlink", required=True, help="SuperLink HOST:PORT (its --port)")
@@ -1446,6 +1466,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_run)
 
+
+def _add_server(sub: Any) -> None:
+    """`pollen server`'s arguments."""
     p = _command(sub, "server", help="start a SuperLink for clients on other machines")
     p.add_argument(
         "--port", type=_port, default=9093, help="HTTP API (Control + Runtime): runs are submitted"
@@ -1497,6 +1520,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_server)
 
+
+def _add_client(sub: Any) -> None:
+    """`pollen client`'s arguments."""
     p = _command(sub, "client", help="start a SuperNode serving one partition")
     p.add_argument("--superlink", required=True, help="SuperLink fleet address HOST:PORT")
     p.add_argument("--partition-id", type=int, required=True)
@@ -1548,6 +1574,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_worker_option(p, "the SuperNode")
     p.set_defaults(func=cmd_client)
 
+
+def _add_report(sub: Any) -> None:
+    """`pollen report`'s arguments."""
     p = _command(
         sub, "report", help="plots, CSV files and a Markdown summary of results directories"
     )
@@ -1564,6 +1593,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_report)
 
+
+def _add_experiment(sub: Any) -> None:
+    """`pollen experiment`'s arguments."""
     p = _command(
         sub,
         "experiment",
@@ -1586,12 +1618,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parallel", type=int, metavar="N", help="simulation: clients trained at once")
     p.set_defaults(func=cmd_experiment)
 
+
+def _add_data(sub: Any) -> None:
+    """`pollen data` and its commands, download and summary."""
     data = _command(sub, "data", help="datasets: download, partition summary")
     data_sub = data.add_subparsers(dest="data_command", required=True)
+    _add_data_download(data_sub)
+    _add_data_summary(data_sub)
+
+
+def _add_data_download(data_sub: Any) -> None:
+    """`pollen data download`'s arguments."""
     p = _command(data_sub, "download", help="fetch a torchvision dataset (needs internet)")
     p.add_argument("name")
     p.add_argument("--data-dir", required=True)
     p.set_defaults(func=cmd_data_download)
+
+
+def _add_data_summary(data_sub: Any) -> None:
+    """`pollen data summary`'s arguments."""
     p = _command(data_sub, "summary", help="per-client sizes and label counts of a partition")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--json", action="store_true")
@@ -1605,18 +1650,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_data_summary)
 
+
+def _add_settings(sub: Any) -> None:
+    """`pollen settings`'s argument."""
     p = _command(sub, "settings", help="list the run settings (all, or one algorithm's)")
     p.add_argument(
         "algorithm", nargs="?", help="only the settings this algorithm reads (and the common ones)"
     )
     p.set_defaults(func=cmd_settings)
+
+
+def _add_listings(sub: Any) -> None:
+    """`pollen algorithms` and `pollen datasets`, which take no arguments."""
     for name, func, text in (
         ("algorithms", cmd_algorithms, "list algorithms"),
         ("datasets", cmd_datasets, "list datasets"),
     ):
         p = _command(sub, name, help=text)
         p.set_defaults(func=func)
-    return parser
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
