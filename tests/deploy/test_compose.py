@@ -18,7 +18,9 @@ from typing import Any
 
 import pytest
 
-from pollen.tools import cli
+from pollen.tools.cli.client import supernode_argv_of
+from pollen.tools.cli.parser import build_parser
+from pollen.tools.cli.server import superlink_argv
 from pollen.tools.local_federation import TLS
 from tests.deploy.compose import COMPOSE, GPU, INSECURE, ROOT, commands, load, merged
 
@@ -79,7 +81,7 @@ def _flower_accepts(argv: list[str]) -> argparse.Namespace:
 
 def _pollen_accepts(argv: list[str]) -> argparse.Namespace:
     try:
-        return cli.build_parser().parse_args(argv)
+        return build_parser().parse_args(argv)
     except SystemExit as exc:
         raise AssertionError(f"pollen rejects {argv}") from exc
 
@@ -105,9 +107,9 @@ def _flower_commands(argv: list[str]) -> list[list[str]]:
         if args.tls_dir:
             d = Path(args.tls_dir)
             tls = TLS(d / "ca.crt", d / "server.pem", d / "server.key")
-        return [cli.superlink_argv(args, tls)]
+        return [superlink_argv(args, tls)]
     if args.command == "client":
-        return [cli.supernode_argv_of(args)]
+        return [supernode_argv_of(args)]
     assert args.command == "run", args.command
     return []
 

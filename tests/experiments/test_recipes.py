@@ -20,7 +20,8 @@ from client.app import app as client_app
 from pollen.core.registry import get_algorithm
 from pollen.core.rundir import Summary, read_jsonl
 from pollen.core.settings import RunSettings, toml_value
-from pollen.tools.cli import build_parser, resolve_run_settings
+from pollen.tools.cli.parser import build_parser
+from pollen.tools.cli.resolve import resolve_run_settings
 from pollen.tools.experiment import Experiment, final_value, method_settings
 from server.engine import Engine
 from server.results import ResultsWriter

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from pollen.tools import cli
+from pollen.tools.cli.parser import build_parser
+from pollen.tools.cli.resolve import Watch
 
 
 def test_data_summary_prints_and_plots_each_clients_label_counts(
@@ -47,8 +49,8 @@ def test_data_summary_refuses_a_plot_file_it_cannot_write(
 
 @pytest.mark.parametrize("command", ["simulate", "deploy", "run --superlink 127.0.0.1:9093"])
 def test_every_run_command_takes_plain_and_tensorboard(command: str) -> None:
-    parser = cli.build_parser()
+    parser = build_parser()
     given = parser.parse_args([*command.split(), "--plain", "--tensorboard", "tb"])
-    assert cli.Watch.of(given) == cli.Watch(plain=True, tensorboard=Path("tb"))
+    assert Watch.of(given) == Watch(plain=True, tensorboard=Path("tb"))
     # without --plain the view follows the output: live on a terminal, plain lines elsewhere
-    assert cli.Watch.of(parser.parse_args(command.split())) == cli.Watch(None, None)
+    assert Watch.of(parser.parse_args(command.split())) == Watch(None, None)

@@ -10,7 +10,11 @@ from pathlib import Path
 import pytest
 
 from pollen.tools import cli
-from pollen.tools.local_federation import allow_list, node_key
+from pollen.tools.cli.client import supernode_argv_of
+from pollen.tools.cli.parser import build_parser
+from pollen.tools.cli.server import _server_warnings, superlink_argv
+from pollen.tools.local_federation import TLS, allow_list, node_key
+from pollen.tools.processes import LaunchError
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "generate-certs.sh"
 
@@ -38,20 +42,20 @@ def test_missing_node_keys_are_named(tmp_path: Path) -> None:
                    capture_output=True)  # fmt: skip
     assert node_key(tmp_path, 0).name == "node-0.key"
     assert [p.name for p in allow_list(tmp_path / "supernodes")] == ["node-0.pub"]
-    with pytest.raises(cli.LaunchError, match="--nodes N"):
+    with pytest.raises(LaunchError, match="--nodes N"):
         node_key(tmp_path, 1)
     (tmp_path / "empty").mkdir()
-    with pytest.raises(cli.LaunchError, match="no SuperNode public keys"):
+    with pytest.raises(LaunchError, match="no SuperNode public keys"):
         allow_list(tmp_path / "empty")
 
 
 def test_client_passes_its_key_and_ca_to_the_supernode() -> None:
-    args = cli.build_parser().parse_args(
+    args = build_parser().parse_args(
         ["client", "--superlink", "10.0.0.1:9092", "--partition-id", "1", "--num-partitions",
          "2", "--root-certificates", "ca.crt", "--auth-key", "node-1.key", "--trusted-key",
          "signing.pub"]
     )  # fmt: skip
-    argv = cli.supernode_argv_of(args)
+    argv = supernode_argv_of(args)
     assert argv[argv.index("--root-certificates") + 1] == "ca.crt"
     assert argv[argv.index("--auth-supernode-private-key") + 1] == "node-1.key"
     assert "--insecure" not in argv
@@ -107,32 +111,32 @@ def test_a_key_of_the_wrong_kind_is_refused_as_trusted_key(
 
 
 def _server_args(*extra: str) -> argparse.Namespace:
-    return cli.build_parser().parse_args(["server", "--insecure", *extra])
+    return build_parser().parse_args(["server", "--insecure", *extra])
 
 
 def test_the_http_api_binds_to_loopback_unless_exposed() -> None:
-    closed = cli.superlink_argv(_server_args(), None)
+    closed = superlink_argv(_server_args(), None)
     assert closed[closed.index("--host") + 1] == "127.0.0.1"
     assert closed[closed.index("--fleet-api-address") + 1] == "0.0.0.0:9092"
     assert "--insecure" in closed
-    opened = cli.superlink_argv(_server_args("--expose-api"), None)
+    opened = superlink_argv(_server_args("--expose-api"), None)
     assert opened[opened.index("--host") + 1] == "0.0.0.0"
 
 
 def test_each_permission_given_is_said_in_one_line(certs: Path) -> None:
     args = _server_args("--expose-api", "--isolation", "process")
-    lines = cli._server_warnings(args, "0.0.0.0", None)
+    lines = _server_warnings(args, "0.0.0.0", None)
     assert len(lines) == 4
     assert any("--insecure" in line and "unencrypted" in line for line in lines)
     assert any("no --auth" in line and "0.0.0.0:9092" in line for line in lines)
     assert any("--expose-api" in line and "run code" in line for line in lines)
     assert any("--superexec-auth-secret-file" in line for line in lines)
-    secure = cli.build_parser().parse_args(
+    secure = build_parser().parse_args(
         ["server", "--tls-dir", str(certs), "--auth", "--isolation", "process",
          "--superexec-auth-secret-file", str(certs / "superexec.secret")]
     )  # fmt: skip
-    assert cli._server_warnings(secure, "127.0.0.1", certs / "superexec.secret") == []
-    argv = cli.superlink_argv(secure, cli.TLS.from_dir(certs))
+    assert _server_warnings(secure, "127.0.0.1", certs / "superexec.secret") == []
+    argv = superlink_argv(secure, TLS.from_dir(certs))
     assert argv[argv.index("--superexec-auth-secret-file") + 1] == str(
         (certs / "superexec.secret").resolve()
     )

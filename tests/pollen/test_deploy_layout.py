@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 import pytest
 
 from pollen.tools import cli
+from pollen.tools.cli import deploy, simulate
 from pollen.tools.local_federation import LocalFederation
 
 
@@ -56,9 +57,11 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
         submitted.append(resolved)
         return 0
 
-    monkeypatch.setattr(cli, "LocalFederation", RecordingFederation)
-    monkeypatch.setattr(cli, "_run_and_report", record)
-    monkeypatch.setattr(cli, "simulate_run", record)
+    monkeypatch.setattr(deploy, "LocalFederation", RecordingFederation)
+    monkeypatch.setattr(simulate, "LocalFederation", RecordingFederation)
+    monkeypatch.setattr(deploy, "run_and_report", record)
+    monkeypatch.setattr(simulate, "run_and_report", record)
+    monkeypatch.setattr(simulate, "simulate_run", record)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     return submitted
 

@@ -18,6 +18,10 @@ import torch
 from pollen.core import registry, runconfig
 from pollen.core.settings import SettingsError, parse_assignments
 from pollen.tools import cli, node_service, processes
+from pollen.tools.cli import client as client_command
+from pollen.tools.cli import deploy, simulate
+from pollen.tools.cli.gpu import cuda_devices
+from pollen.tools.cli.parser import build_parser
 from pollen.tools.local_federation import LocalFederation
 from pollen.tools.node_service import serve_node
 from pollen.tools.processes import bin_path
@@ -75,9 +79,11 @@ class FakeFederation:
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[FakeFederation]]:
     FakeFederation.made = []
-    monkeypatch.setattr(cli, "LocalFederation", FakeFederation)
-    monkeypatch.setattr(cli, "_run_and_report", lambda *a, **k: 0)
-    monkeypatch.setattr(cli, "simulate_run", lambda *a, **k: 0)
+    monkeypatch.setattr(deploy, "LocalFederation", FakeFederation)
+    monkeypatch.setattr(simulate, "LocalFederation", FakeFederation)
+    monkeypatch.setattr(deploy, "run_and_report", lambda *a, **k: 0)
+    monkeypatch.setattr(simulate, "run_and_report", lambda *a, **k: 0)
+    monkeypatch.setattr(simulate, "simulate_run", lambda *a, **k: 0)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     yield FakeFederation.made
 
@@ -313,7 +319,7 @@ def test_client_gpu_sets_its_nodes_device(
         seen.append(env_extra)
         return 0
 
-    monkeypatch.setattr(cli, "serve_node", serve)
+    monkeypatch.setattr(client_command, "serve_node", serve)
     state = ["--state-dir", str(tmp_path / "state")]
     assert cli.main([*CLIENT, *state, "--gpu", "1"]) == 0
     assert cli.main([*CLIENT, *state]) == 0
@@ -330,7 +336,7 @@ def test_client_with_an_absent_gpu_is_one_line(
     gpu: str, present: int, words: list[str],
 ) -> None:  # fmt: skip
     _cuda(monkeypatch, present)
-    monkeypatch.setattr(cli, "serve_node", lambda *a, **k: pytest.fail("started a node"))
+    monkeypatch.setattr(client_command, "serve_node", lambda *a, **k: pytest.fail("started a node"))
     argv = [*CLIENT, "--state-dir", str(tmp_path / "state"), "--gpu", gpu]
     assert cli.main(argv) == 2
     _one_error_line(capsys, *words)
@@ -385,7 +391,7 @@ def test_gpu_check_says_there_is_no_gpu_and_exits_0() -> None:
         [str(ROOT / "scripts" / "gpu-check.sh")], capture_output=True, text=True, timeout=300,
         env=dict(os.environ, PYTHON=sys.executable),
     )  # fmt: skip
-    if cli.cuda_devices():
+    if cuda_devices():
         pytest.skip("this machine has a GPU: scripts/gpu-check.sh would train")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines() == [
@@ -398,7 +404,7 @@ def test_gpu_check_commands_are_valid_for_every_algorithm(tmp_path: Path, mode: 
     """Each command gpu-check runs parses, and its settings pass the checks a run makes
     (amp only where the algorithm has it), on CUDA and on the CPU."""
     gpu_check = _gpu_check()
-    parser = cli.build_parser()
+    parser = build_parser()
     for name, spec in registry.ALGORITHMS.items():
         for device in ("cuda", "cpu"):
             argv = gpu_check.pollen_argv(mode, name, device, 2, spec.amp, 1, tmp_path / "r")

@@ -402,7 +402,7 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 
 def test_every_command_help_shows_defaults_and_an_example() -> None:
-    from pollen.tools.cli import EXAMPLES, build_parser
+    from pollen.tools.cli.parser import EXAMPLES, build_parser
 
     commands = _subparsers(build_parser())
     assert set(commands) == set(EXAMPLES)

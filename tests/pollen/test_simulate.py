@@ -11,6 +11,7 @@ import pytest
 
 from pollen.core.settings import Scalar
 from pollen.tools import cli
+from pollen.tools.cli import simulate
 
 
 class FakeFederation:
@@ -52,9 +53,9 @@ def _simulate(
         (out / "server.log").write_text(f"Exception: {failure}\n" if failure else "done\n")
         return 1 if failure else 0
 
-    monkeypatch.setattr(cli, "LocalFederation", FakeFederation)
-    monkeypatch.setattr(cli, "_run_and_report", fake_run_and_report)
-    monkeypatch.setattr(cli.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(simulate, "LocalFederation", FakeFederation)
+    monkeypatch.setattr(simulate, "run_and_report", fake_run_and_report)
+    monkeypatch.setattr(simulate.time, "sleep", lambda seconds: None)
     argv = ["simulate", "--dataset", "digits", "--clients", "2", "--rounds", "1", "--out",
             str(out), "--set", f"cache-dir={shared_cache}"]  # fmt: skip
     return cli.main(argv), submitted, out
@@ -70,7 +71,7 @@ def test_a_runtime_that_did_not_start_is_submitted_again(
     code, submitted, out = _simulate(tmp_path, shared_cache, monkeypatch, [ray, ray])
     assert code == 0 and len(submitted) == 3
     assert all(s == submitted[0] for s in submitted)  # the same run each time
-    assert cli.RUNTIME_START_FAILURE in ray
+    assert simulate.RUNTIME_START_FAILURE in ray
     for attempt in (1, 2):  # each failed attempt's log kept, its events gone
         assert ray in (out / f"server-attempt{attempt}.log").read_text()
     assert (out / "server.log").read_text() == "done\n"
@@ -85,5 +86,5 @@ def test_other_failures_are_not_retried_and_retries_are_bounded(
     assert code == 1 and len(submitted) == 1
     ray = "timed out during startup"
     code, submitted, out = _simulate(tmp_path / "b", shared_cache, monkeypatch, [ray] * 5)
-    assert code == 1 and len(submitted) == cli.RUNTIME_START_ATTEMPTS == 3
+    assert code == 1 and len(submitted) == simulate.RUNTIME_START_ATTEMPTS == 3
     assert ray in (out / "server.log").read_text()  # the last attempt's log, as it was

@@ -1,0 +1,139 @@
+"""`pollen simulate`: the run on Flower's simulation runtime (Ray), its clients packed onto
+simulated SuperNodes, and submitted again when Ray's runtime does not start."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+from pollen.core import rundir
+from pollen.core import settings as settings_mod
+from pollen.core.settings import RunSettings, Scalar, SettingsError
+from pollen.tools.cli.gpu import ray_cluster, simulation_gpus
+from pollen.tools.cli.outcome import run_and_report
+from pollen.tools.cli.resolve import Watch, resolve_run_settings
+from pollen.tools.local_federation import LocalFederation
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    if args.parallel < 1:
+        raise SettingsError(
+            f"--parallel (clients trained at once) must be 1 or more, not {args.parallel}"
+        )
+    ray_address = ray_cluster(args.ray_address)
+    # on an existing Ray cluster the clients train on its nodes: this machine's devices do not
+    # count (the cluster's nodes declare their GPUs to Ray)
+    resolved = resolve_run_settings(args, local=ray_address is None)
+    nodes = _simulation_nodes(args, resolved, ray_address is not None)
+    resolved["simulation-nodes"] = nodes
+    run = RunSettings.of(resolved)
+    out, n = Path(run.out_dir), run.num_clients
+    num_gpus = simulation_gpus(args.gpus_per_client, run.device, ray_address is not None)
+    fed = LocalFederation(out / rundir.PROCESSES)
+    # the SuperLink's environment reaches the simulation process, whose ray.init() reads it;
+    # "local": a Ray instance of its own, never a cluster `ray start` left on this machine
+    fed.env["RAY_ADDRESS"] = ray_address or "local"
+    where = f" on the Ray cluster at {ray_address}" if ray_address else ""
+    gpu = f", {args.gpus_per_client:g} GPU per client" if args.gpus_per_client > 0 else ""
+    print(
+        f"Pollen simulate: {run.algorithm} on {run.dataset}, {n} clients on {nodes} simulated "
+        f"SuperNodes, {run.num_rounds} rounds{gpu}{where}; results in {out}",
+        flush=True,
+    )
+    try:
+        fed.start_superlink(simulation=True)
+        # on a cluster a client reserves one CPU and Ray packs as many as its nodes hold
+        cpus = 1 if ray_address else max(1, (os.cpu_count() or 1) // max(1, args.parallel))
+        fed.configure_simulation(nodes, cpus, args.gpus_per_client, num_gpus)
+        return simulate_run(fed, resolved, args.timeout, Watch.of(args))
+    finally:
+        fed.stop()
+
+
+NODES_PER_PARALLEL_CLIENT = 4
+"""`pollen simulate`'s default packing: simulated SuperNodes per client trained at once, so that
+a phase's clients spread evenly over Ray's workers..."""
+
+CLIENTS_PER_NODE = 16
+"""... and at most this many clients per node, so that a node's message (its clients'
+instructions and replies, which its ClientApp holds at once) stays small as clients grow..."""
+
+MOST_NODES = 64
+"""... up to this many nodes: Flower's simulation engine looks for each node's messages by
+scanning all of them (every 0.1 s), a cost that grows with the square of the nodes (about 20 ms
+per node and phase at 256 nodes on 2 cores)."""
+
+NODES_ON_A_CLUSTER = 256
+"""The default packing's least simulated SuperNodes on a Ray cluster, whose size is its own."""
+
+
+def _simulation_nodes(args: argparse.Namespace, resolved: dict[str, Scalar], cluster: bool) -> int:
+    """The simulated SuperNodes the run's clients are packed onto (README, Simulation at scale):
+    --nodes, else a simulation-nodes setting given, else NODES_PER_PARALLEL_CLIENT per
+    --parallel (on a cluster NODES_ON_A_CLUSTER) or one per CLIENTS_PER_NODE clients up to
+    MOST_NODES, whichever is more, at most one per client; checked before start-up."""
+    run = RunSettings.of(resolved)
+    n = run.num_clients
+    given = "simulation-nodes" in settings_mod.parse_assignments(args.set)
+    if args.nodes is not None:
+        if given and run.simulation_nodes != args.nodes:
+            raise SettingsError(
+                f"--nodes {args.nodes} and --set simulation-nodes={run.simulation_nodes} "
+                "disagree: give one"
+            )
+        nodes = args.nodes
+    elif given or (args.resume and run.simulation_nodes):
+        nodes = run.simulation_nodes
+    else:
+        least = NODES_ON_A_CLUSTER if cluster else NODES_PER_PARALLEL_CLIENT * args.parallel
+        nodes = min(n, max(least, min(math.ceil(n / CLIENTS_PER_NODE), MOST_NODES)))
+    if not 1 <= nodes <= n:
+        raise SettingsError(
+            f"--nodes {nodes}: the simulated SuperNodes must number from 1 to the run's {n} "
+            "clients (each hosts at least one)"
+        )
+    return nodes
+
+
+RUNTIME_START_ATTEMPTS = 3
+
+RUNTIME_START_FAILURE = "timed out during startup"
+"""Ray's message when its node does not come up within its fixed 30 s (a loaded machine)."""
+
+
+def simulate_run(
+    fed: LocalFederation,
+    resolved: dict[str, Scalar],
+    timeout: float,
+    watch: Watch = Watch(),
+    pause: float = 10.0,
+) -> int:
+    """A run on the simulation runtime, submitted again (at most RUNTIME_START_ATTEMPTS times in
+    all) when Ray's runtime did not start. That failure comes before any client has answered,
+    so the next attempt starts from where this one did (the beginning or the checkpoint it
+    resumed from)."""
+    run = RunSettings.of(resolved)
+    out = Path(run.out_dir)
+    for attempt in range(1, RUNTIME_START_ATTEMPTS):
+        code = run_and_report(fed, resolved, timeout, watch)
+        log = out / rundir.SERVER_LOG
+        if code == 0 or not log.exists():
+            return code
+        if RUNTIME_START_FAILURE not in log.read_text(errors="replace"):
+            return code
+        log.replace(out / f"server-attempt{attempt}.log")
+        if not run.resume:  # what the failed attempt wrote; a resume keeps its history
+            for name in (rundir.EVENTS, rundir.SUMMARY):
+                (out / name).unlink(missing_ok=True)
+        print(
+            f"the simulation runtime did not start (attempt {attempt} of "
+            f"{RUNTIME_START_ATTEMPTS}, log in server-attempt{attempt}.log); submitting again",
+            file=sys.stderr,
+            flush=True,
+        )
+        time.sleep(pause)
+    return run_and_report(fed, resolved, timeout, watch)
