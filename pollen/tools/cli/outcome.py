@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +28,9 @@ def _failure(out: Path, status: Mapping[str, Any]) -> str:
 
     reason = ""
     for name in (rundir.RESUME_FAILED, rundir.SUMMARY):
-        record = rundir.summary_of(out, name) or {}
-        if record.get("status") == rundir.FAILED and record.get("reason"):
-            reason = str(record["reason"])
+        record = rundir.read_summary(out, name)
+        if record is not None and record.status == rundir.FAILED and record.reason:
+            reason = record.reason
             break
     if not reason:
         reason = f"{status.get('status', 'unknown')}: {status.get('status-details', '')}"
@@ -59,11 +60,11 @@ def _no_space(out: Path, detail: str) -> str:
 
 def _record_restarts(summary_path: Path, restarts: list[dict[str, Any]]) -> None:
     """Add the SuperNode restarts of this run to the summary the ServerApp wrote."""
-    summary = rundir.summary_of(summary_path.parent)
+    summary = rundir.read_summary(summary_path.parent)
     if summary is None:
         return  # no summary to add to: the events file has them
-    summary["node-restarts"] = [*summary.get("node-restarts", []), *restarts]
-    atomic_write_json(summary_path, summary)
+    restarted = [*(summary.node_restarts or []), *restarts]
+    atomic_write_json(summary_path, replace(summary, node_restarts=restarted).to_json())
 
 
 def run_and_report(
@@ -111,9 +112,9 @@ def run_and_report(
         return 1
     if lost:
         print(f"pollen: note: Flower lost messages on the way, and the run went on: {lost}")
-    summary = rundir.summary_of(out)
-    if summary is not None:
-        final = (summary.get("final") or {}).get("eval") or {}
+    summary = rundir.read_summary(out)
+    if summary is not None and summary.final is not None:
+        final = summary.final.eval
         if "test-accuracy" in final:
             print(
                 f"final: mean client test-accuracy {final['test-accuracy']:.4f} "
