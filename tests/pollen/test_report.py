@@ -365,15 +365,22 @@ def test_a_private_runs_epsilon_is_a_column_of_the_rounds_table(tmp_path: Path) 
     assert "| epsilon |" not in (write_report([plain]) / "report.md").read_text()
 
 
-def test_a_run_under_attack_and_its_robust_rule_are_named() -> None:
+def test_a_run_under_attack_and_its_robust_rule_are_named(tmp_path: Path) -> None:
     from pollen.tools.report import _threat_lines
+    from pollen.tools.runs import load_run
 
-    summary = {
-        "robust": {"robust.rule": "median", "robust.f": 2},
-        "attack": {"clients": [10, 11], "kind": "sign-flip", "simulated": True},
-    }
-    assert _threat_lines(summary) == [
+    run = make_run(tmp_path, "attacked", "fedavg", 0.5)
+    summary = json.loads((run / "summary.json").read_text())
+    plain = load_run(run).summary
+    summary["robust"] = {"robust.rule": "median", "robust.f": 2}
+    summary["attack"] = {"clients": [10, 11], "kind": "sign-flip", "simulated": True}
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert _threat_lines(load_run(run).summary) == [
         "- robust aggregation: robust.f=2, robust.rule=median",
         "- **simulated attack**: clients [10, 11] act as sign-flip",
     ]
-    assert _threat_lines({"status": "completed"}) == []
+    assert _threat_lines(plain) == []
+    assert _threat_lines(None) == []
+    md = (write_report([run]) / "report.md").read_text()
+    assert "- **simulated attack**: clients [10, 11] act as sign-flip" in md
+
