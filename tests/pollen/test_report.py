@@ -384,3 +384,27 @@ def test_a_run_under_attack_and_its_robust_rule_are_named(tmp_path: Path) -> Non
     md = (write_report([run]) / "report.md").read_text()
     assert "- **simulated attack**: clients [10, 11] act as sign-flip" in md
 
+
+def test_a_run_of_an_earlier_version_reports_what_it_has(tmp_path: Path) -> None:
+    """Rows before codec-seconds, push-seconds and the server's evaluation, a summary before
+    peak-rss-mb and the clients taking part: the report leaves those out, not in as zeros."""
+    old = _copy(SEED0, tmp_path / "old")
+    rows = [json.loads(x) for x in (old / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        del row["codec-seconds"], row["server-eval"]
+        for phase in row["phases"]:
+            del phase["push-seconds"]
+    _write_jsonl(old / "metrics.jsonl", rows)
+    summary = json.loads((old / "summary.json").read_text())
+    del summary["peak-rss-mb"], summary["clients"], summary["final"]["server-eval"]
+    (old / "summary.json").write_text(json.dumps(summary))
+    out = write_report([old], tmp_path / "r", formats=("svg",))
+    md = (out / "report.md").read_text()
+    assert "- clients: 3 configured\n" in md and "- rounds: 2 of 2 recorded" in md
+    header = next(line for line in md.splitlines() if line.startswith("| round"))
+    assert "server" not in header and "| seconds | MB |" in header
+    final = md.split("**Final evaluation**")[1]
+    assert f"| test-accuracy | {summary['final']['eval']['test-accuracy']:.4f} | – |" in final
+    assert "server: test-accuracy" not in _svg_texts(out / "accuracy.svg")
+    metrics_csv = (out / "metrics.csv").read_text().splitlines()
+    assert not any("server." in column for column in metrics_csv[0].split(","))
