@@ -14,17 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from pollen.core import runconfig
+from pollen.core.rundir import RoundRow
 from pollen.tools.runs import (
-    SECTIONS,
     Group,
     ReportError,
     Run,
-    as_int,
     as_number,
     group_runs,
     mean_std,
     row_mb,
-    section_of,
+    sections,
     setting_text,
 )
 
@@ -66,11 +65,9 @@ def metric_series(run: Run, suffix: str) -> dict[str, list[Point]]:
     """
     series: dict[str, dict[float, float]] = {}
     for row in run.rows:
-        rnd = as_int(row.get("round"))
-        if rnd is None:
-            continue
-        for section, who in SECTIONS:
-            for key, value in section_of(row, section).items():
+        rnd = row.round
+        for section, who in sections(row):
+            for key, value in section.items():
                 y = as_number(value)
                 if y is None or not _plotted(str(key), suffix):
                     continue
@@ -88,19 +85,19 @@ def final_points(run: Run, suffix: str) -> dict[str, Point]:
     if last is None:
         return {}
     out = {}
-    for key, value in section_of(run.final, "eval").items():
+    for key, value in run.final_eval.items():
         y = as_number(value)
         if y is not None and str(key).startswith("test-") and _plotted(str(key), suffix):
             out[f"clients {key}"] = (float(last), y)
     return out
 
 
-def _row_series(run: Run, value: Callable[[Mapping[str, Any]], float | None]) -> list[Point]:
+def _row_series(run: Run, value: Callable[[RoundRow], float | None]) -> list[Point]:
     points = []
     for row in run.rows:
-        rnd, y = as_number(row.get("round")), value(row)
-        if rnd is not None and y is not None:
-            points.append((rnd, y))
+        y = value(row)
+        if y is not None:
+            points.append((float(row.round), y))
     return sorted(points)
 
 
@@ -124,10 +121,9 @@ def last_client_accuracies(run: Run) -> tuple[int, list[float]] | None:
     """Per-client test-accuracy in the latest round any client reported one (one per client)."""
     by_round: dict[int, dict[str, float]] = {}
     for row in run.clients:
-        rnd = as_int(row.get("round"))
-        acc = as_number(section_of(row, "metrics").get("test-accuracy"))
-        if rnd is not None and acc is not None:
-            by_round.setdefault(rnd, {})[str(row.get("client-id"))] = acc
+        acc = as_number(row.metrics.get("test-accuracy"))
+        if acc is not None:
+            by_round.setdefault(row.round, {})[str(row.client_id)] = acc
     if not by_round:
         return None
     rnd = max(by_round)
@@ -338,7 +334,7 @@ def _plot_rows(
     title: str,
     ylabel: str,
     groups: Sequence[Group],
-    value: Callable[[Mapping[str, Any]], float | None],
+    value: Callable[[RoundRow], float | None],
     formats: Sequence[str],
     setting: str,
 ) -> bool:
@@ -415,8 +411,8 @@ def _round_name(run: Run, rnd: int) -> str:
     return "final" if run.is_final(rnd) else f"round {rnd}"
 
 
-def _row_seconds(row: Mapping[str, Any]) -> float | None:
-    return as_number(row.get("seconds"))
+def _row_seconds(row: RoundRow) -> float:
+    return row.seconds
 
 
 def write_plots(runs: Sequence[Run], out: Path, formats: Sequence[str] = ("png",)) -> list[str]:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pollen.core.rundir import RoundRow, Summary
 from pollen.tools.plots import (
     ACCURACY,
     BYTES,
@@ -44,7 +45,6 @@ from pollen.tools.runs import (
     mean_std,
     partition_text,
     row_mb,
-    section_of,
     setting_text,
     settings_warning,
     unique_names,
@@ -77,22 +77,14 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return lines
 
 
-ROUND_COLUMNS: tuple[tuple[str, Callable[[Mapping[str, Any]], Any], int], ...] = (
-    ("clients test-accuracy", lambda r: as_number(section_of(r, "train").get("test-accuracy")), 4),
-    (
-        "clients test-accuracy-p10",
-        lambda r: as_number(section_of(r, "train").get("test-accuracy-p10")),
-        4,
-    ),
-    (
-        "server test-accuracy",
-        lambda r: as_number(section_of(r, "server-eval").get("test-accuracy")),
-        4,
-    ),
-    ("train-loss", lambda r: as_number(section_of(r, "train").get("train-loss")), 4),
-    ("epsilon", lambda r: as_number(section_of(r, "train").get("epsilon")), 3),
-    ("client-epsilon", lambda r: as_number(section_of(r, "train").get("client-epsilon")), 3),
-    ("seconds", lambda r: as_number(r.get("seconds")), 1),
+ROUND_COLUMNS: tuple[tuple[str, Callable[[RoundRow], Any], int], ...] = (
+    ("clients test-accuracy", lambda r: as_number(r.train.get("test-accuracy")), 4),
+    ("clients test-accuracy-p10", lambda r: as_number(r.train.get("test-accuracy-p10")), 4),
+    ("server test-accuracy", lambda r: as_number((r.server_eval or {}).get("test-accuracy")), 4),
+    ("train-loss", lambda r: as_number(r.train.get("train-loss")), 4),
+    ("epsilon", lambda r: as_number(r.train.get("epsilon")), 3),
+    ("client-epsilon", lambda r: as_number(r.train.get("client-epsilon")), 3),
+    ("seconds", lambda r: r.seconds, 1),
     ("MB", row_mb, 4),
 )
 
@@ -101,7 +93,7 @@ def _rounds_table(run: Run) -> list[str]:
     columns = [c for c in ROUND_COLUMNS if any(c[1](row) is not None for row in run.rows)]
     header = ["round", *(name for name, _, _ in columns)]
     body = [
-        [_fmt(row.get("round")), *(_fmt(get(row), dec) for _, get, dec in columns)]
+        [_fmt(row.round), *(_fmt(get(row), dec) for _, get, dec in columns)]
         for row in run.rows
     ]
     lines = _table(header, body)
@@ -127,7 +119,7 @@ def _rounds_table(run: Run) -> list[str]:
 
 
 def _final_table(run: Run) -> list[str]:
-    clients, server = section_of(run.final, "eval"), section_of(run.final, "server-eval")
+    clients, server = run.final_eval, run.final_server_eval
     keys = sorted(set(clients) | set(server))
     if not keys:
         return []
@@ -137,11 +129,11 @@ def _final_table(run: Run) -> list[str]:
 
 def _clients_text(run: Run) -> str:
     configured = as_int(run.config.get("num-clients"))
-    connected = run.summary.get("clients")
+    connected = run.summary.clients if run.summary else None
     parts = []
     if configured is not None:
         parts.append(f"{configured} configured")
-    if isinstance(connected, list):
+    if connected is not None:
         parts.append(f"{len(connected)} took part")
     return ", ".join(parts) or MISSING
 
@@ -149,8 +141,8 @@ def _clients_text(run: Run) -> str:
 def _rounds_text(run: Run) -> str:
     planned = run.planned_rounds
     done = run.last_round
-    if done is None:
-        done = as_int(run.summary.get("last-completed-round"))
+    if done is None and run.summary is not None:
+        done = run.summary.last_completed_round
     if done is None and planned is None:
         return MISSING
     if planned is None:
@@ -158,15 +150,17 @@ def _rounds_text(run: Run) -> str:
     return f"{done if done is not None else 0} of {planned} recorded"
 
 
-def _threat_lines(summary: Mapping[str, Any]) -> list[str]:
+def _threat_lines(summary: Summary | None) -> list[str]:
     """The robust rule and the simulated attack a run's summary names (docs/robustness.md)."""
+    if summary is None:
+        return []
     lines = []
-    robust = summary.get("robust")
-    if isinstance(robust, Mapping):
+    robust = summary.robust
+    if robust is not None:
         shown = ", ".join(f"{k}={_cell(str(v))}" for k, v in sorted(robust.items()))
         lines.append(f"- robust aggregation: {shown}")
-    attack = summary.get("attack")
-    if isinstance(attack, Mapping):
+    attack = summary.attack
+    if attack is not None:
         lines.append(
             f"- **simulated attack**: clients {_cell(str(attack.get('clients')))} act as "
             f"{_cell(str(attack.get('kind')))}"
@@ -174,11 +168,11 @@ def _threat_lines(summary: Mapping[str, Any]) -> list[str]:
     return lines + _privacy_lines(summary)
 
 
-def _privacy_lines(summary: Mapping[str, Any]) -> list[str]:
+def _privacy_lines(summary: Summary) -> list[str]:
     """Each differential-privacy guarantee a run's summary states, with what it protects
     (docs/privacy.md): client-level DP, and DP-SGD's example-level DP."""
-    privacy = summary.get("privacy")
-    if not isinstance(privacy, Mapping):
+    privacy = summary.privacy
+    if privacy is None:
         return []
     lines = []
     labels = {"client-level": "client-level DP", "example-level": "example-level DP"}
@@ -202,7 +196,7 @@ def _privacy_lines(summary: Mapping[str, Any]) -> list[str]:
 
 def _run_section(run: Run) -> list[str]:
     lines = [f"## {_cell(run.name)}", "", f"- directory: `{run.path}`", f"- status: {run.status}"]
-    reason = run.summary.get("reason")
+    reason = run.summary.reason if run.summary else None
     if reason:
         lines.append(f"- reason: {_cell(str(reason))}")
     seconds = run.total_seconds()
@@ -232,7 +226,7 @@ def _run_section(run: Run) -> list[str]:
 def _comparison(runs: Sequence[Run]) -> list[str]:
     body = []
     for run in runs:
-        final = section_of(run.final, "eval")
+        final = run.final_eval
         seconds = run.total_seconds()
         body.append(
             [
@@ -257,10 +251,7 @@ def _seeds_table(groups: Sequence[Group]) -> list[str]:
     for group in banded:
         cells = [_cell(group.label), ", ".join(str(s) for s in group.seeds) or MISSING]
         for key in keys:
-            values = [
-                v for r in group.runs if (v := as_number(section_of(r.final, "eval").get(key)))
-                is not None
-            ]  # fmt: skip
+            values = [v for r in group.runs if (v := as_number(r.final_eval.get(key))) is not None]
             if values:
                 mean, std = mean_std(values)
                 cells.append(f"{mean:.4f} ± {std:.4f} ({len(values)})")

@@ -1,8 +1,10 @@
 """The runs a report is made of: each results directory read into a Run, defensively (a run
 that failed early, or is still running, may lack any of its files), and how runs relate: which
 repeat one setting over seeds (Group), what they share and the settings in which they differ.
-pollen.core.rundir owns the files' format; this module reads them for `pollen report`
-(pollen.tools.report), its plots (pollen.tools.plots) and flat files (pollen.tools.tables).
+pollen.core.rundir owns the files' format and their typed records (RoundRow, ClientRow,
+Summary), which this module reads for `pollen report` (pollen.tools.report), its plots
+(pollen.tools.plots) and flat files (pollen.tools.tables); config.json stays a mapping, the
+settings of a run of any version.
 """
 
 from __future__ import annotations
@@ -22,15 +24,17 @@ from pollen.core.rundir import (
     CONFIG,
     METRICS,
     SUMMARY,
+    ClientRow,
+    FinalRecord,
+    Metrics,
     ResultsFileError,
+    RoundRow,
+    Summary,
     read_object,
     read_rows,
 )
 
 RESULT_FILES = (CONFIG, METRICS, CLIENTS, SUMMARY)
-
-# Sections of a metrics.jsonl row and how the report names them.
-SECTIONS = (("train", "clients"), ("server-eval", "server"))
 
 HOW_IT_RAN = frozenset(
     {
@@ -62,23 +66,27 @@ class ReportError(ValueError):
 
 @dataclass
 class Run:
-    """Everything the report needs from one results directory."""
+    """Everything the report needs from one results directory: its settings (config.json, a
+    mapping: a run of any version), its rounds, client replies and summary (None without
+    summary.json)."""
 
     path: Path
     name: str
     config: dict[str, Any] = field(default_factory=dict)
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    clients: list[dict[str, Any]] = field(default_factory=list)
-    summary: dict[str, Any] = field(default_factory=dict)
+    rows: list[RoundRow] = field(default_factory=list)
+    clients: list[ClientRow] = field(default_factory=list)
+    summary: Summary | None = None
     missing: list[str] = field(default_factory=list)
 
     @property
     def algorithm(self) -> str:
-        return str(self.summary.get("algorithm") or self.config.get("algorithm") or "unknown")
+        named = self.summary.algorithm if self.summary else ""
+        return str(named or self.config.get("algorithm") or "unknown")
 
     @property
     def dataset(self) -> str:
-        return str(self.summary.get("dataset") or self.config.get("dataset") or "unknown")
+        named = self.summary.dataset if self.summary else ""
+        return str(named or self.config.get("dataset") or "unknown")
 
     @property
     def seed(self) -> int | None:
@@ -95,27 +103,36 @@ class Run:
     def status(self) -> str:
         if SUMMARY in self.missing:
             return "unknown (no summary.json: the run may be unfinished or was interrupted)"
-        return str(self.summary.get("status") or "unknown")
+        return (self.summary.status if self.summary else "") or "unknown"
 
     @property
-    def final(self) -> dict[str, Any]:
-        return section_of(self.summary, "final")
+    def final(self) -> FinalRecord | None:
+        """The evaluation after the last round, when the summary has one."""
+        return self.summary.final if self.summary else None
+
+    @property
+    def final_eval(self) -> Metrics:
+        """The clients' final evaluation (none: empty)."""
+        return self.final.eval if self.final else {}
+
+    @property
+    def final_server_eval(self) -> Metrics:
+        """The server's final evaluation (none: empty)."""
+        return (self.final.server_eval if self.final else None) or {}
 
     @property
     def planned_rounds(self) -> int | None:
-        return as_int(self.summary.get("rounds")) or as_int(self.config.get("num-rounds"))
+        planned = self.summary.rounds if self.summary else None
+        return planned or as_int(self.config.get("num-rounds"))
 
     @property
     def last_round(self) -> int | None:
-        rounds = [r for row in self.rows if (r := as_int(row.get("round"))) is not None]
-        return max(rounds) if rounds else None
+        return max(row.round for row in self.rows) if self.rows else None
 
     def total_seconds(self) -> float | None:
-        seconds = as_number(self.summary.get("seconds"))
-        if seconds is not None:
-            return seconds
-        per_round = [s for row in self.rows if (s := as_number(row.get("seconds"))) is not None]
-        return sum(per_round) if per_round else None
+        if self.summary is not None:
+            return self.summary.seconds
+        return sum(row.seconds for row in self.rows) if self.rows else None
 
     def is_final(self, rnd: int) -> bool:
         """Whether clients.jsonl's round `rnd` is the final evaluation (written as round N+1)."""
@@ -161,11 +178,11 @@ def load_run(path: Path, name: str | None = None) -> Run:
     if CONFIG in present:
         run.config = _read_json(path / CONFIG)
     if SUMMARY in present:
-        run.summary = _read_json(path / SUMMARY)
+        run.summary = Summary.from_json(_read_json(path / SUMMARY))
     if METRICS in present:
-        run.rows = _read_jsonl(path / METRICS)
+        run.rows = [RoundRow.from_json(r) for r in _read_jsonl(path / METRICS)]
     if CLIENTS in present:
-        run.clients = _read_jsonl(path / CLIENTS)
+        run.clients = [ClientRow.from_json(r) for r in _read_jsonl(path / CLIENTS)]
     return run
 
 
@@ -195,15 +212,14 @@ def as_int(value: Any) -> int | None:
     return int(number) if number is not None and number.is_integer() else None
 
 
-def section_of(obj: Mapping[str, Any], key: str) -> dict[str, Any]:
-    value = obj.get(key)
-    return value if isinstance(value, dict) else {}
+def sections(row: RoundRow) -> tuple[tuple[Metrics, str], ...]:
+    """A round's metrics and whose they are: the clients' aggregate, the server's evaluation
+    (empty without server-eval)."""
+    return (row.train, "clients"), (row.server_eval or {}, "server")
 
 
-def row_mb(row: Mapping[str, Any]) -> float | None:
-    parts = [as_number(row.get(k)) for k in ("bytes-sent", "bytes-received")]
-    values = [v for v in parts if v is not None]
-    return sum(values) / 1e6 if values else None
+def row_mb(row: RoundRow) -> float:
+    return (row.bytes_sent + row.bytes_received) / 1e6
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:

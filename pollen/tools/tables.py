@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pollen.tools.runs import SECTIONS, Run, as_int, as_number, section_of
+from pollen.tools.runs import Run, as_number, sections
 
 METRICS_CSV = "metrics.csv"
 CLIENTS_CSV = "clients.csv"
@@ -28,19 +28,20 @@ def metrics_table(runs: Sequence[Run]) -> tuple[list[str], list[dict[str, Any]]]
     rows: list[dict[str, Any]] = []
     for run in runs:
         for row in run.rows:
-            cells = {**_run_cells(run), "round": as_int(row.get("round")), "stage": "round"}
-            for key in ROUND_COLUMNS_CSV[2:]:
-                cells[key] = row.get(key) if as_number(row.get(key)) is not None else None
-            for section, who in SECTIONS:
-                for key, value in section_of(row, section).items():
+            cells = {
+                **_run_cells(run), "round": row.round, "stage": "round", "seconds": row.seconds,
+                "bytes-sent": row.bytes_sent, "bytes-received": row.bytes_received,
+            }  # fmt: skip
+            for section, who in sections(row):
+                for key, value in section.items():
                     if as_number(value) is not None:
                         cells[f"{who}.{key}"] = value
             rows.append(cells)
-        final = run.final
-        if section_of(final, "eval") or section_of(final, "server-eval"):
+        finals = ((run.final_eval, "clients"), (run.final_server_eval, "server"))
+        if any(section for section, _ in finals):
             cells = {**_run_cells(run), "round": run.last_round, "stage": "final"}
-            for section, who in (("eval", "clients"), ("server-eval", "server")):
-                for key, value in section_of(final, section).items():
+            for section, who in finals:
+                for key, value in section.items():
                     if as_number(value) is not None:
                         cells[f"{who}.{key}"] = value
             rows.append(cells)
@@ -54,16 +55,15 @@ def clients_table(runs: Sequence[Run]) -> tuple[list[str], list[dict[str, Any]]]
     rows: list[dict[str, Any]] = []
     for run in runs:
         for row in run.clients:
-            rnd = as_int(row.get("round"))
-            final = rnd is not None and run.is_final(rnd)
+            final = run.is_final(row.round)
             cells = {
                 **_run_cells(run),
-                "round": run.planned_rounds if final else rnd,
+                "round": run.planned_rounds if final else row.round,
                 "stage": "final" if final else "round",
-                "client-id": as_int(row.get("client-id")),
-                "phase": row.get("phase"),
+                "client-id": row.client_id,
+                "phase": row.phase,
             }
-            for key, value in section_of(row, "metrics").items():
+            for key, value in row.metrics.items():
                 if as_number(value) is not None:
                     cells[str(key)] = value
             rows.append(cells)

@@ -18,7 +18,8 @@ def test_local_tests_after_training_so_its_figures_stay_at_their_round(tmp_path:
     assert [x for x, _ in metric_series(fedavg, "accuracy")["clients test-accuracy"]] == [
         0, 1, 2, 3]  # fmt: skip
     placed = metric_series(local, "accuracy")["clients test-accuracy"]
-    final = local.summary["final"]["eval"]["test-accuracy"]
+    assert local.summary is not None and local.summary.final is not None
+    final = local.summary.final.eval["test-accuracy"]
     assert placed == [(1, 0.55), (2, 0.60), (3, final)]
     assert [x for x, _ in metric_series(local, "loss")["clients train-loss"]] == [1, 2, 3]
 

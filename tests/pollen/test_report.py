@@ -365,15 +365,46 @@ def test_a_private_runs_epsilon_is_a_column_of_the_rounds_table(tmp_path: Path) 
     assert "| epsilon |" not in (write_report([plain]) / "report.md").read_text()
 
 
-def test_a_run_under_attack_and_its_robust_rule_are_named() -> None:
+def test_a_run_under_attack_and_its_robust_rule_are_named(tmp_path: Path) -> None:
     from pollen.tools.report import _threat_lines
+    from pollen.tools.runs import load_run
 
-    summary = {
-        "robust": {"robust.rule": "median", "robust.f": 2},
-        "attack": {"clients": [10, 11], "kind": "sign-flip", "simulated": True},
-    }
-    assert _threat_lines(summary) == [
+    run = make_run(tmp_path, "attacked", "fedavg", 0.5)
+    summary = json.loads((run / "summary.json").read_text())
+    plain = load_run(run).summary
+    summary["robust"] = {"robust.rule": "median", "robust.f": 2}
+    summary["attack"] = {"clients": [10, 11], "kind": "sign-flip", "simulated": True}
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert _threat_lines(load_run(run).summary) == [
         "- robust aggregation: robust.f=2, robust.rule=median",
         "- **simulated attack**: clients [10, 11] act as sign-flip",
     ]
-    assert _threat_lines({"status": "completed"}) == []
+    assert _threat_lines(plain) == []
+    assert _threat_lines(None) == []
+    md = (write_report([run]) / "report.md").read_text()
+    assert "- **simulated attack**: clients [10, 11] act as sign-flip" in md
+
+
+def test_a_run_of_an_earlier_version_reports_what_it_has(tmp_path: Path) -> None:
+    """Rows before codec-seconds, push-seconds and the server's evaluation, a summary before
+    peak-rss-mb and the clients taking part: the report leaves those out, not in as zeros."""
+    old = _copy(SEED0, tmp_path / "old")
+    rows = [json.loads(x) for x in (old / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        del row["codec-seconds"], row["server-eval"]
+        for phase in row["phases"]:
+            del phase["push-seconds"]
+    _write_jsonl(old / "metrics.jsonl", rows)
+    summary = json.loads((old / "summary.json").read_text())
+    del summary["peak-rss-mb"], summary["clients"], summary["final"]["server-eval"]
+    (old / "summary.json").write_text(json.dumps(summary))
+    out = write_report([old], tmp_path / "r", formats=("svg",))
+    md = (out / "report.md").read_text()
+    assert "- clients: 3 configured\n" in md and "- rounds: 2 of 2 recorded" in md
+    header = next(line for line in md.splitlines() if line.startswith("| round"))
+    assert "server" not in header and "| seconds | MB |" in header
+    final = md.split("**Final evaluation**")[1]
+    assert f"| test-accuracy | {summary['final']['eval']['test-accuracy']:.4f} | – |" in final
+    assert "server: test-accuracy" not in _svg_texts(out / "accuracy.svg")
+    metrics_csv = (out / "metrics.csv").read_text().splitlines()
+    assert not any("server." in column for column in metrics_csv[0].split(","))
