@@ -64,8 +64,11 @@ def split_tensors(env: ClientEnv, split: str) -> Tensors:
 def new_model(env: ClientEnv) -> nn.Module:
     """The run's model on the client's device; with DP-SGD, as Opacus can train it
     (models.privacy.dp_compatible: BatchNorm -> GroupNorm), as the server builds it too."""
-    shape, classes = model_input(env.settings)
-    model = build_model(env.run.model, shape, classes)
+    if env.model_fn is not None:  # the user's own model (pollen.flower)
+        model = env.model_fn()
+    else:
+        shape, classes = model_input(env.settings)
+        model = build_model(env.run.model, shape, classes)
     if DPSettings.of(env.settings).enabled:
         model = dp_compatible(model)
     return model.to(env.device)

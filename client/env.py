@@ -28,8 +28,15 @@ from pollen.core.settings import RunSettings, Scalar
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
 
     from federated_data import ClientData, DataSpec
+
+ModelFn = Callable[[], "nn.Module"]
+"""Builds a client's model (a user's own, pollen.flower): a fresh `nn.Module` per call."""
+DataFn = Callable[[int, int], "ClientData"]
+"""Loads a client's data (a user's own, pollen.flower): (partition id, number of partitions)
+-> its train/val/test splits."""
 
 
 class ClientConfigError(ValueError):
@@ -90,13 +97,31 @@ class ClientEnv:
     node_attack: NodeAttack | None = None
     """The attack the node's operator asked every client of this node to run (node config
     `attack`), or None."""
+    model_fn: ModelFn | None = None
+    """The user's model in place of the run's `model` (a Flower app's own, pollen.flower)."""
+    data_fn: DataFn | None = None
+    """The user's data in place of the run's dataset partition (pollen.flower)."""
+    num_partitions: int = 0
+    """The node's num-partitions (what `data_fn` is told; 0: the run's num-clients)."""
     _extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_context(cls, context: Context) -> ClientEnv:
         """The node's environment: that of its client, or of the first of the clients it hosts
         (`for_client` gives the others')."""
-        cfg = from_run_config(context.run_config)
+        return cls.of_settings(context, from_run_config(context.run_config))
+
+    @classmethod
+    def of_settings(
+        cls,
+        context: Context,
+        cfg: Mapping[str, Scalar],
+        model_fn: ModelFn | None = None,
+        data_fn: DataFn | None = None,
+    ) -> ClientEnv:
+        """The node's environment for a run of settings `cfg` (from Flower's run config, or sent
+        by the server with each message: pollen.flower), with the user's model and data when
+        given."""
         run = RunSettings.of(cfg)
         node = context.node_config
         hosted = hosted_clients(node, run)
@@ -109,6 +134,9 @@ class ClientEnv:
             cache_dir=_cache_dir(node, cfg),
             data_dir=str(node.get("data-dir") or run.data_dir) or None,
             node_attack=node_attack(node),
+            model_fn=model_fn,
+            data_fn=data_fn,
+            num_partitions=int(node.get("num-partitions", 0) or 0),
         )
 
     @property
@@ -140,13 +168,17 @@ class ClientEnv:
         from federated_data import load_client_data  # lazy: heavy data code
 
         started = time.perf_counter()
-        part = partition_of(self.settings, self.cid)
-        key = (repr(self.data_spec), part, str(self.cache_dir))
-        data = _resident.get(key) if _resident is not None else None
-        if data is None:
-            data = load_client_data(self.data_spec, part, self.cache_dir)
-            if _resident is not None:
-                _resident.keep(key, data)
+        if self.data_fn is not None:
+            data = own_data(self.data_fn, self.cid, self.num_partitions or self.run.num_clients)
+        else:
+            part = partition_of(self.settings, self.cid)
+            key = (repr(self.data_spec), part, str(self.cache_dir))
+            kept = _resident.get(key) if _resident is not None else None
+            if kept is None:
+                kept = load_client_data(self.data_spec, part, self.cache_dir)
+                if _resident is not None:
+                    _resident.keep(key, kept)
+            data = kept
         self._extra["data-seconds"] = time.perf_counter() - started
         if self.attack == "label-flip":
             data = flip_labels(data)
@@ -187,6 +219,19 @@ class ClientEnv:
         """A seed fixed by (the client's secret, round, purpose): nobody else can know it, and
         a round answered twice draws the same numbers (client.state.StateStore.secret)."""
         return private_seed(self.state.secret(), f"{self.cid}/{server_round}/{tag}")
+
+
+def own_data(data_fn: DataFn, partition: int, partitions: int) -> ClientData:
+    """The user's data of this client (pollen.flower), checked to be a ClientData."""
+    from federated_data import ClientData  # lazy: heavy data code
+
+    data = data_fn(partition, partitions)
+    if not isinstance(data, ClientData):
+        raise ClientConfigError(
+            f"the data function returned {type(data).__name__}, not the client's splits "
+            "(pollen.flower.client_data(train=(x, y), test=(x, y), num_classes=C) makes them)"
+        )
+    return replace(data, client_id=partition)
 
 
 class ResidentData:
