@@ -65,8 +65,12 @@ class Engine:
         results: ResultsWriter,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        initial_arrays: Mapping[str, np.ndarray] | None = None,
     ) -> None:
         self.grid = grid
+        self.initial_arrays = initial_arrays
+        """What a fresh run's global model starts from in place of the strategy's own
+        initialization (a Flower app's `initial_arrays`, pollen.flower; Strategy.start_from)."""
         self.settings = settings
         self.run_settings = RunSettings.of(settings)
         """The run's common settings, typed (`run` is the method that runs it)."""
@@ -286,6 +290,8 @@ class Engine:
         """The strategy's state from the checkpoint (--resume) or fresh; the first round."""
         if not self.run_settings.resume:
             self.strategy.initialize(self.run_settings.seed)
+            if self.initial_arrays:
+                self.strategy.start_from(self.initial_arrays)
             self.results.write_config(settings)
             return 1
         ckpt = checkpoint.load(self.results.dir)

@@ -11,7 +11,7 @@ import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from flwr.app import RecordDict
@@ -19,9 +19,36 @@ from flwr.app import RecordDict
 from pollen.core.registry import AlgorithmSpec
 from pollen.core.settings import RunSettings, Scalar
 
+if TYPE_CHECKING:
+    from torch import nn
+
+ModelFn = Callable[[], "nn.Module"]
+"""Builds the model a strategy's clients train, in place of the run's `model`: a Flower app's
+own (pollen.flower), the same function its clients are given."""
+
 
 class InvalidReply(ValueError):
     """A client's reply is unusable; it is logged and left out of aggregation."""
+
+
+class InitialArraysError(ValueError):
+    """Arrays given to start a run from (a Flower app's `initial_arrays`) do not fit the
+    strategy's model."""
+
+
+def layout_mismatch(given: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray]) -> str:
+    """Why `given` cannot stand for `expected` (names, shapes), or '' when it can."""
+    missing = sorted(set(expected) - set(given))
+    extra = sorted(set(given) - set(expected))
+    if missing or extra:
+        return (
+            f"{len(missing)} array(s) missing (e.g. {missing[:2]}), {len(extra)} unknown "
+            f"(e.g. {extra[:2]})"
+        )
+    for key, want in expected.items():
+        if np.shape(given[key]) != np.shape(want):
+            return f"array {key!r} has shape {np.shape(given[key])}, the model's {np.shape(want)}"
+    return ""
 
 
 @dataclass(frozen=True)
@@ -74,6 +101,10 @@ class Federation(Protocol):
 class Strategy(ABC):
     """Server side of one algorithm. Its state must round-trip through `state`/`load_state`."""
 
+    model_fn: ModelFn | None = None
+    """The user's model (pollen.flower), or None: the run's `model`. Strategies whose clients
+    train a classifier build their initial model and parameter names from it."""
+
     def __init__(self, settings: Mapping[str, Scalar]) -> None:
         self.settings = settings
         self.run = RunSettings.of(settings)
@@ -86,6 +117,20 @@ class Strategy(ABC):
     @abstractmethod
     def run_round(self, fed: Federation) -> dict[str, float]:
         """One round: phases, aggregation; returns the round's aggregated client metrics."""
+
+    def start_from(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Start from `arrays` (a Flower app's `initial_arrays`) in place of the initial
+        global state `initialize` made. Strategies with a global model take a model of its
+        layout; this default takes only the arrays `global_arrays` holds already."""
+        own = self.global_arrays() or {}
+        same = not layout_mismatch(arrays, own) and all(
+            np.array_equal(arrays[k], v) for k, v in own.items()
+        )
+        if not same:
+            raise InitialArraysError(
+                f"{type(self).__name__} starts from its own initial state; give no initial "
+                "arrays (or the strategy's own, `initial_arrays()`)"
+            )
 
     def finalize(self, fed: Federation) -> dict[str, float]:
         """Evaluation after the last round; one extra exchange only when the algorithm needs it."""

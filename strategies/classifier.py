@@ -14,18 +14,22 @@ from pollen.core.dataspec import class_weights, data_spec, model_input
 from pollen.core.paths import cache_dir
 from pollen.core.protection import DPSettings
 from pollen.core.settings import RunSettings, Scalar
+from strategies.base import ModelFn
 
 if TYPE_CHECKING:
     from torch import nn
 
 
-def _model(settings: Mapping[str, Scalar]) -> nn.Module:
-    """The run's model; with DP-SGD, made trainable by Opacus as the clients make it
-    (models.privacy.dp_compatible: BatchNorm -> GroupNorm)."""
+def _model(settings: Mapping[str, Scalar], model_fn: ModelFn | None = None) -> nn.Module:
+    """The run's model (or the user's, `model_fn`); with DP-SGD, made trainable by Opacus as
+    the clients make it (models.privacy.dp_compatible: BatchNorm -> GroupNorm)."""
     from models import build_model  # lazy: torch
 
-    shape, classes = model_input(settings)
-    model = build_model(RunSettings.of(settings).model, shape, classes)
+    if model_fn is not None:
+        model = model_fn()
+    else:
+        shape, classes = model_input(settings)
+        model = build_model(RunSettings.of(settings).model, shape, classes)
     if DPSettings.of(settings).enabled:
         from models.privacy import dp_compatible  # lazy: torch (models), opacus
 
@@ -33,19 +37,21 @@ def _model(settings: Mapping[str, Scalar]) -> nn.Module:
     return model
 
 
-def initial_weights(settings: Mapping[str, Scalar], seed: int) -> dict[str, np.ndarray]:
+def initial_weights(
+    settings: Mapping[str, Scalar], seed: int, model_fn: ModelFn | None = None
+) -> dict[str, np.ndarray]:
     import torch  # lazy: torch
 
     from models.weights import get_weights  # lazy: torch
 
     torch.manual_seed(seed)
-    return get_weights(_model(settings))
+    return get_weights(_model(settings, model_fn))
 
 
-def parameter_keys(settings: Mapping[str, Scalar]) -> list[str]:
+def parameter_keys(settings: Mapping[str, Scalar], model_fn: ModelFn | None = None) -> list[str]:
     """Names of the model's trainable tensors among its weights (buffers such as batch-norm
     statistics excluded)."""
-    return [name for name, p in _model(settings).named_parameters() if p.requires_grad]
+    return [name for name, p in _model(settings, model_fn).named_parameters() if p.requires_grad]
 
 
 class ServerEvaluator:

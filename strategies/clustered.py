@@ -54,12 +54,12 @@ class Clustered(Strategy):
 
     def initialize(self, seed: int) -> None:
         self.clusters = [[]]
-        self.models = [initial_weights(self.settings, seed)]
+        self.models = [initial_weights(self.settings, seed, self.model_fn)]
 
     def keys(self) -> list[str]:
         """The tensors an update is measured on: the trainable parameters."""
         if self._keys is None:
-            self._keys = parameter_keys(self.settings)
+            self._keys = parameter_keys(self.settings, self.model_fn)
         return self._keys
 
     def cluster_of(self, cid: int) -> int:

@@ -38,7 +38,9 @@ class DFedEM(Strategy):
         self.combiner = Combiner(settings)
 
     def initialize(self, seed: int) -> None:
-        start = pack([initial_weights(self.settings, seed + m) for m in range(self.num)])
+        start = pack(
+            [initial_weights(self.settings, seed + m, self.model_fn) for m in range(self.num)]
+        )
         self.models = [dict(start) for _ in range(self.num_clients)]
         rng = np.random.default_rng([seed, 0xD])
         adjacency = erdos_renyi(self.num_clients, self.edge_probability, rng)

@@ -32,7 +32,7 @@ from strategies.aggregate import (
     num_examples,
     weighted_average,
 )
-from strategies.base import ClientInfo, Federation
+from strategies.base import ClientInfo, Federation, layout_mismatch
 from strategies.classifier import initial_weights
 from strategies.global_model import GlobalModelStrategy
 from strategies.privacy import PrivacyLedger
@@ -48,7 +48,20 @@ class FedEM(GlobalModelStrategy):
 
     def initialize(self, seed: int) -> None:
         # components must differ, or the E-step can never tell them apart
-        self.weights = pack([initial_weights(self.settings, seed + m) for m in range(self.num)])
+        self.weights = pack(
+            [initial_weights(self.settings, seed + m, self.model_fn) for m in range(self.num)]
+        )
+
+    def start_from(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """The M packed components (a FedEM model), or one model: the first component's start,
+        the others kept as `initialize` drew them (components must start apart, Sec. 3.2)."""
+        first = self.components()[0]
+        if layout_mismatch(arrays, first):
+            super().start_from(arrays)
+            return
+        components = self.components()
+        components[0] = {k: np.asarray(arrays[k], dtype=v.dtype) for k, v in first.items()}
+        self.weights = pack(components)
 
     def components(self) -> list[dict[str, np.ndarray]]:
         return unpack(self.weights, self.num)

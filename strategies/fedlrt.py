@@ -78,7 +78,7 @@ from strategies.aggregate import (
     num_examples,
     weighted_average,
 )
-from strategies.base import Federation, Strategy
+from strategies.base import Federation, InitialArraysError, Strategy, layout_mismatch
 from strategies.classifier import ServerEvaluator, initial_weights
 from strategies.robust import Combiner
 from strategies.schedule import learning_rate
@@ -126,6 +126,8 @@ class FeDLRT(Strategy):
 
     # ---- the model ---------------------------------------------------------------------
     def _dense_model(self) -> Any:
+        if self.model_fn is not None:
+            return self.model_fn()
         shape, classes = model_input(self.settings)
         return build_model(self.run.model, shape, classes)
 
@@ -147,7 +149,18 @@ class FeDLRT(Strategy):
         return max_rank(fac.U.shape[0], fac.V.shape[0], self.fedlrt.max_rank)
 
     def initialize(self, seed: int) -> None:
-        weights = initial_weights(self.settings, seed)
+        weights = initial_weights(self.settings, seed, self.model_fn)
+        self._warm_start_from = dict(weights) if self.fedlrt.warm_start else None
+        self._start_from(weights)
+
+    def start_from(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """A dense model (a Flower app's initial arrays): the layers factorized at the initial
+        rank, as `initialize` does with the model it builds."""
+        dense = initial_weights(self.settings, 0, self.model_fn)
+        reason = layout_mismatch(arrays, dense)
+        if reason:
+            raise InitialArraysError(f"the initial arrays do not fit the dense model: {reason}")
+        weights = {k: np.asarray(arrays[k], dtype=v.dtype) for k, v in dense.items()}
         self._warm_start_from = dict(weights) if self.fedlrt.warm_start else None
         self._start_from(weights)
 

@@ -22,7 +22,7 @@ class GlobalClassifierStrategy(GlobalModelStrategy):
         self._evaluator = ServerEvaluator(settings)
 
     def initialize(self, seed: int) -> None:
-        self.weights = initial_weights(self.settings, seed)
+        self.weights = initial_weights(self.settings, seed, self.model_fn)
 
     def finalize(self, fed: Federation) -> dict[str, float]:
         config = {"lr": learning_rate(self.settings, self.run.num_rounds)}

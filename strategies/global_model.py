@@ -11,7 +11,7 @@ from flwr.app import RecordDict
 from pollen.core import protocol
 from pollen.core.settings import Scalar
 from strategies.aggregate import expect_arrays
-from strategies.base import Federation, Strategy
+from strategies.base import Federation, InitialArraysError, Strategy, layout_mismatch
 from strategies.privacy import PrivacyLedger
 from strategies.robust import Combiner
 
@@ -34,6 +34,13 @@ class GlobalModelStrategy(Strategy):
 
     def global_arrays(self) -> dict[str, np.ndarray]:
         return self.weights
+
+    def start_from(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """The global model from `arrays`: the same names and shapes as the model's."""
+        reason = layout_mismatch(arrays, self.weights)
+        if reason:
+            raise InitialArraysError(f"the initial arrays do not fit the model: {reason}")
+        self.weights = {k: np.asarray(arrays[k], dtype=v.dtype) for k, v in self.weights.items()}
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         return dict(self.weights), self.privacy.state() | self.combiner.state()

@@ -38,7 +38,7 @@ class Scaffold(GlobalClassifierStrategy):
 
     def initialize(self, seed: int) -> None:
         super().initialize(seed)
-        self.control = zeros_like(self.weights, parameter_keys(self.settings))
+        self.control = zeros_like(self.weights, parameter_keys(self.settings, self.model_fn))
 
     def validate(self, cid: int, content: RecordDict) -> None:
         """delta_y with the model's keys, shapes and dtypes; delta_c with c's."""
