@@ -1,0 +1,299 @@
+"""pollen.flower: Pollen's algorithms as Flower strategies and client halves, run in process over
+a LocalGrid (the real ServerApp/ClientApp objects, no transport)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp.strategy import Strategy as FlowerStrategy
+from torch import nn
+
+from client.app import app as pollen_client_app
+from client.env import ClientConfigError
+from pollen.core.registry import ALGORITHMS
+from pollen.core.runconfig import all_settings, resolve
+from pollen.core.rundir import Summary, read_summary
+from pollen.flower import (
+    STRATEGIES,
+    ClientData,
+    FedAvg,
+    FedEM,
+    FeDLRT,
+    FedSC,
+    PollenStrategy,
+    SettingsError,
+    client_data,
+    keyword_settings,
+    register,
+)
+from server.app import app as pollen_server_app
+from server.local_grid import LocalGrid
+from strategies.base import InitialArraysError
+
+FAST: dict[str, Any] = {
+    "dataset": "digits", "lr": 0.1, "batch_size": 16, "seed": 1, "poll_interval": 0.05
+}  # fmt: skip
+
+
+def _kebab(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {k if "." in k else k.replace("_", "-"): v for k, v in kwargs.items()}
+
+
+def _client_app(algorithm: str, **kwargs: Any) -> ClientApp:
+    app = ClientApp()
+    register(app, algorithm, **kwargs)
+    return app
+
+
+# ---- construction --------------------------------------------------------------------------
+def test_every_registered_algorithm_is_a_flower_strategy_with_defaults() -> None:
+    assert set(STRATEGIES) == set(ALGORITHMS)
+    declared = all_settings()
+    for name, cls in STRATEGIES.items():
+        strategy = cls()  # every setting defaulted
+        assert isinstance(strategy, FlowerStrategy)
+        assert strategy.settings()["algorithm"] == name
+        names = keyword_settings(name)
+        assert set(names.values()) <= set(declared)
+        assert "num_rounds" not in names and "algorithm" not in names
+        for own in ALGORITHMS[name].settings:  # the algorithm's own settings are all there
+            assert own.key in names.values()
+
+
+def test_keyword_arguments_are_settings_checked_when_the_strategy_is_made() -> None:
+    strategy = FedEM(components=2, local_epochs=3, robust_rule="median", robust_f=1)
+    settings = strategy.settings()
+    assert settings["fedem.components"] == 2
+    assert settings["local-epochs"] == 3
+    assert settings["robust.rule"] == "median"
+    with pytest.raises(SettingsError, match=r"no setting 'component'.*did you mean components"):
+        FedEM(component=2)
+    with pytest.raises(SettingsError, match=r"fedem\.components.*expected int"):
+        FedEM(components="three")
+    with pytest.raises(SettingsError, match=r"robust\.rule"):
+        FedEM(robust_rule="nonsense")
+
+
+def test_own_models_only_where_the_clients_train_a_classifier() -> None:
+    with pytest.raises(SettingsError, match="fedsc builds its models"):
+        FedSC(model_fn=lambda: nn.Linear(2, 2))
+    with pytest.raises(SettingsError, match="register it without model_fn"):
+        register(ClientApp(), "adept-ae", model_fn=lambda: nn.Linear(2, 2))
+    with pytest.raises(SettingsError, match="evaluate_fn"):
+        FedAvg(model_fn=lambda: nn.Linear(2, 2), server_eval=True)
+
+
+# ---- the same results as Pollen's own apps ------------------------------------------------
+def _summary(out: Path) -> Summary:
+    summary = read_summary(out)
+    assert summary is not None, out
+    return summary
+
+
+def _pollen_run(out: Path, cache: Path, settings: dict[str, Any], clients: int) -> dict[str, Any]:
+    config = dict(resolve({**_kebab(settings), "cache-dir": str(cache), "out-dir": str(out)}))
+    grid = LocalGrid(pollen_client_app, clients, config)
+    pollen_server_app(grid, Context(1, 0, {}, RecordDict(), config))
+    return _summary(out).to_json()
+
+
+@pytest.mark.slow
+def test_fedem_start_gives_pollens_results_bitwise(tmp_path: Path, shared_cache: Path) -> None:
+    settings = {**FAST, "algorithm": "fedem", "num_clients": 4,
+                "num_rounds": 2, "server_eval": False, "fraction_train": 0.5}  # fmt: skip
+    own = _pollen_run(tmp_path / "pollen", shared_cache, {**settings, "fedem.components": 2}, 4)
+    strategy = FedEM(
+        components=2, fraction_train=0.5, cache_dir=str(shared_cache),
+        out_dir=str(tmp_path / "flower"), **FAST,
+    )  # fmt: skip
+    grid = LocalGrid(_client_app("fedem"), 4, {})
+    result = strategy.start(grid=grid, initial_arrays=None, num_rounds=2)
+    flower = _summary(tmp_path / "flower").to_json()
+    assert own["final"]["eval"] == flower["final"]["eval"]
+    assert own["last-round"]["train"] == flower["last-round"]["train"]
+    assert dict(result.evaluate_metrics_clientapp[2]) == own["final"]["eval"]
+    assert dict(result.train_metrics_clientapp[2]) == pytest.approx(own["last-round"]["train"])
+    model = np.load(tmp_path / "pollen" / "final_model.npz")
+    arrays = {k: v.numpy() for k, v in result.arrays.items()}
+    assert sorted(arrays) == sorted(model.files)
+    for key in model.files:
+        assert np.array_equal(arrays[key], model[key]), key
+
+
+@pytest.mark.slow
+def test_flowers_own_loop_over_the_hooks_trains_the_same_model(
+    tmp_path: Path, shared_cache: Path
+) -> None:
+    """Flower's Strategy.start (configure/aggregate each round) and Pollen's start sample the
+    same clients and reach the same global model: the hooks are the algorithm's round."""
+    kwargs: dict[str, Any] = {**FAST, "fraction_train": 0.6, "cache_dir": str(shared_cache)}
+    engine = FedAvg(out_dir=str(tmp_path / "a"), **kwargs)
+    ours = engine.start(grid=LocalGrid(_client_app("fedavg"), 5, {}), num_rounds=2)
+    hooks = FedAvg(num_clients=5, out_dir=str(tmp_path / "b"), **kwargs)
+    start = hooks.initial_arrays()
+    theirs = FlowerStrategy.start(
+        hooks, grid=LocalGrid(_client_app("fedavg"), 5, {}), initial_arrays=start, num_rounds=2
+    )
+    for key, value in ours.arrays.items():
+        assert np.array_equal(value.numpy(), theirs.arrays[key].numpy()), key
+    assert set(theirs.train_metrics_clientapp) == {1, 2}
+    assert float(theirs.evaluate_metrics_clientapp[2]["test-accuracy"]) > 0.5  # type: ignore[arg-type]
+    assert dict(theirs.train_metrics_clientapp[2]) == pytest.approx(
+        dict(ours.train_metrics_clientapp[2])
+    )
+
+
+def test_multi_phase_algorithms_say_start_is_their_entry_point(shared_cache: Path) -> None:
+    strategy = FeDLRT(num_clients=2, cache_dir=str(shared_cache), **FAST)
+    grid = LocalGrid(_client_app("fedlrt"), 2, {})
+    with pytest.raises(NotImplementedError, match="use start"):
+        strategy.configure_train(1, ArrayRecord(), ConfigRecord(), grid)
+
+
+# ---- a Flower user's own model and data ----------------------------------------------------
+class TinyNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3)
+        self.head = nn.Linear(4 * 6 * 6, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.conv(x)).flatten(1))
+
+
+def digits_share(partition_id: int, num_partitions: int) -> ClientData:
+    from sklearn.datasets import load_digits
+
+    bunch: Any = load_digits()
+    x = (np.asarray(bunch.images)[:, None] / 16.0).astype(np.float32)  # 8x8, 1 channel
+    y = np.asarray(bunch.target)
+    share = np.array_split(np.random.default_rng(0).permutation(len(y)), num_partitions)
+    idx = share[partition_id]
+    cut = int(0.8 * len(idx))
+    return client_data(train=(x[idx[:cut]], y[idx[:cut]]), test=(x[idx[cut:]], y[idx[cut:]]),
+                       num_classes=10)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_fedem_trains_a_users_own_model_on_their_own_data(tmp_path: Path) -> None:
+    seen: list[tuple[int, MetricRecord | None]] = []
+
+    def evaluate(rnd: int, arrays: ArrayRecord) -> MetricRecord | None:
+        assert sorted(arrays) == sorted(f"comp{m}.{k}" for m in range(2)
+                                        for k in TinyNet().state_dict())  # fmt: skip
+        seen.append((rnd, None))
+        return MetricRecord({"round": float(rnd)})
+
+    strategy = FedEM(model_fn=TinyNet, components=2, lr=0.2, momentum=0.9, batch_size=16,
+                     out_dir=str(tmp_path / "out"))  # fmt: skip
+    user = TinyNet()
+    app = _client_app("fedem", model_fn=TinyNet, data_fn=digits_share)
+    result = strategy.start(
+        grid=LocalGrid(app, 3, {}), initial_arrays=ArrayRecord(user.state_dict()),
+        num_rounds=3, evaluate_fn=evaluate,
+    )  # fmt: skip
+    assert [r for r, _ in seen] == [0, 1, 2, 3]
+    assert result.evaluate_metrics_serverapp[3]["round"] == 3.0
+    final = result.evaluate_metrics_clientapp[3]
+    assert final["clients"] == 3.0
+    assert float(final["test-accuracy"]) > 0.5  # type: ignore[arg-type]  # chance is 0.1
+    # the user's arrays started the first component (then trained); the others were drawn
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    with pytest.raises(InitialArraysError, match="do not fit the model"):
+        FedEM(model_fn=TinyNet, out_dir=str(tmp_path / "bad")).start(
+            grid=LocalGrid(app, 3, {}), initial_arrays=ArrayRecord(nn.Linear(3, 3).state_dict()),
+            num_rounds=1,
+        )  # fmt: skip
+
+
+def test_a_data_function_must_return_the_clients_splits(tmp_path: Path) -> None:
+    app = _client_app("fedavg", data_fn=lambda p, n: (p, n))
+    strategy = FedAvg(num_clients=2, out_dir=str(tmp_path))
+    # in process the ClientApp's exception reaches the caller (a SuperNode sends it as the
+    # reply's error, which the server logs with the client it came from)
+    with pytest.raises(ClientConfigError, match="returned tuple, not the client's splits"):
+        strategy.start(grid=LocalGrid(app, 2, {}), num_rounds=1)
+
+
+def test_train_config_is_refused_with_the_reason(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="keyword arguments"):
+        FedAvg(out_dir=str(tmp_path)).start(
+            grid=LocalGrid(ClientApp(), 1, {}), train_config=ConfigRecord({"lr": 0.1})
+        )
+
+
+# ---- every algorithm, from the registry -----------------------------------------------------
+def _small(name: str) -> dict[str, Any]:
+    """The registry's small settings of `name` as its strategy's keyword arguments."""
+    names = {key: kw for kw, key in keyword_settings(name).items()}
+    return {names[k]: v for k, v in ALGORITHMS[name].small.items() if k in names}
+
+
+def _own(name: str, tmp_path: Path, clients: int) -> tuple[PollenStrategy, ClientApp]:
+    """`name`'s strategy and client half with the user's data (digits, 8x8) and, where the
+    algorithm takes one, the user's model."""
+    cls = STRATEGIES[name]
+    model: dict[str, Any] = {"model_fn": TinyNet} if cls.takes_model_fn else {}
+    data: dict[str, Any] = {} if name in ("noop", "adept-pca") else {"data_fn": digits_share}
+    small = _small(name)
+    if name != "adept-pca":  # ADEPT-PCA's small run is its synthetic subspace data
+        small.update(dataset="digits")
+    kwargs: dict[str, Any] = {"batch_size": 16, "lr": 0.1, **small}
+    strategy = cls(out_dir=str(tmp_path / name), num_clients=clients, **model, **kwargs)
+    app = ClientApp()
+    register(app, name, **model, **data)
+    return strategy, app
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_algorithm_runs_with_the_users_data(name: str, tmp_path: Path) -> None:
+    strategy, app = _own(name, tmp_path, 3)
+    result = strategy.start(grid=LocalGrid(app, 3, {}), num_rounds=1)
+    assert _summary(tmp_path / name).status == "completed"
+    assert set(result.train_metrics_clientapp) == {1}
+    if ALGORITHMS[name].labels and name != "noop":
+        assert "test-accuracy" in result.train_metrics_clientapp[1], name
+
+
+ONE_EXCHANGE = sorted(
+    n for n, s in ALGORITHMS.items() if len(s.round_phases()) == 1 and not s.once
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ONE_EXCHANGE)
+def test_flowers_loop_runs_every_one_exchange_algorithm(name: str, tmp_path: Path) -> None:
+    strategy, app = _own(name, tmp_path, 3)
+    result = FlowerStrategy.start(strategy, grid=LocalGrid(app, 3, {}),
+                                  initial_arrays=ArrayRecord(), num_rounds=2)  # fmt: skip
+    assert set(result.train_metrics_clientapp) == {1, 2}
+    assert set(result.evaluate_metrics_clientapp) == {1, 2}
+
+
+def test_a_client_half_refuses_another_algorithms_instructions(tmp_path: Path) -> None:
+    app = _client_app("fedem", data_fn=digits_share)
+    with pytest.raises(SettingsError, match="runs fedem's client half, the server fedavg"):
+        FedAvg(num_clients=1, out_dir=str(tmp_path)).start(grid=LocalGrid(app, 1, {}))
+
+
+@pytest.mark.slow
+def test_a_stopped_run_resumes_in_its_out_dir(tmp_path: Path, shared_cache: Path) -> None:
+    kwargs: dict[str, Any] = {**FAST, "cache_dir": str(shared_cache), "num_clients": 3}
+    once = FedAvg(out_dir=str(tmp_path / "a"), **kwargs)
+    once.start(grid=LocalGrid(_client_app("fedavg"), 3, {}), num_rounds=1)
+    resumed = FedAvg(out_dir=str(tmp_path / "a"), resume=True, **kwargs)
+    result = resumed.start(grid=LocalGrid(_client_app("fedavg"), 3, {}), num_rounds=2)
+    fresh = FedAvg(out_dir=str(tmp_path / "b"), **kwargs)
+    whole = fresh.start(grid=LocalGrid(_client_app("fedavg"), 3, {}), num_rounds=2)
+    assert set(result.train_metrics_clientapp) == {2}  # this call's rounds
+    for key, value in whole.arrays.items():
+        assert np.array_equal(value.numpy(), result.arrays[key].numpy()), key
