@@ -1,0 +1,1 @@
+"""fedem-example: Flower's quickstart with Pollen's FedEM in place of FedAvg."""
