@@ -127,19 +127,31 @@ class Engine:
         min_replies: int | None = None,
         fold: Fold | None = None,
     ) -> dict[int, RecordDict]:
-        needed = self.run_settings.min_replies if min_replies is None else min_replies
         if not payloads:  # nobody to ask (client-level DP's Poisson sample can be empty)
             return {}
         answered, failures = Phase(self, message_type, payloads, validate, fold=fold).run()
         replies = {r.key: r.content for r in answered}
-        if len(replies) < min(needed, len(payloads)):
+        self.require(message_type, len(replies), len(payloads), failures, min_replies)
+        return replies
+
+    def require(
+        self,
+        message_type: str,
+        valid: int,
+        asked: int,
+        failures: Mapping[int, str],
+        min_replies: int | None = None,
+    ) -> None:
+        """PhaseFailed, with every failed client's reason, when a phase that asked `asked`
+        clients got fewer than min-replies (or `min_replies`) valid replies."""
+        needed = self.run_settings.min_replies if min_replies is None else min_replies
+        if valid < min(needed, asked):
             reasons = "; ".join(f"client {c}: {r}" for c, r in sorted(failures.items()))
             raise PhaseFailed(
-                f"round {self.server_round}, phase {message_type}: {len(replies)} valid "
-                f"replies of {len(payloads)}, at least {min(needed, len(payloads))} needed"
+                f"round {self.server_round}, phase {message_type}: {valid} valid "
+                f"replies of {asked}, at least {min(needed, asked)} needed"
                 + (f" ({reasons})" if reasons else "")
             )
-        return replies
 
     def screen(
         self,

@@ -25,7 +25,7 @@ from flwr.serverapp import Grid
 from pollen.core import protocol
 from pollen.core.settings import RunSettings, Scalar
 from pollen.flower.wire import with_settings
-from server.engine import Engine, PhaseFailed
+from server.engine import Engine
 from server.exchange import message
 from server.results import ResultsWriter
 from strategies.base import Fold, Strategy, Validator
@@ -82,15 +82,7 @@ class StepEngine(Engine):
                 answered[cid] = protocol.without_arrays(good[cid])
             else:
                 answered[cid] = good[cid]
-        needed = min(self.run_settings.min_replies if min_replies is None else min_replies,
-                     len(payloads))  # fmt: skip
-        if len(answered) < needed:
-            reasons = "; ".join(f"client {c}: {r}" for c, r in sorted(failures.items()))
-            raise PhaseFailed(
-                f"round {self.server_round}, phase {message_type}: {len(answered)} valid "
-                f"replies of {len(payloads)}, at least {needed} needed"
-                + (f" ({reasons})" if reasons else "")
-            )
+        self.require(message_type, len(answered), len(payloads), failures, min_replies)
         return answered
 
 
