@@ -179,8 +179,9 @@ class Engine:
         if not new:
             return online
         hello = {n: protocol.instruction(self.server_round, HELLO) for n in new}
-        replies, _ = Phase(self, HELLO, hello, self._check_hello, hello=True).run()
+        replies, failures = Phase(self, HELLO, hello, self._check_hello, hello=True).run()
         self.roster.admit(replies, online, self.server_round, self.results)
+        self.roster.failed(failures)
         return online
 
     def _check_hello(self, _node: int, content: RecordDict) -> None:
@@ -216,6 +217,11 @@ class Engine:
                     reason=reason,
                 )
                 return
+            if have < need and self.roster.cannot_serve(online, want, resends):
+                raise PhaseFailed(
+                    f"only {have} of the {need} required clients can connect: "
+                    f"{self.roster.missing(online, want)}"
+                )
             if have != said:  # what the run waits for, each time it changes
                 said = have
                 self.results.event(

@@ -11,7 +11,7 @@ holder answers is refused, so no client counts twice.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from flwr.app import RecordDict
 
@@ -35,6 +35,10 @@ class Roster:
         self.refused: dict[int, int] = {}  # node -> the client it claimed from a live holder
         self.unanswered: dict[int, int] = {}  # node -> hellos sent that it never answered
         self.gave_up: dict[int, int] = {}  # node -> the round its hello was last given up in
+        self.errors: dict[int, tuple[int, str]] = {}
+        """node -> (hellos in a row it answered with an error or an invalid reply, the last
+        reason): a node whose ClientApp cannot serve the run (its data or model cannot be
+        loaded) answers every hello so."""
 
     def forget_node(self, node_id: int) -> None:
         self.packed.discard(node_id)
@@ -54,6 +58,7 @@ class Roster:
             n: c for n, c in self.refused.items() if n in online and self.held_live(c, online)
         }
         self.unanswered = {n: k for n, k in self.unanswered.items() if n in online}
+        self.errors = {n: e for n, e in self.errors.items() if n in online}
         # a node whose hello went unanswered after every resend is greeted again next round
         # (each greeting blocks the round until it is answered or given up)
         later = {n for n, r in self.gave_up.items() if r == server_round and n in online}
@@ -122,6 +127,26 @@ class Roster:
             if repeat and len(sends[node_id]) > repeat:  # greeted again next round
                 self.gave_up[node_id] = server_round
 
+    def failed(self, failures: Mapping[int, str]) -> None:
+        """After a hello phase: count the nodes that answered with an error or an invalid reply
+        (`failures` but those that never answered); a node admitted starts again from 0."""
+        for node_id in self.node_cids:
+            self.errors.pop(node_id, None)
+        for node_id, reason in failures.items():
+            if node_id in self.unanswered or node_id in self.node_cids:
+                continue
+            self.errors[node_id] = (self.errors.get(node_id, (0, ""))[0] + 1, reason)
+
+    def cannot_serve(self, online: set[int], want: int, resend_limit: int) -> bool:
+        """Every node that could serve a missing client is online and answered its hello with
+        an error more than resend-limit times in a row: waiting longer changes nothing."""
+        if self.packed or len(online) < want:
+            return False
+        waiting = [n for n in online if n not in self.node_cids and n not in self.refused
+                   and n not in self.replaced]  # fmt: skip
+        limit = resend_limit + 1
+        return bool(waiting) and all(self.errors.get(n, (0, ""))[0] >= limit for n in waiting)
+
     def held_live(self, cid: int, online: set[int]) -> bool:
         """Whether a node that is online and answered its last instruction holds `cid`."""
         info = self.clients.get(cid)
@@ -155,6 +180,13 @@ class Roster:
                 f"{len(silent)} connected node(s) never answered the hello ({asked}{more}; a "
                 "reply lost on its way, e.g. to the SuperLink's 'database is locked', or a node "
                 "too busy to answer)"
+            )
+        failing = sorted(n for n in online if n in self.errors and n not in self.node_cids)
+        if failing:
+            first = failing[0]
+            why.append(
+                f"{len(failing)} node(s) answered the hello with an error (node {first}, "
+                f"{_times(self.errors[first][0])}: {self.errors[first][1]})"
             )
         absent = want - len(online) if not self.packed else 0
         if absent > 0:

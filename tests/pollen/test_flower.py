@@ -16,7 +16,6 @@ from flwr.serverapp.strategy import Strategy as FlowerStrategy
 from torch import nn
 
 from client.app import app as pollen_client_app
-from client.env import ClientConfigError
 from pollen.core.registry import ALGORITHMS
 from pollen.core.runconfig import all_settings, resolve
 from pollen.core.rundir import Summary, read_summary
@@ -34,8 +33,10 @@ from pollen.flower import (
     register,
 )
 from server.app import app as pollen_server_app
+from server.engine import PhaseFailed
 from server.local_grid import LocalGrid
 from strategies.base import InitialArraysError
+from tests.fakes import FakeGrid
 
 FAST: dict[str, Any] = {
     "dataset": "digits", "lr": 0.1, "batch_size": 16, "seed": 1, "poll_interval": 0.05
@@ -215,12 +216,12 @@ def test_fedem_trains_a_users_own_model_on_their_own_data(tmp_path: Path) -> Non
 
 
 def test_a_data_function_must_return_the_clients_splits(tmp_path: Path) -> None:
-    app = _client_app("fedavg", data_fn=lambda p, n: (p, n))
-    strategy = FedAvg(num_clients=2, out_dir=str(tmp_path))
-    # in process the ClientApp's exception reaches the caller (a SuperNode sends it as the
-    # reply's error, which the server logs with the client it came from)
-    with pytest.raises(ClientConfigError, match="returned tuple, not the client's splits"):
-        strategy.start(grid=LocalGrid(app, 2, {}), num_rounds=1)
+    """A SuperNode sends its ClientApp's exception as an error reply: the run stops once every
+    node has answered its hellos so, in one line naming the reason."""
+    grid = FakeGrid(_client_app("fedavg", data_fn=lambda p, n: (p, n)), 2, {})
+    grid.errors_as_replies = True
+    with pytest.raises(PhaseFailed, match="returned tuple, not the client's splits"):
+        FedAvg(num_clients=2, poll_interval=0.05, out_dir=str(tmp_path)).start(grid=grid)
 
 
 def test_train_config_is_refused_with_the_reason(tmp_path: Path) -> None:
@@ -280,9 +281,10 @@ def test_flowers_loop_runs_every_one_exchange_algorithm(name: str, tmp_path: Pat
 
 
 def test_a_client_half_refuses_another_algorithms_instructions(tmp_path: Path) -> None:
-    app = _client_app("fedem", data_fn=digits_share)
-    with pytest.raises(SettingsError, match="runs fedem's client half, the server fedavg"):
-        FedAvg(num_clients=1, out_dir=str(tmp_path)).start(grid=LocalGrid(app, 1, {}))
+    grid = FakeGrid(_client_app("fedem", data_fn=digits_share), 1, {})
+    grid.errors_as_replies = True
+    with pytest.raises(PhaseFailed, match="runs fedem's client half, the server fedavg"):
+        FedAvg(num_clients=1, poll_interval=0.05, out_dir=str(tmp_path)).start(grid=grid)
 
 
 @pytest.mark.slow

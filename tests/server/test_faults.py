@@ -16,7 +16,7 @@ from flwr.app import Message
 from client.app import app as client_app
 from client.state import StateStore
 from pollen.core.rundir import read_jsonl
-from server.engine import Engine
+from server.engine import Engine, PhaseFailed
 from server.results import ResultsWriter
 from strategies.fedavg import FedAvg
 from strategies.fedem import FedEM
@@ -168,3 +168,45 @@ def test_a_phase_waiting_thousands_of_polls_times_out_cleanly(run_config: dict[s
     rows = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")
     assert rows[0]["phases"][-1]["failed"] == {"1": "no reply within 600 s"}
     assert len(sleeps) > 1100 and max(sleeps) <= 0.05
+
+
+def _hello_errors(times: int) -> Any:
+    """A fault: every node's first `times` hellos are answered with an error."""
+    seen: dict[int, int] = {}
+
+    def fault(node: int, msg: Message, _content: Any) -> str | None:
+        if msg.metadata.message_type != "query.hello":
+            return None
+        seen[node] = seen.get(node, 0) + 1
+        return "error" if seen[node] <= times else None
+
+    return fault
+
+
+def test_nodes_that_answer_every_hello_with_an_error_stop_the_wait_at_once(
+    run_config: dict[str, Any],
+) -> None:
+    """A ClientApp that cannot serve the run (its data cannot be loaded, say) answers every hello
+    with an error: once each node has done so resend-limit + 1 times the run stops, naming the
+    reason, instead of waiting out wait-for-clients."""
+    cfg = settings_of({**run_config, "wait-for-clients": 600.0})
+    grid = FakeGrid(client_app, 3, cfg)
+    grid.error_reason = "the data function returned tuple"
+    grid.faults.append(_hello_errors(10**6))
+    clock = FakeClock()
+    engine = Engine(grid, cfg, FedAvg(cfg), ResultsWriter(cfg["out-dir"]), clock, clock.sleep)
+    why = r"can connect: 0 of 3 clients.*answered the hello with an error.*returned tuple"
+    with pytest.raises(PhaseFailed, match=why):
+        engine.run()
+    assert clock.now < 10  # seconds of polling, not the 600 s wait
+    hellos = [n for n, t in grid.sent if t == "query.hello"]
+    assert len(hellos) == 3 * (int(cfg["resend-limit"]) + 1)
+
+
+def test_a_node_whose_hello_fails_fewer_times_joins(run_config: dict[str, Any]) -> None:
+    cfg = settings_of({**run_config, "num-rounds": 1})
+    grid = FakeGrid(client_app, 3, cfg)
+    grid.faults.append(_hello_errors(int(cfg["resend-limit"])))
+    summary = Engine(grid, cfg, FedAvg(cfg), ResultsWriter(cfg["out-dir"])).run()
+    assert summary["status"] == "completed"
+    assert summary["clients"] == [0, 1, 2]
