@@ -26,6 +26,10 @@ Parts (each writes benchmarks/results/<part>.json):
               interval; memory per node (resident worker, relay) over a long FedAvg run
   robust      one aggregation point under each robust rule (benchmarks/robust_cost.py) at 100
               and 1,000 clients: seconds and peak memory beside the folding mean
+  loop        FedAvg on mnist-5k at 100 and 1,000 clients against its floor, a plain PyTorch
+              loop in one thread (benchmarks/loop_floor.py), back to back: seconds per round
+              with --parallel 1 and 2 and their ratios to the loop, and where a simulated
+              client's time goes (client-timing)
   nodes       `pollen deploy` of FedAvg on digits with 2, 4, 8, 16, 32 SuperNodes on this machine
               (--node-counts), back to back: seconds per warm round, peak memory of the process
               tree (resident and proportional) and per node, memory by role, resent
@@ -692,6 +696,78 @@ def part_startup(args: argparse.Namespace, work: Path, cache: Path) -> dict[str,
     return result
 
 
+CLIENT_STAGES = (
+    ("time-data", "data load"),
+    ("time-handler", "handler (model, training, evaluation; data load and codec included)"),
+    ("time-codec", "arrays <-> record bytes"),
+    ("time-deserialize", "Flower: instruction rebuilt from its objects"),
+    ("time-serialize", "Flower: reply turned into objects"),
+)
+"""The per-client stages of a profiled round (setting client-timing), in the order shown."""
+
+
+def part_loop(args: argparse.Namespace, work: Path, cache: Path) -> dict[str, Any]:
+    """FedAvg on mnist-5k against its floor, back to back at each of --loop-clients: the plain
+    loop of benchmarks/loop_floor.py (one thread) and `pollen simulate` with --parallel 1 and
+    2, seconds per round and their ratios; then one more Pollen run with client-timing for
+    where a simulated client's time goes (per-client medians, the server's per-round parts)."""
+    from loop_floor import measure  # lazy: torch
+
+    rows: list[dict[str, Any]] = []
+    for n in args.loop_clients:
+        extra = ["--set", "final-eval=false"]
+        loop = measure(n, args.loop_rounds, cache)
+        _say(f"loop      {n:>6} clients: plain loop {loop['round-seconds']} s/round (1 thread)")
+        row: dict[str, Any] = {"clients": n, "loop": loop}
+        for parallel in (1, 2):
+            run = pollen_run(
+                "simulate", "fedavg", n, args.loop_rounds, work / f"loop-{n}-p{parallel}", cache,
+                [*extra, "--parallel", str(parallel)], client_timing=False,
+            )  # fmt: skip
+            ratio = (
+                round(run["round-seconds"] / loop["round-seconds"], 2) if "error" not in run
+                else None
+            )  # fmt: skip
+            row[f"pollen-parallel-{parallel}"] = run
+            row[f"ratio-parallel-{parallel}"] = ratio
+            _say(f"loop      {n:>6} clients: pollen --parallel {parallel} "
+                 f"{run.get('round-seconds', 'err')} s/round, {ratio}x the loop")  # fmt: skip
+        profiled = pollen_run(
+            "simulate", "fedavg", n, args.loop_rounds, work / f"loop-{n}-profile", cache,
+            [*extra, "--parallel", "1"],
+        )  # fmt: skip
+        row["profile"] = _profile(profiled, n)
+        rows.append(row)
+    return {"rows": rows}
+
+
+def _profile(run: dict[str, Any], clients: int) -> dict[str, Any]:
+    """A profiled run's stages: per client (medians, ms) and per round (s)."""
+    if "error" in run:
+        _say(f"loop      profile failed: {run['error'][-200:]}")
+        return {"error": run["error"]}
+    client = run.get("client", {})
+    per_client = {
+        label: round(1000 * client[key]["median"], 3) for key, label in CLIENT_STAGES
+        if key in client
+    }  # fmt: skip
+    train = run["phases"].get("train", {})
+    per_round = {
+        "round": run["round-seconds"],
+        "train exchange": train.get("seconds"),
+        "push of the instructions": train.get("push-seconds"),
+        "server codec": run["server-codec-seconds"],
+        "server outside exchanges (aggregation, checkpoint, files)": run[
+            "server-outside-exchanges-seconds"
+        ],
+    }
+    for label, ms in per_client.items():
+        _say(f"loop      {clients:>6} clients, per client: {label}: {ms} ms")
+    for label, secs in per_round.items():
+        _say(f"loop      {clients:>6} clients, per round: {label}: {secs} s")
+    return {"per-client-ms": per_client, "per-round-seconds": per_round}
+
+
 PARTS: dict[str, Callable[[argparse.Namespace, Path, Path], dict[str, Any]]] = {
     "startup": part_startup,
     "algorithms": part_algorithms,
@@ -701,6 +777,7 @@ PARTS: dict[str, Callable[[argparse.Namespace, Path, Path], dict[str, Any]]] = {
     "resident": part_resident,
     "robust": part_robust,
     "nodes": part_nodes,
+    "loop": part_loop,
 }
 
 
@@ -756,6 +833,11 @@ def main() -> int:
         "--robust-params", type=int, default=199210,
         help="robust: model parameters (default: the MLP of mnist-5k)",
     )  # fmt: skip
+    parser.add_argument(
+        "--loop-clients", type=_ints, default=_ints("100,1000"),
+        help="loop: client counts of FedAvg on mnist-5k against the plain loop",
+    )  # fmt: skip
+    parser.add_argument("--loop-rounds", type=int, default=3, help="loop: rounds of each run")
     parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--tag", default="", help="suffix of the JSON file names")
     args = parser.parse_args()

@@ -227,6 +227,8 @@ class PollenStrategy(Strategy):
         `evaluate_config` must be empty: an algorithm's clients are configured by its
         settings, which travel with every instruction. The run's clients are the SuperNodes
         connected at the start (the `num_clients` keyword argument fixes their number)."""
+        log.info("Starting %s strategy (Pollen's engine):", type(self).__name__)
+        self.summary()
         if train_config or evaluate_config:
             raise SettingsError(
                 "Pollen's clients are configured by the strategy's keyword arguments, not by "

@@ -8,6 +8,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -94,3 +95,30 @@ def test_tree_memory_by_role_and_the_lost_messages_of_a_run(
     assert run._lost_and_resent(tmp_path) == {
         "resent": 2, "database-locked": 2, "failed-sends": 1,
     }  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_loop_floor_trains_and_averages_the_clients_models(shared_cache: Path) -> None:
+    """benchmarks/loop_floor.py, the floor `--parts loop` compares Pollen with: its rounds are
+    timed, and a round is the examples-weighted mean of the clients' trained models (with lr 0
+    every client returns the global model, so the mean is that model; with lr > 0 it moves)."""
+    import torch
+
+    from models import build_model
+    from pollen.core.runconfig import resolve
+    from pollen.core.settings import RunSettings
+
+    loop = _load("loop_floor")
+    result = loop.measure(3, 2, shared_cache, dataset="digits")
+    assert len(result["round-seconds-each"]) == 2 and result["round-seconds"] > 0
+    assert result["examples"] > 0
+    x = torch.rand(20, 1, 8, 8)
+    y = torch.randint(0, 10, (20,))
+    data = [(x[:12], y[:12]), (x[12:], y[12:])]
+    torch.manual_seed(0)
+    state = build_model("mlp", (1, 8, 8), 10).state_dict()
+    for lr, moves in ((0.0, False), (0.5, True)):
+        run = RunSettings.of(resolve({"dataset": "digits", "lr": lr, "batch-size": 4}))
+        after = loop._round(state, data, run, (1, 8, 8), 10, 0)
+        changed = any(not torch.allclose(after[k], state[k]) for k in state)
+        assert changed == moves, lr
