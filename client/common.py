@@ -18,13 +18,12 @@ from client.env import ClientEnv
 from client.state import private_seed
 from client.training import SGD, ProximalTerm, to_device, train_classifier
 from federated_data import ArrayDataset
-from models import build_model
 from models.evaluation import evaluate_classifier
-from models.privacy import Entry, add_steps, dp_compatible, epsilon
+from models.privacy import Entry, add_steps, epsilon
 from pollen.core import protocol
 from pollen.core.contracts.dp_sgd import EPSILON, LEDGER, NOISE, STEPS, ClientDP, client_dp, shown
-from pollen.core.dataspec import class_weights, model_input
-from pollen.core.protection import DPSettings
+from pollen.core.dataspec import class_weights
+from pollen.core.runmodel import run_model
 
 
 @dataclass(frozen=True)
@@ -64,14 +63,7 @@ def split_tensors(env: ClientEnv, split: str) -> Tensors:
 def new_model(env: ClientEnv) -> nn.Module:
     """The run's model on the client's device; with DP-SGD, as Opacus can train it
     (models.privacy.dp_compatible: BatchNorm -> GroupNorm), as the server builds it too."""
-    if env.model_fn is not None:  # the user's own model (pollen.flower)
-        model = env.model_fn()
-    else:
-        shape, classes = model_input(env.settings)
-        model = build_model(env.run.model, shape, classes)
-    if DPSettings.of(env.settings).enabled:
-        model = dp_compatible(model)
-    return model.to(env.device)
+    return run_model(env.settings, env.model_fn).to(env.device)
 
 
 def generator(env: ClientEnv, server_round: int, tag: str) -> torch.Generator:

@@ -24,19 +24,13 @@ from pollen.core.paths import cache_dir
 from pollen.core.protection import NODE_ATTACKS, AttackSettings
 from pollen.core.registry import AlgorithmSpec
 from pollen.core.runconfig import from_run_config
+from pollen.core.runmodel import DataFn, ModelFn
 from pollen.core.settings import RunSettings, Scalar
 
 if TYPE_CHECKING:
     import torch
-    from torch import nn
 
     from federated_data import ClientData, DataSpec
-
-ModelFn = Callable[[], "nn.Module"]
-"""Builds a client's model (a user's own, pollen.flower): a fresh `nn.Module` per call."""
-DataFn = Callable[[int, int], "ClientData"]
-"""Loads a client's data (a user's own, pollen.flower): (partition id, number of partitions)
--> its train/val/test splits."""
 
 
 class ClientConfigError(ValueError):

@@ -11,20 +11,14 @@ import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from flwr.app import RecordDict
 
 from pollen.core.registry import AlgorithmSpec
+from pollen.core.runmodel import ModelFn
 from pollen.core.settings import RunSettings, Scalar
-
-if TYPE_CHECKING:
-    from torch import nn
-
-ModelFn = Callable[[], "nn.Module"]
-"""Builds the model a strategy's clients train, in place of the run's `model`: a Flower app's
-own (pollen.flower), the same function its clients are given."""
 
 
 class InvalidReply(ValueError):
@@ -49,6 +43,13 @@ def layout_mismatch(given: Mapping[str, np.ndarray], expected: Mapping[str, np.n
         if np.shape(given[key]) != np.shape(want):
             return f"array {key!r} has shape {np.shape(given[key])}, the model's {np.shape(want)}"
     return ""
+
+
+def same_arrays(given: Mapping[str, np.ndarray], expected: Mapping[str, np.ndarray]) -> bool:
+    """Whether `given` holds exactly `expected`: the same names, shapes and values."""
+    return not layout_mismatch(given, expected) and all(
+        np.array_equal(given[k], v) for k, v in expected.items()
+    )
 
 
 @dataclass(frozen=True)
@@ -122,11 +123,7 @@ class Strategy(ABC):
         """Start from `arrays` (a Flower app's `initial_arrays`) in place of the initial
         global state `initialize` made. Strategies with a global model take a model of its
         layout; this default takes only the arrays `global_arrays` holds already."""
-        own = self.global_arrays() or {}
-        same = not layout_mismatch(arrays, own) and all(
-            np.array_equal(arrays[k], v) for k, v in own.items()
-        )
-        if not same:
+        if not same_arrays(arrays, self.global_arrays() or {}):
             raise InitialArraysError(
                 f"{type(self).__name__} starts from its own initial state; give no initial "
                 "arrays (or the strategy's own, `initial_arrays()`)"

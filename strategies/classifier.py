@@ -10,31 +10,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from federated_data import ArrayDataset, load_server_test_data
-from pollen.core.dataspec import class_weights, data_spec, model_input
+from pollen.core.dataspec import class_weights, data_spec
 from pollen.core.paths import cache_dir
-from pollen.core.protection import DPSettings
-from pollen.core.settings import RunSettings, Scalar
-from strategies.base import ModelFn
+from pollen.core.runmodel import ModelFn, run_model
+from pollen.core.settings import Scalar
 
 if TYPE_CHECKING:
     from torch import nn
 
 
 def _model(settings: Mapping[str, Scalar], model_fn: ModelFn | None = None) -> nn.Module:
-    """The run's model (or the user's, `model_fn`); with DP-SGD, made trainable by Opacus as
-    the clients make it (models.privacy.dp_compatible: BatchNorm -> GroupNorm)."""
-    from models import build_model  # lazy: torch
-
-    if model_fn is not None:
-        model = model_fn()
-    else:
-        shape, classes = model_input(settings)
-        model = build_model(RunSettings.of(settings).model, shape, classes)
-    if DPSettings.of(settings).enabled:
-        from models.privacy import dp_compatible  # lazy: torch (models), opacus
-
-        model = dp_compatible(model)
-    return model
+    """The run's model as the clients build it (pollen.core.runmodel)."""
+    return run_model(settings, model_fn)
 
 
 def initial_weights(

@@ -53,7 +53,6 @@ from typing import Any
 import numpy as np
 from flwr.app import RecordDict
 
-from models import build_model
 from models.fedlrt import (
     Factors,
     augment_basis,
@@ -69,7 +68,7 @@ from models.lowrank import load_low_rank, select_layers
 from pollen.core import protocol
 from pollen.core.contracts import fedlrt as contract
 from pollen.core.contracts.fedlrt import BASES, CORRECTIONS, GRADS, FeDLRTSettings
-from pollen.core.dataspec import model_input
+from pollen.core.runmodel import run_model
 from pollen.core.settings import Scalar
 from strategies.aggregate import (
     aggregate_metrics,
@@ -126,10 +125,7 @@ class FeDLRT(Strategy):
 
     # ---- the model ---------------------------------------------------------------------
     def _dense_model(self) -> Any:
-        if self.model_fn is not None:
-            return self.model_fn()
-        shape, classes = model_input(self.settings)
-        return build_model(self.run.model, shape, classes)
+        return run_model(self.settings, self.model_fn)
 
     def layer_names(self) -> list[str]:
         return select_layers(self._dense_model(), self.fedlrt.layers)

@@ -11,24 +11,17 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from client.dispatch import answer_node
-from client.env import ClientEnv, DataFn, ModelFn
+from client.env import ClientEnv
 from pollen.core.protocol import HELLO
 from pollen.core.registry import get_algorithm
+from pollen.core.runmodel import DataFn, ModelFn
 from pollen.core.settings import RunSettings, SettingsError
-from pollen.flower.wire import settings_of
+from pollen.flower.wire import OWN_MODEL, settings_of
 
 if TYPE_CHECKING:
     from federated_data import ClientData
 
 Handler = Callable[[Message, Context], Message]
-
-OWN_MODEL = frozenset(
-    {"fedavg", "fedavg-plus", "fedprox", "fedem", "d-fedem", "clustered", "fedlrt", "fedlin",
-     "scaffold", "local"}
-)  # fmt: skip
-"""The algorithms whose clients train a classifier `model_fn` can build (the others build
-their models from their settings: FedSC's encoders, ADEPT's models)."""
-
 
 def handler(algorithm: str, model_fn: ModelFn | None, data_fn: DataFn | None) -> Handler:
     """The ClientApp function that answers every message type of `algorithm`: the run's

@@ -28,7 +28,7 @@ from pollen.flower.wire import with_settings
 from server.engine import Engine
 from server.exchange import message
 from server.results import ResultsWriter
-from strategies.base import Fold, Strategy, Validator
+from strategies.base import Fold, Strategy, Validator, same_arrays
 
 log = logging.getLogger("flwr.pollen")
 
@@ -163,10 +163,7 @@ class HookRounds:
             if arrays:
                 self.half.start_from(arrays)
             self.engine.wait_for_clients()
-        elif arrays and not _same(arrays, self.half.global_arrays() or {}):
+        elif arrays and not same_arrays(arrays, self.half.global_arrays() or {}):
             self.half.start_from(arrays)
         return self.engine
 
-
-def _same(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> bool:
-    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)

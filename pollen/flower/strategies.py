@@ -35,13 +35,14 @@ from pollen.core import protocol
 from pollen.core.registry import get_algorithm
 from pollen.core.runconfig import resolve
 from pollen.core.rundir import RoundRow
+from pollen.core.runmodel import ModelFn
 from pollen.core.settings import RunSettings, Scalar, SettingsError
 from pollen.flower.hooks import HookRounds
-from pollen.flower.wire import overrides, with_settings
+from pollen.flower.wire import OWN_MODEL, overrides, with_settings
 from server.engine import Engine
 from server.results import ResultsWriter
-from strategies.base import ModelFn, strategy_class
 from strategies.base import Strategy as ServerHalf
+from strategies.base import strategy_class
 
 log = logging.getLogger("flwr.pollen")
 
@@ -155,8 +156,12 @@ class PollenStrategy(Strategy):
 
     algorithm: ClassVar[str]
     takes_model_fn: ClassVar[bool] = True
-    """Its clients train the model `model_fn` builds (a classifier); the self-supervised and
-    ADEPT algorithms build theirs from their own settings."""
+    """Its clients train the model `model_fn` builds (a classifier, pollen.flower.wire.OWN_MODEL);
+    the self-supervised and ADEPT algorithms build theirs from their own settings."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.takes_model_fn = cls.algorithm in OWN_MODEL
 
     def __init__(
         self, *, model_fn: ModelFn | None = None, out_dir: str | None = None, **settings: Any
@@ -393,7 +398,6 @@ class FedSC(PollenStrategy):
     point. Its encoder comes from its settings (`encoder`, `dim`, `hidden`)."""
 
     algorithm = "fedsc"
-    takes_model_fn = False
 
 
 class FedAvgSC(PollenStrategy):
@@ -401,21 +405,18 @@ class FedAvgSC(PollenStrategy):
     sharing)."""
 
     algorithm = "fedavg-sc"
-    takes_model_fn = False
 
 
 class FedAvgSimCLR(PollenStrategy):
     """FedAvg of SimCLR (Chen et al., ICML 2020), FedSC's baseline."""
 
     algorithm = "fedavg-simclr"
-    takes_model_fn = False
 
 
 class FedAvgBYOL(PollenStrategy):
     """FedAvg of BYOL (Grill et al., NeurIPS 2020), FedSC's baseline."""
 
     algorithm = "fedavg-byol"
-    takes_model_fn = False
 
 
 class ADEPTPCA(PollenStrategy):
@@ -423,21 +424,18 @@ class ADEPTPCA(PollenStrategy):
     Stiefel manifold, and sigma averaging."""
 
     algorithm = "adept-pca"
-    takes_model_fn = False
 
 
 class ADEPTAE(PollenStrategy):
     """ADEPT with autoencoders (Ozkara et al., AISTATS 2025)."""
 
     algorithm = "adept-ae"
-    takes_model_fn = False
 
 
 class ADEPTDGM(PollenStrategy):
     """ADEPT with diffusion generative models (Ozkara et al., AISTATS 2025)."""
 
     algorithm = "adept-dgm"
-    takes_model_fn = False
 
 
 class SCAFFOLD(PollenStrategy):
@@ -458,7 +456,6 @@ class NoOp(PollenStrategy):
     """A probe that trains nothing: every client answers a payload of `payload_kb`."""
 
     algorithm = "noop"
-    takes_model_fn = False
 
 
 STRATEGIES: dict[str, type[PollenStrategy]] = {

@@ -18,10 +18,19 @@ from pollen.core.registry import get_algorithm
 from pollen.core.runconfig import COMMON_SETTINGS, all_settings, resolve
 from pollen.core.settings import Scalar, SettingsError
 
-__all__ = ["SETTINGS", "SettingsError", "keyword_settings", "settings_of", "with_settings"]
+__all__ = [
+    "OWN_MODEL", "SETTINGS", "SettingsError", "keyword_settings", "settings_of", "with_settings"
+]  # fmt: skip
 
 SETTINGS = "pollen.settings"
 """The record of an instruction that carries the run's settings."""
+
+OWN_MODEL = frozenset(
+    {"fedavg", "fedavg-plus", "fedprox", "fedem", "d-fedem", "clustered", "fedlrt", "fedlin",
+     "scaffold", "local"}
+)  # fmt: skip
+"""The algorithms whose clients train a classifier a user's `model_fn` can build (the others
+build their models from their settings: FedSC's encoders, ADEPT's models)."""
 
 SET_BY_START = {
     "algorithm": "the strategy's class",
