@@ -16,7 +16,7 @@ from flwr.serverapp.strategy import Strategy as FlowerStrategy
 from torch import nn
 
 from client.app import app as pollen_client_app
-from pollen.core.registry import ALGORITHMS
+from pollen.core.registry import ALGORITHMS, ROBUST_RULES
 from pollen.core.runconfig import all_settings, resolve
 from pollen.core.rundir import Summary, read_summary
 from pollen.flower import (
@@ -299,3 +299,17 @@ def test_a_stopped_run_resumes_in_its_out_dir(tmp_path: Path, shared_cache: Path
     assert set(result.train_metrics_clientapp) == {2}  # this call's rounds
     for key, value in whole.arrays.items():
         assert np.array_equal(value.numpy(), result.arrays[key].numpy()), key
+
+
+def test_every_strategy_takes_every_robust_rule_or_refuses_it_in_one_line() -> None:
+    """The rules the registry lets an algorithm take are taken when the strategy is made; the
+    others are refused there, in one line naming the rule and the algorithm's reason."""
+    for name, cls in STRATEGIES.items():
+        for rule in ROBUST_RULES:
+            kwargs: dict[str, Any] = {"num_clients": 8, "robust_rule": rule, "robust_f": 1}
+            if rule in ALGORITHMS[name].robust_rules:
+                assert cls(**kwargs).settings()["robust.rule"] == rule
+                continue
+            with pytest.raises(SettingsError) as refused:
+                cls(**kwargs)
+            assert "\n" not in str(refused.value) and rule in str(refused.value), (name, rule)
