@@ -13,7 +13,8 @@ import time
 import numpy as np
 from flwr.app import MetricRecord, RecordDict
 
-from client.env import ClientConfigError, ClientEnv, client_handler
+from client.env import ClientConfigError, ClientEnv, client_handler, keep_simulated_data
+from client.warm import lending
 from pollen.core import protocol
 from pollen.core.contracts import client_dp
 from pollen.core.protection import ClientDPSettings
@@ -44,7 +45,8 @@ def answer(message_type: str, content: RecordDict, env: ClientEnv) -> RecordDict
         _time_torch_import(env)
     codec = protocol.codec_seconds()
     handler = hello if spec is None else client_handler(spec, message_type)
-    reply = handler(content, env)
+    with lending():  # the models this client is lent are free again when it is done
+        reply = handler(content, env)
     if spec is not None and message_type == "train" and spec.client_dp:
         reply = privatized(reply, content, env, spec)
     if spec is not None and message_type.startswith("train") and env.attack is not None:
@@ -144,6 +146,7 @@ def answer_node(message_type: str, content: RecordDict, env: ClientEnv) -> Recor
     raises gets an error part with the reason; the node's other clients are not affected."""
     if not env.packed:
         return answer(message_type, content, env)
+    keep_simulated_data()
     if message_type == HELLO:
         instructions = dict.fromkeys(env.hosted, content)
     elif not protocol.is_packed(content):

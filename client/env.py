@@ -9,7 +9,9 @@ from __future__ import annotations
 import hashlib
 import importlib
 import math
+import sys
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -229,11 +231,15 @@ def own_data(data_fn: DataFn, partition: int, partitions: int) -> ClientData:
 
 
 class ResidentData:
-    """The partitions a resident worker keeps in memory (client.worker): the newest few,
-    their arrays made read-only so that no handler can change what the next message reads."""
+    """The partitions a process keeps in memory, newest last: a resident worker
+    (client.worker) the newest few of its node's; a simulation worker, which serves many
+    clients in turn, as many as fit in `most_bytes`. Their arrays are made read-only so that no
+    handler can change what the next message reads."""
 
-    def __init__(self, limit: int = 2) -> None:
+    def __init__(self, limit: int = 2, most_bytes: int | None = None) -> None:
         self.limit = limit
+        self.most_bytes = most_bytes
+        self.bytes = 0
         self._kept: dict[tuple[str, int, str], ClientData] = {}
 
     def get(self, key: tuple[str, int, str]) -> ClientData | None:
@@ -243,23 +249,51 @@ class ResidentData:
         return data
 
     def keep(self, key: tuple[str, int, str], data: ClientData) -> None:
+        """Keep `data` (a partition larger than `most_bytes` alone is not kept)."""
+        if self.most_bytes is not None and _nbytes(data) > self.most_bytes:
+            return
         for split in (data.train, data.val, data.test):
             split.x.setflags(write=False)
             split.y.setflags(write=False)
+        old = self._kept.pop(key, None)
+        if old is not None:
+            self.bytes -= _nbytes(old)
         self._kept[key] = data
-        while len(self._kept) > self.limit:
-            self._kept.pop(next(iter(self._kept)))
+        self.bytes += _nbytes(data)
+        while self._kept and (
+            len(self._kept) > self.limit
+            or (self.most_bytes is not None and self.bytes > self.most_bytes)
+        ):
+            self.bytes -= _nbytes(self._kept.pop(next(iter(self._kept))))
+
+
+def _nbytes(data: ClientData) -> int:
+    return sum(s.x.nbytes + s.y.nbytes for s in (data.train, data.val, data.test))
 
 
 _resident: ResidentData | None = None
 
+SIMULATION_DATA_BYTES = 256 * 2**20
+"""The partitions a simulation worker keeps in memory across rounds (keep_simulated_data)."""
 
-def keep_data_resident(limit: int = 2) -> None:
-    """From now on this process keeps the partitions it loads (a resident worker serves one
-    node, so one partition, for many messages); ClientApp processes and simulation workers,
-    which serve other clients in turn, do not."""
+
+def keep_data_resident(limit: int = 2, most_bytes: int | None = None) -> None:
+    """From now on this process keeps the partitions it loads: a resident worker serves one
+    node, so one partition, for many messages (`limit` of them); ClientApp processes, which
+    serve one message, do not."""
     global _resident
-    _resident = ResidentData(limit)
+    _resident = ResidentData(limit, most_bytes)
+    # kept partitions are read-only; handlers copy what they change, so torch's note that a
+    # tensor shares a read-only array is noise here
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+def keep_simulated_data() -> None:
+    """A simulation worker (a packed node's ClientApp, setting simulation-nodes) keeps the
+    partitions it reads, up to SIMULATION_DATA_BYTES, the newest first: its clients come back
+    every round (client.dispatch.answer_node)."""
+    if _resident is None:
+        keep_data_resident(sys.maxsize, SIMULATION_DATA_BYTES)
 
 
 def hosted_clients(node: Mapping[str, Any], run: RunSettings) -> list[int]:

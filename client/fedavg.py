@@ -20,7 +20,6 @@ from torch import nn
 from client.common import (
     generator,
     momentum_arrays,
-    new_model,
     optimizer,
     privacy,
     privacy_meta,
@@ -32,16 +31,15 @@ from client.common import (
 from client.common import train as train_locally
 from client.env import ClientEnv, ClientHandler
 from client.training import ProximalTerm
-from models.weights import get_weights, set_weights
+from client.warm import received_model
+from models.weights import weights_view
 from pollen.core import protocol
 from pollen.core.contracts.fedavg import FedAvgPlusSettings, FedProxSettings
 
 
 def _received(content: RecordDict, env: ClientEnv) -> nn.Module:
     torch.set_num_threads(1)
-    model = new_model(env)
-    set_weights(model, protocol.arrays_of(content))
-    return model
+    return received_model(env, protocol.arrays_of(content))
 
 
 def _proximal(center: nn.Module, mu: float) -> ProximalTerm:
@@ -101,7 +99,7 @@ def _train(
         env.state.save(rnd, momentum_arrays(opt, env), {"round": rnd, **privacy_meta(private)})
     metrics.update(privacy_metrics(private))
     metrics[protocol.NUM_EXAMPLES] = len(data)
-    return protocol.reply(content, env.cid, metrics, arrays=get_weights(model))
+    return protocol.reply(content, env.cid, metrics, arrays=weights_view(model))
 
 
 def _evaluate(content: RecordDict, env: ClientEnv, *, adapt: bool = False) -> RecordDict:

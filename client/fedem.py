@@ -21,7 +21,6 @@ from client.common import (
     Tensors,
     generator,
     momentum_arrays,
-    new_model,
     optimizer,
     privacy,
     privacy_meta,
@@ -32,6 +31,7 @@ from client.common import (
 from client.common import train as train_locally
 from client.env import ClientEnv
 from client.training import per_sample_losses, predict_probabilities
+from client.warm import received_model
 from models.losses import correct_predictions, probability_loss
 from models.mixture import (
     fit_mixture_weights,
@@ -40,7 +40,7 @@ from models.mixture import (
     mixture_weights,
     responsibilities,
 )
-from models.weights import get_weights, set_weights
+from models.weights import weights_view
 from pollen.core import protocol
 from pollen.core.contracts.fedem import FedEMSettings, pack, unpack
 
@@ -49,9 +49,7 @@ def packed_models(content: RecordDict, num: int, env: ClientEnv) -> list[nn.Modu
     """The `num` models packed in an instruction's arrays, as modules."""
     models = []
     for weights in unpack(protocol.arrays_of(content), num):
-        model = new_model(env)
-        set_weights(model, weights)
-        models.append(model)
+        models.append(received_model(env, weights))
     return models
 
 
@@ -148,7 +146,7 @@ def train(content: RecordDict, env: ClientEnv) -> RecordDict:
         "train-loss": float(np.sum(losses)),
         "pi-entropy": float(-(pi * log_weights(pi)).nan_to_num().sum()),
     })  # fmt: skip
-    return protocol.reply(content, env.cid, metrics, arrays=pack([get_weights(m) for m in models]))
+    return protocol.reply(content, env.cid, metrics, arrays=pack([weights_view(m) for m in models]))
 
 
 def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:

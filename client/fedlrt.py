@@ -29,11 +29,12 @@ from client.common import (
 from client.common import train as train_locally
 from client.env import ClientEnv
 from client.training import SGD, batches, to_device
+from client.warm import received_model
 from models.augment import random_hflip
 from models.fedlrt import padded_coefficients
 from models.losses import per_sample_loss
 from models.lowrank import factorized_layers, load_low_rank
-from models.weights import get_weights, set_weights
+from models.weights import weights_view
 from pollen.core import protocol
 from pollen.core.contracts import fedlrt as contract
 from pollen.core.contracts.fedlrt import BASES, CORRECTIONS, GRADS, UBAR, VBAR
@@ -209,15 +210,14 @@ def warm_start(content: RecordDict, env: ClientEnv) -> RecordDict:
     torch.set_num_threads(1)
     rnd = protocol.round_of(content)
     steps = int(protocol.config_of(content).get(contract.STEPS, 0))
-    model = new_model(env)
-    set_weights(model, protocol.arrays_of(content))
+    model = received_model(env, protocol.arrays_of(content))
     sgd = sgd_for_round(content, env)
     opt = SGD(list(model.parameters()), sgd.lr, sgd.momentum, sgd.weight_decay)
     data = tensors(env.data.train, env.device)
     loss = sgd_steps(model, data, steps, opt, sgd.batch_size, generator(env, rnd, "warm-start"),
                      sgd.drop_last, sgd.hflip)  # fmt: skip
     metrics = {"train-loss": loss, "steps": float(steps), protocol.NUM_EXAMPLES: len(data)}
-    return protocol.reply(content, env.cid, metrics, arrays=get_weights(model))
+    return protocol.reply(content, env.cid, metrics, arrays=weights_view(model))
 
 
 def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:

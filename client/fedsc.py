@@ -44,7 +44,7 @@ from models.simclr import nt_xent
 from models.spectral import local_objective, norm_clip
 from models.ssl_eval import embed, knn_accuracy
 from models.ssl_nets import ContrastiveNet, build_contrastive_net
-from models.weights import get_weights, set_weights
+from models.weights import set_weights, weights_view
 from pollen.core import protocol
 from pollen.core.contracts.fedsc import (
     ALPHA,
@@ -180,7 +180,7 @@ def _train(
         amp=amp,
     )
     metrics[protocol.NUM_EXAMPLES] = len(data)
-    return protocol.reply(content, env.cid, metrics, arrays=get_weights(model))
+    return protocol.reply(content, env.cid, metrics, arrays=weights_view(model))
 
 
 def train(content: RecordDict, env: ClientEnv) -> RecordDict:

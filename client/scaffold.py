@@ -24,7 +24,6 @@ from torch import nn
 from client.common import (
     generator,
     momentum_arrays,
-    new_model,
     optimizer,
     privacy,
     privacy_meta,
@@ -36,8 +35,9 @@ from client.common import (
 from client.common import train as train_locally
 from client.env import ClientEnv
 from client.training import ProximalTerm
+from client.warm import received_model
 from models.scaffold import control_update, correction, difference, norm
-from models.weights import get_weights, set_weights
+from models.weights import get_weights
 from pollen.core import protocol
 from pollen.core.contracts.scaffold import CONTROL, CONTROL_DELTA, STORED_PREFIX
 
@@ -82,8 +82,7 @@ def train(content: RecordDict, env: ClientEnv) -> RecordDict:
     rnd = protocol.round_of(content)
     x = protocol.arrays_of(content)
     c = protocol.arrays_of(content, CONTROL)
-    model = new_model(env)
-    set_weights(model, x)
+    model = received_model(env, x)
     metrics = test_metrics(model, split_tensors(env, "test"))
 
     saved = env.state.load(before_round=rnd)
@@ -120,8 +119,7 @@ def train(content: RecordDict, env: ClientEnv) -> RecordDict:
 def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
     """The received model on the test split (unseen clients: on their train split too)."""
     torch.set_num_threads(1)
-    model = new_model(env)
-    set_weights(model, protocol.arrays_of(content))
+    model = received_model(env, protocol.arrays_of(content))
     metrics = test_metrics(model, split_tensors(env, "test"))
     if protocol.config_of(content).get(protocol.UNSEEN):
         metrics.update(test_metrics(model, split_tensors(env, "train"), "train"))

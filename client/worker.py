@@ -23,7 +23,6 @@ import socket
 import sys
 import time
 import traceback
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
@@ -50,9 +49,6 @@ def _warm_up() -> str:
     the CUDA context when there is a GPU. Returns the device it found."""
     import torch  # lazy: torch (imported once, before the worker listens)
 
-    # cached partitions are read-only (client.env.ResidentData); handlers copy what they
-    # change, so torch's note that a tensor shares a read-only array is noise here
-    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
     if torch.cuda.is_available():
         torch.cuda.init()
         return f"cuda ({torch.cuda.get_device_name(0)})"

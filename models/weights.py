@@ -14,6 +14,13 @@ def get_weights(model: nn.Module) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
 
 
+def weights_view(model: nn.Module) -> dict[str, np.ndarray]:
+    """The model's weights as arrays that share its memory (on the CPU): for encoding at once
+    (pollen.core.protocol.reply copies them into the message); `get_weights` for arrays to
+    keep."""
+    return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+
+
 def set_weights(model: nn.Module, weights: Mapping[str, np.ndarray]) -> None:
     state = {k: torch.from_numpy(np.asarray(v)) for k, v in weights.items()}
     model.load_state_dict(state, strict=True)

@@ -78,7 +78,7 @@ def check_reply(
     for name, record in content.items():
         if isinstance(record, ArrayRecord):
             try:
-                arrays = protocol.from_record(record)
+                arrays = protocol.from_record(record, copy=False)
             except protocol.BundleError as exc:
                 raise InvalidReply(f"record {name!r}: {exc}") from None
             for key, arr in arrays.items():

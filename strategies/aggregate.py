@@ -75,12 +75,13 @@ def weighted_average(
 def expect_arrays(
     content: RecordDict, name: str, reference: Mapping[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
-    """The reply's record `name`, checked to have exactly the reference's keys, shapes, dtypes."""
+    """The reply's record `name`, checked to have exactly the reference's keys, shapes, dtypes
+    (read-only views of the reply's bytes)."""
     record = content.get(name)
     if not isinstance(record, ArrayRecord):
         raise InvalidReply(f"missing array record '{name}'")
     try:
-        arrays = protocol.from_record(record)
+        arrays = protocol.from_record(record, copy=False)
     except protocol.BundleError as exc:
         raise InvalidReply(f"record '{name}': {exc}") from None
     keys = set(arrays)

@@ -68,7 +68,7 @@ class GlobalModelStrategy(Strategy):
             acc = mean
 
             def fold(_cid: int, reply: RecordDict) -> None:
-                acc.add(protocol.arrays_of(reply), weight(reply))
+                acc.add(protocol.arrays_of(reply, copy=False), weight(reply))
 
             replies = fed.exchange("train", payloads, self.validate,
                                    min_replies=self.combiner.min_replies(), fold=fold)  # fmt: skip

@@ -4,6 +4,7 @@ run settings on the small embedded digits data."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,16 @@ from flwr.supercore.task_identity import TaskIdentity
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+
+
+@pytest.fixture(autouse=True)
+def cold_client_caches() -> Iterator[None]:
+    """Each test starts without the partitions a simulated node of an earlier test kept in
+    this process (client.env.keep_simulated_data): a test may change how data loads."""
+    yield
+    env = sys.modules.get("client.env")
+    if env is not None:
+        env._resident = None  # type: ignore[attr-defined]
 
 
 @pytest.fixture(autouse=True)

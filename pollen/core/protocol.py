@@ -190,11 +190,13 @@ def metrics_of(content: RecordDict) -> MetricRecord:
     return record
 
 
-def arrays_of(content: RecordDict, name: str = ARRAYS) -> dict[str, np.ndarray]:
+def arrays_of(content: RecordDict, name: str = ARRAYS, copy: bool = True) -> dict[str, np.ndarray]:
+    """The arrays of the content's record `name` (`from_record`; `copy=False`: read-only
+    views of the message's bytes)."""
     record = content[name]
     if not isinstance(record, ArrayRecord):
         raise TypeError(f"'{name}' is not an ArrayRecord")
-    return from_record(record)
+    return from_record(record, copy)
 
 
 _codec_seconds = 0.0
@@ -236,8 +238,9 @@ def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
         [[name, value.dtype.str, list(value.shape)] for name, value in values.items()],
         separators=(",", ":"),
     ).encode()
-    parts = [len(header).to_bytes(_HEADER_BYTES, "little"), header]
-    parts += [_contiguous(value).tobytes() for value in values.values()]
+    parts: list[bytes | memoryview] = [len(header).to_bytes(_HEADER_BYTES, "little"), header]
+    # each array's bytes copied once, into the bundle (the arrays may share a model's memory)
+    parts += [_contiguous(value).reshape(-1).view(np.uint8).data for value in values.values()]
     data = b"".join(parts)
     record = ArrayRecord({BUNDLE: Array("uint8", (len(data),), BUNDLE, data)})
     _codec_seconds += time.perf_counter() - started
@@ -251,19 +254,21 @@ def _contiguous(value: np.ndarray) -> np.ndarray:
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
 
-def from_record(record: ArrayRecord) -> dict[str, np.ndarray]:
-    """The arrays of a record made by `to_record`, each a fresh writable array; BundleError
-    when the record is anything else or its bytes do not match their header."""
+def from_record(record: ArrayRecord, copy: bool = True) -> dict[str, np.ndarray]:
+    """The arrays of a record made by `to_record`, each a fresh writable array, or with
+    `copy=False` a read-only view of the record's bytes (for reading at once: checking a reply,
+    folding it into a mean); BundleError when the record is anything else or its bytes do not
+    match their header."""
     global _codec_seconds
     started = time.perf_counter()
     if list(record.keys()) != [BUNDLE] or record[BUNDLE].stype != BUNDLE:
         raise BundleError(f"not a Pollen array bundle (keys {sorted(record.keys())})")
-    arrays = _unbundle(record[BUNDLE].data)
+    arrays = _unbundle(record[BUNDLE].data, copy)
     _codec_seconds += time.perf_counter() - started
     return arrays
 
 
-def _unbundle(data: bytes) -> dict[str, np.ndarray]:
+def _unbundle(data: bytes, copy: bool = True) -> dict[str, np.ndarray]:
     if len(data) < _HEADER_BYTES:
         raise BundleError("array bundle shorter than its header length")
     size = int.from_bytes(data[:_HEADER_BYTES], "little")
@@ -286,8 +291,12 @@ def _unbundle(data: bytes) -> dict[str, np.ndarray]:
         end = offset + count * dtype.itemsize
         if end > len(data):
             raise BundleError(f"array bundle too short for {name!r}")
-        flat = np.frombuffer(view[offset:end], dtype=dtype, count=count)
-        out[name] = flat.reshape(shape).copy()
+        flat = np.frombuffer(view[offset:end], dtype=dtype, count=count).reshape(shape)
+        if copy:
+            out[name] = flat.copy()
+        else:
+            flat.setflags(write=False)  # bytes are immutable; a bytearray's view is made so
+            out[name] = flat
         offset = end
     if offset != len(data):
         raise BundleError(f"array bundle has {len(data) - offset} bytes its header does not name")

@@ -18,11 +18,15 @@ from pollen.core.protection import (
 )
 from pollen.core.registry import ALGORITHMS, AlgorithmSpec
 from pollen.core.settings import (
+    MOST_VIEWS,
+    FrozenSettings,
     RunSettings,
     Scalar,
     Setting,
     SettingsError,
+    SettingsKey,
     SyntheticSettings,
+    settings_key,
 )
 from robust.client_dp import count_std, update_noise_multiplier
 from robust.rules import breakdown_note, clients_needed
@@ -37,7 +41,6 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
 )
 """Every setting a run has whatever its algorithm; each algorithm declares its own in its
 contract module (a SettingsGroup) named by its registry entry."""
-
 
 
 def _by_key(settings: Iterable[Setting]) -> dict[str, Setting]:
@@ -344,7 +347,19 @@ def foreign_settings(algorithm: str, keys: Iterable[str]) -> dict[str, list[str]
 
 
 def from_run_config(run_config: Mapping[str, Any]) -> dict[str, Scalar]:
-    """Settings of a running app: Flower's run config, checked like CLI input."""
+    """Settings of a running app: Flower's run config, checked like CLI input (once per run
+    and process: an app reads them with every message), and never changed."""
     declared = all_settings()
     known = {k: v for k, v in run_config.items() if k in declared}
-    return resolve(known)
+    key = settings_key(known)
+    kept = None if key is None else _RESOLVED.get(key)
+    if kept is None:
+        kept = FrozenSettings(resolve(known))
+        if key is not None:
+            if len(_RESOLVED) >= MOST_VIEWS:
+                _RESOLVED.clear()
+            _RESOLVED[key] = kept
+    return kept
+
+
+_RESOLVED: dict[SettingsKey, FrozenSettings] = {}

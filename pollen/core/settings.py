@@ -124,6 +124,13 @@ class SettingsGroup:
 
     @classmethod
     def declarations(cls) -> tuple[Setting, ...]:
+        kept = _DECLARATIONS.get(cls)
+        if kept is None:
+            kept = _DECLARATIONS[cls] = cls._declare()
+        return kept
+
+    @classmethod
+    def _declare(cls) -> tuple[Setting, ...]:
         return tuple(
             Setting(
                 cls.key(f.name),
@@ -139,12 +146,92 @@ class SettingsGroup:
     @classmethod
     def of(cls: type[G], settings: Mapping[str, Scalar]) -> G:
         """The typed view of `settings`: each value coerced and checked like CLI input; a key
-        the mapping lacks takes its default."""
+        the mapping lacks takes its default. Views are immutable and kept by the settings'
+        contents (values with their types: 1, 1.0 and True check differently), so that code
+        reading a setting per message or per client checks the run's settings once."""
+        contents = settings_key(settings)
+        key = None if contents is None else (cls, contents)
+        view = None if key is None else _VIEWS.get(key)
+        if view is not None:
+            return view  # type: ignore[return-value]  # kept under its own class
         values = {
             f.name: decl.coerce(settings[decl.key]) if decl.key in settings else decl.default
             for f, decl in zip(fields(cls), cls.declarations(), strict=True)
         }
-        return cls(**values)
+        made = cls(**values)
+        if key is not None:
+            if len(_VIEWS) >= MOST_VIEWS:
+                _VIEWS.clear()
+            _VIEWS[key] = made
+        return made
+
+
+class SettingsKey:
+    """A hashable key of a settings mapping's contents (`settings_key`), its hash computed
+    once: a run's key is looked up with every typed read of its settings."""
+
+    __slots__ = ("_hash", "contents")
+
+    def __init__(self, contents: tuple[tuple[tuple[str, Scalar], ...], tuple[type, ...]]) -> None:
+        self.contents = contents
+        self._hash = hash(contents)  # TypeError: a value is not hashable
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (
+            isinstance(other, SettingsKey)
+            and self._hash == other._hash
+            and self.contents == other.contents
+        )
+
+
+class FrozenSettings(dict[str, Scalar]):
+    """A run's resolved settings that nobody changes (a running app's, read per message), with
+    their `settings_key` computed once."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, settings: Mapping[str, Scalar]) -> None:
+        super().__init__(settings)
+        self.key = _contents_key(self)
+
+    def _frozen(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("a running app's settings do not change")
+
+    __setitem__ = __delitem__ = __ior__ = _frozen  # type: ignore[assignment]
+    clear = pop = popitem = setdefault = update = _frozen  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[type[FrozenSettings], tuple[dict[str, Scalar]]]:
+        return FrozenSettings, (dict(self),)
+
+
+def settings_key(settings: Mapping[str, Scalar]) -> SettingsKey | None:
+    """A hashable key of the settings' contents, their values' types included (1, 1.0 and
+    True check differently); None when a value is not hashable."""
+    if type(settings) is FrozenSettings:
+        return settings.key
+    return _contents_key(settings)
+
+
+def _contents_key(settings: Mapping[str, Scalar]) -> SettingsKey | None:
+    try:
+        key = SettingsKey((tuple(settings.items()), tuple(map(type, settings.values()))))
+    except TypeError:
+        return None
+    # one key object per contents: a lookup under it then compares by identity
+    if len(_KEYS) >= MOST_VIEWS:
+        _KEYS.clear()
+    return _KEYS.setdefault(key, key)
+
+
+MOST_VIEWS = 256
+"""Typed views SettingsGroup.of keeps (a run has one per group; tests and tools make more)."""
+
+_VIEWS: dict[tuple[type, SettingsKey], SettingsGroup] = {}
+_KEYS: dict[SettingsKey, SettingsKey] = {}
+_DECLARATIONS: dict[type, tuple[Setting, ...]] = {}
 
 
 @dataclass(frozen=True)

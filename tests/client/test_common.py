@@ -15,6 +15,7 @@ from torch import nn
 from client import fedavg
 from client.common import new_model
 from client.env import ClientEnv
+from models.weights import get_weights
 from pollen.core import protocol
 from pollen.core.runconfig import resolve
 from strategies.classifier import initial_weights
@@ -28,7 +29,7 @@ def _env(run_config: dict[str, Any], tmp_path: Path, **extra: Any) -> ClientEnv:
 def _train(env: ClientEnv, rnd: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     torch.manual_seed(0)  # the same received model every time
     model = new_model(env)
-    content = protocol.instruction(rnd, "train", {"lr": 0.1}, arrays=fedavg.get_weights(model))
+    content = protocol.instruction(rnd, "train", {"lr": 0.1}, arrays=get_weights(model))
     reply = fedavg.train(content, env)
     return dict(protocol.metrics_of(reply)), protocol.arrays_of(reply)
 
@@ -84,5 +85,5 @@ def test_client_and_server_build_the_same_dp_model(
     assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
     assert any(isinstance(m, nn.GroupNorm) for m in model.modules())
     server = initial_weights(env.settings, 0)
-    client = fedavg.get_weights(model)
+    client = get_weights(model)
     assert {k: v.shape for k, v in server.items()} == {k: v.shape for k, v in client.items()}

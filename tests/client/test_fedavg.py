@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from client import fedavg
-from client.common import SGDSettings
+from client.common import SGDSettings, new_model
 from client.env import ClientEnv
+from models.weights import get_weights
 from pollen.core import protocol
 
 
@@ -24,7 +25,7 @@ def test_fedavg_plus_tunes_newcomers_at_the_initial_rate(
     # local-steps counts the rounds' training; the tuning stays one epoch (FedAvg+'s protocol)
     settings = {**run_config, "algorithm": "fedavg-plus", "lr": 0.1, "local-steps": 7}
     env = ClientEnv(0, settings, tmp_path, "run", Path(str(settings["cache-dir"])), None)
-    model = fedavg.new_model(env)
+    model = new_model(env)
     rates: list[float] = []
 
     def record(*args: Any, **kwargs: Any) -> float:
@@ -36,7 +37,7 @@ def test_fedavg_plus_tunes_newcomers_at_the_initial_rate(
 
     monkeypatch.setattr(fedavg, "train_locally", record)
     content = protocol.instruction(
-        200, "evaluate", {"lr": 0.001, "unseen": unseen}, arrays=fedavg.get_weights(model)
+        200, "evaluate", {"lr": 0.001, "unseen": unseen}, arrays=get_weights(model)
     )
     metrics = fedavg._model_metrics(model, content, env, adapt=True)
     assert rates == [expected_lr]

@@ -81,3 +81,29 @@ def test_only_bundles_are_decoded_and_only_numbers_encoded() -> None:
         protocol.from_record(flower)
     with pytest.raises(TypeError, match="only numbers travel"):
         protocol.to_record({"names": np.array(["a", "b"], dtype=object)})
+
+
+def test_views_read_the_messages_bytes_without_copying_and_cannot_change_them() -> None:
+    arrays: dict[str, np.ndarray] = {
+        "w": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "n": np.array(3, np.int64),
+    }
+    record = protocol.to_record(arrays)
+    views = protocol.from_record(record, copy=False)
+    data = record[protocol.BUNDLE].data
+    for key, value in arrays.items():
+        np.testing.assert_array_equal(views[key], value)
+        assert views[key].shape == value.shape
+        assert not views[key].flags.writeable
+        assert np.shares_memory(views[key], np.frombuffer(data, np.uint8))
+    with pytest.raises(ValueError, match="read-only"):
+        views["w"][0, 0] = 1.0
+    content = RecordDict({protocol.ARRAYS: record})
+    np.testing.assert_array_equal(protocol.arrays_of(content, copy=False)["w"], arrays["w"])
+
+
+def test_encoding_copies_the_arrays_so_a_model_changed_afterwards_leaves_the_record_alone() -> None:
+    weights = np.ones((4, 4), dtype=np.float32)
+    record = protocol.to_record({"w": weights[:, ::2]})  # a strided view, as a model's may be
+    weights[:] = 7.0
+    np.testing.assert_array_equal(protocol.from_record(record)["w"], np.ones((4, 2), np.float32))

@@ -107,3 +107,39 @@ def test_dp_sgd_is_for_the_algorithms_that_declare_it() -> None:
     with pytest.raises(SettingsError, match="drop-last=true with DP-SGD: refused"):
         runconfig.resolve({"dp.noise-multiplier": 1.0, "drop-last": True})
     assert runconfig.resolve({"dp.noise-multiplier": 1.0, "random-flip": True})["random-flip"]
+
+
+def test_typed_views_are_kept_by_contents_and_types() -> None:
+    """SettingsGroup.of checks a run's settings once: equal contents give the same view, and a
+    value of another type (True for 1) is checked again, not served from the kept view."""
+    cfg = resolve({"num-clients": 4})
+    view = settings.RunSettings.of(cfg)
+    assert settings.RunSettings.of(dict(cfg)) is view
+    assert settings.RunSettings.of({**cfg, "num-clients": 5}).num_clients == 5
+    with pytest.raises(SettingsError, match="num-clients"):
+        settings.RunSettings.of({**cfg, "num-clients": True})
+    assert settings.RunSettings.of({**cfg, "lr": 1}).lr == 1.0
+    assert settings.settings_key({"x": [1]}) is None  # type: ignore[dict-item]
+
+
+def test_a_running_apps_settings_are_resolved_once_and_never_change() -> None:
+    import copy
+    import pickle
+
+    run_config = {"num-clients": 4, "lr": 0.5}
+    cfg = runconfig.from_run_config(run_config)
+    assert isinstance(cfg, settings.FrozenSettings)
+    assert runconfig.from_run_config(dict(run_config)) is cfg
+    assert cfg == resolve(run_config)
+    for change in (
+        lambda: cfg.__setitem__("lr", 1.0),
+        lambda: cfg.update(lr=1.0),
+        lambda: cfg.pop("lr"),
+        lambda: cfg.clear(),
+    ):
+        with pytest.raises(TypeError, match="do not change"):
+            change()
+    assert cfg["lr"] == 0.5
+    for twin in (copy.deepcopy(cfg), pickle.loads(pickle.dumps(cfg))):
+        assert twin == cfg and isinstance(twin, settings.FrozenSettings)
+        assert settings.settings_key(twin) == settings.settings_key(cfg)

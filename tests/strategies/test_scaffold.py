@@ -13,7 +13,7 @@ from flwr.app import Message, RecordDict
 
 from client import scaffold as client_scaffold
 from client.app import app as client_app
-from client.common import split_tensors
+from client.common import new_model, split_tensors
 from client.env import ClientEnv
 from client.state import StateStore
 from models.losses import per_sample_loss
@@ -64,7 +64,7 @@ def test_the_client_takes_the_corrected_steps_and_updates_its_control_variate(
     gradient, and its delta_c is control_update's, starting from the c_i it had stored."""
     settings = {**run_config, "algorithm": "scaffold", "batch-size": 10_000, **budget}
     env = ClientEnv(1, settings, tmp_path, "run", Path(str(settings["cache-dir"])), None)
-    model = client_scaffold.new_model(env)
+    model = new_model(env)
     x = get_weights(model)
     rng = np.random.default_rng(0)
     keys = [k for k, p in model.named_parameters() if p.requires_grad]
@@ -78,7 +78,7 @@ def test_the_client_takes_the_corrected_steps_and_updates_its_control_variate(
     data = split_tensors(env, "train")
 
     def grad(y: Arrays) -> dict[str, np.ndarray]:
-        probe = client_scaffold.new_model(env)
+        probe = new_model(env)
         set_weights(probe, {k: np.asarray(v, np.float32) for k, v in y.items()})
         probe.zero_grad()
         per_sample_loss(probe(data.x), data.y, data.class_weights).mean().backward()

@@ -37,6 +37,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     # the SuperLink's environment reaches the simulation process, whose ray.init() reads it;
     # "local": a Ray instance of its own, never a cluster `ray start` left on this machine
     fed.env["RAY_ADDRESS"] = ray_address or "local"
+    for name, value in SIMULATION_MALLOC.items():
+        fed.env.setdefault(name, value)
     where = f" on the Ray cluster at {ray_address}" if ray_address else ""
     gpu = f", {args.gpus_per_client:g} GPU per client" if args.gpus_per_client > 0 else ""
     print(
@@ -53,6 +55,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     finally:
         fed.stop()
 
+
+SIMULATION_MALLOC = {
+    "MALLOC_MMAP_THRESHOLD_": str(64 * 2**20),
+    "MALLOC_TRIM_THRESHOLD_": str(2**30),
+}
+"""glibc's allocator in the simulation's processes (the user's own values win): every client's
+reply is a model-sized buffer made, copied and freed in turn, each time in fresh pages (mapped
+for it, or given back with the heap's top) unless the allocator reuses the memory it has
+(docs/performance.md, Against a plain training loop). The peak memory stays that of the
+largest round; the processes keep it between rounds."""
 
 NODES_PER_PARALLEL_CLIENT = 4
 """`pollen simulate`'s default packing: simulated SuperNodes per client trained at once, so that
