@@ -99,7 +99,12 @@ def test_views_read_the_messages_bytes_without_copying_and_cannot_change_them() 
     with pytest.raises(ValueError, match="read-only"):
         views["w"][0, 0] = 1.0
     content = RecordDict({protocol.ARRAYS: record})
-    np.testing.assert_array_equal(protocol.arrays_of(content, copy=False)["w"], arrays["w"])
+    again = protocol.arrays_of(content, copy=False)  # read again: decoded once
+    assert again is not views and all(again[k] is views[k] for k in views)
+    other = protocol.to_record({"w": np.zeros((2, 3), np.float32)})
+    np.testing.assert_array_equal(protocol.from_record(other, copy=False)["w"], 0.0)
+    fresh = protocol.from_record(record)  # a copy is always fresh
+    assert fresh["w"].flags.writeable and not np.shares_memory(fresh["w"], views["w"])
 
 
 def test_encoding_copies_the_arrays_so_a_model_changed_afterwards_leaves_the_record_alone() -> None:
