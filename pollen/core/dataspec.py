@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import fields
 from typing import TYPE_CHECKING
@@ -11,6 +12,7 @@ from pollen.core.settings import RunSettings, Scalar, SyntheticSettings
 
 if TYPE_CHECKING:
     from federated_data import DataSpec
+    from federated_data.catalog import DatasetInfo
 
 
 def partition_params(settings: Mapping[str, Scalar]) -> dict[str, int | float | str]:
@@ -84,11 +86,16 @@ def partition_of(settings: Mapping[str, Scalar], cid: int) -> int:
 
 def model_input(settings: Mapping[str, Scalar]) -> tuple[tuple[int, ...], int]:
     """(input shape, number of classes) of the run's dataset, without loading it."""
+    info = _info(RunSettings.of(settings), SyntheticSettings.of(settings))
+    return info.input_shape, info.num_classes
+
+
+@functools.lru_cache(maxsize=64)
+def _info(run: RunSettings, synthetic: SyntheticSettings) -> DatasetInfo:
+    """The dataset's shape and classes (kept: clients ask for them with every message)."""
     from federated_data.catalog import dataset_info  # lazy: heavy data code
 
-    run = RunSettings.of(settings)
-    info = dataset_info(run.dataset, _dataset_params(run, SyntheticSettings.of(settings)) or None)
-    return info.input_shape, info.num_classes
+    return dataset_info(run.dataset, _dataset_params(run, synthetic) or None)
 
 
 def check_model_fits(settings: Mapping[str, Scalar]) -> None:
@@ -110,10 +117,7 @@ def check_model_fits(settings: Mapping[str, Scalar]) -> None:
 
 def class_weights(settings: Mapping[str, Scalar]) -> tuple[float, ...] | None:
     """The run's per-class loss weights (None: unweighted), without loading the data."""
-    from federated_data.catalog import dataset_info  # lazy: heavy data code
-
     run = RunSettings.of(settings)
     if run.class_weights == "none":
         return None
-    info = dataset_info(run.dataset, _dataset_params(run, SyntheticSettings.of(settings)) or None)
-    return info.class_weights
+    return _info(run, SyntheticSettings.of(settings)).class_weights
