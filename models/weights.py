@@ -11,7 +11,7 @@ from torch import nn
 
 
 def get_weights(model: nn.Module) -> dict[str, np.ndarray]:
-    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+    return {k: v.copy() for k, v in weights_view(model).items()}
 
 
 def weights_view(model: nn.Module) -> dict[str, np.ndarray]:

@@ -18,7 +18,6 @@ from pollen.core.protection import (
 )
 from pollen.core.registry import ALGORITHMS, AlgorithmSpec
 from pollen.core.settings import (
-    MOST_VIEWS,
     FrozenSettings,
     RunSettings,
     Scalar,
@@ -26,6 +25,7 @@ from pollen.core.settings import (
     SettingsError,
     SettingsKey,
     SyntheticSettings,
+    kept,
     settings_key,
 )
 from robust.client_dp import count_std, update_noise_multiplier
@@ -351,15 +351,7 @@ def from_run_config(run_config: Mapping[str, Any]) -> dict[str, Scalar]:
     and process: an app reads them with every message), and never changed."""
     declared = all_settings()
     known = {k: v for k, v in run_config.items() if k in declared}
-    key = settings_key(known)
-    kept = None if key is None else _RESOLVED.get(key)
-    if kept is None:
-        kept = FrozenSettings(resolve(known))
-        if key is not None:
-            if len(_RESOLVED) >= MOST_VIEWS:
-                _RESOLVED.clear()
-            _RESOLVED[key] = kept
-    return kept
+    return kept(_RESOLVED, settings_key(known), lambda: FrozenSettings(resolve(known)))
 
 
 _RESOLVED: dict[SettingsKey, FrozenSettings] = {}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
@@ -151,19 +151,15 @@ class SettingsGroup:
         reading a setting per message or per client checks the run's settings once."""
         contents = settings_key(settings)
         key = None if contents is None else (cls, contents)
-        view = None if key is None else _VIEWS.get(key)
-        if view is not None:
-            return view  # type: ignore[return-value]  # kept under its own class
-        values = {
-            f.name: decl.coerce(settings[decl.key]) if decl.key in settings else decl.default
-            for f, decl in zip(fields(cls), cls.declarations(), strict=True)
-        }
-        made = cls(**values)
-        if key is not None:
-            if len(_VIEWS) >= MOST_VIEWS:
-                _VIEWS.clear()
-            _VIEWS[key] = made
-        return made
+
+        def check() -> SettingsGroup:
+            values = {
+                f.name: decl.coerce(settings[decl.key]) if decl.key in settings else decl.default
+                for f, decl in zip(fields(cls), cls.declarations(), strict=True)
+            }
+            return cls(**values)
+
+        return kept(_VIEWS, key, check)  # type: ignore[return-value]  # kept under its class
 
 
 class SettingsKey:
@@ -221,13 +217,29 @@ def _contents_key(settings: Mapping[str, Scalar]) -> SettingsKey | None:
     except TypeError:
         return None
     # one key object per contents: a lookup under it then compares by identity
-    if len(_KEYS) >= MOST_VIEWS:
-        _KEYS.clear()
-    return _KEYS.setdefault(key, key)
+    return kept(_KEYS, key, lambda: key)
 
 
 MOST_VIEWS = 256
-"""Typed views SettingsGroup.of keeps (a run has one per group; tests and tools make more)."""
+"""Entries a process keeps in each cache of `kept` (a run needs one typed view per group;
+tests and tools make more)."""
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def kept(cache: dict[K, V], key: K | None, make: Callable[[], V]) -> V:
+    """`cache[key]`, made by `make` the first time: a per-process cache of what a run's
+    settings determine, emptied when it holds MOST_VIEWS entries; a key of None (settings
+    that are not hashable) is made every time and never kept."""
+    if key is None:
+        return make()
+    found = cache.get(key)
+    if found is None:
+        if len(cache) >= MOST_VIEWS:
+            cache.clear()
+        found = cache[key] = make()
+    return found
 
 _VIEWS: dict[tuple[type, SettingsKey], SettingsGroup] = {}
 _KEYS: dict[SettingsKey, SettingsKey] = {}
