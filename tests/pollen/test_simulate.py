@@ -37,7 +37,12 @@ class FakeFederation:
 
 
 def _simulate(
-    tmp_path: Path, shared_cache: Path, monkeypatch: pytest.MonkeyPatch, failures: list[str]
+    tmp_path: Path,
+    shared_cache: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    failures: list[str],
+    clients: int = 2,
+    extra: tuple[str, ...] = (),
 ) -> tuple[int, list[dict[str, Scalar]], Path]:
     """`pollen simulate` whose runs fail with `failures` in turn (then succeed)."""
     out = tmp_path / "run"
@@ -56,8 +61,8 @@ def _simulate(
     monkeypatch.setattr(simulate, "LocalFederation", FakeFederation)
     monkeypatch.setattr(simulate, "run_and_report", fake_run_and_report)
     monkeypatch.setattr(simulate.time, "sleep", lambda seconds: None)
-    argv = ["simulate", "--dataset", "digits", "--clients", "2", "--rounds", "1", "--out",
-            str(out), "--set", f"cache-dir={shared_cache}"]  # fmt: skip
+    argv = ["simulate", "--dataset", "digits", "--clients", str(clients), "--rounds", "1",
+            "--out", str(out), "--set", f"cache-dir={shared_cache}", *extra]  # fmt: skip
     return cli.main(argv), submitted, out
 
 
@@ -88,3 +93,51 @@ def test_other_failures_are_not_retried_and_retries_are_bounded(
     code, submitted, out = _simulate(tmp_path / "b", shared_cache, monkeypatch, [ray] * 5)
     assert code == 1 and len(submitted) == simulate.RUNTIME_START_ATTEMPTS == 3
     assert ray in (out / "server.log").read_text()  # the last attempt's log, as it was
+
+
+def test_the_default_packing_puts_more_clients_on_a_node_the_smaller_the_model() -> None:
+    least, most = simulate.CLIENTS_PER_NODE, simulate.MOST_CLIENTS_PER_NODE
+    assert simulate.clients_per_node(1) == most
+    assert simulate.clients_per_node(simulate.NODE_MODEL_BYTES // 40) == 40
+    assert simulate.clients_per_node(simulate.NODE_MODEL_BYTES // 8) == least  # 8 only: too few
+    assert simulate.clients_per_node(10 * simulate.NODE_MODEL_BYTES) == least
+
+
+@pytest.mark.parametrize(
+    ("model_mb", "extra", "nodes"),
+    [
+        (None, (), 8),  # the MLP on digits (60 KB): 64 clients a node, at least 4 x --parallel 2
+        (64, (), 19),  # a 64 MB model: 16 clients a node
+        (None, ("--parallel", "4"), 16),  # 4 x --parallel
+        (64, ("--nodes", "5"), 5),  # given: as given
+    ],
+)
+def test_the_default_packing_follows_the_model_and_parallel(
+    tmp_path: Path,
+    shared_cache: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    model_mb: int | None,
+    extra: tuple[str, ...],
+    nodes: int,
+) -> None:
+    if model_mb is not None:
+        monkeypatch.setattr(simulate, "model_bytes", lambda resolved: model_mb * 2**20)
+    code, submitted, _ = _simulate(tmp_path, shared_cache, monkeypatch, [], 300, extra)
+    assert code == 0
+    assert submitted[0]["simulation-nodes"] == nodes
+
+
+@pytest.mark.parametrize(
+    ("extra", "interval"),
+    [((), simulate.SIMULATION_POLL_INTERVAL), (("--set", "poll-interval=2"), 2.0)],
+)
+def test_simulation_polls_for_replies_often_unless_told(
+    tmp_path: Path,
+    shared_cache: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    extra: tuple[str, ...],
+    interval: float,
+) -> None:
+    code, submitted, _ = _simulate(tmp_path, shared_cache, monkeypatch, [], extra=extra)
+    assert code == 0
+    assert submitted[0]["poll-interval"] == interval

@@ -19,6 +19,7 @@ from pollen.tools.cli.run import cmd_run
 from pollen.tools.cli.server import cmd_server
 from pollen.tools.cli.simulate import (
     CLIENTS_PER_NODE,
+    MOST_CLIENTS_PER_NODE,
     MOST_NODES,
     NODES_PER_PARALLEL_CLIENT,
     cmd_simulate,
@@ -256,8 +257,9 @@ def _add_simulate(sub: Any) -> None:
         metavar="K",
         help="simulated SuperNodes the clients are packed onto (each hosts a contiguous block "
         f"of client ids; one message per node and phase); default "
-        f"{NODES_PER_PARALLEL_CLIENT} x --parallel or one per {CLIENTS_PER_NODE} clients up "
-        f"to {MOST_NODES}, whichever is more, at most one per client",
+        f"{NODES_PER_PARALLEL_CLIENT} x --parallel or one per {CLIENTS_PER_NODE} to "
+        f"{MOST_CLIENTS_PER_NODE} clients (the smaller the model, the more) up to {MOST_NODES}, "
+        "whichever is more, at most one per client",
     )
     p.add_argument(
         "--gpus-per-client",

@@ -9,7 +9,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pollen.core import runconfig, rundir
 from pollen.core import settings as settings_mod
@@ -19,6 +19,9 @@ from pollen.core.protection import DPSettings
 from pollen.core.settings import RunSettings, Scalar, SettingsError
 from pollen.tools import board, preflight
 from pollen.tools.follow import START_TIMEOUT
+
+if TYPE_CHECKING:
+    from torch import nn
 
 
 class NothingToDo(Exception):
@@ -179,10 +182,7 @@ def _check_data(resolved: dict[str, Scalar]) -> None:
         spec = data_spec(resolved)
         validate_spec(spec)
         check_model_fits(resolved)
-        shape, classes = model_input(resolved)
-        from models import build_model  # lazy: torch
-
-        model = build_model(RunSettings.of(resolved).model, shape, classes)  # it fits the data
+        model = _built_model(resolved)  # it fits the data
         if DPSettings.of(resolved).enabled:
             from models.privacy import dp_compatible  # lazy: opacus
 
@@ -190,6 +190,20 @@ def _check_data(resolved: dict[str, Scalar]) -> None:
         load_client_data(spec, 0, cache_dir(resolved))
     except (DataConfigError, ValueError) as exc:
         raise SettingsError(str(exc)) from None
+
+
+def _built_model(resolved: dict[str, Scalar]) -> nn.Module:
+    """The run's model (setting model) as the data's shape and classes build it."""
+    from models import build_model  # lazy: torch
+
+    shape, classes = model_input(resolved)
+    return build_model(RunSettings.of(resolved).model, shape, classes)
+
+
+def model_bytes(resolved: dict[str, Scalar]) -> int:
+    """The bytes of the run's model weights (its state dict), as a message carries them."""
+    state = _built_model(resolved).state_dict()
+    return sum(int(t.numel()) * t.element_size() for t in state.values())
 
 
 def one_client_per_node(run: RunSettings) -> None:

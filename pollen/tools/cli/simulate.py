@@ -15,7 +15,7 @@ from pollen.core import settings as settings_mod
 from pollen.core.settings import RunSettings, Scalar, SettingsError
 from pollen.tools.cli.gpu import ray_cluster, simulation_gpus
 from pollen.tools.cli.outcome import run_and_report
-from pollen.tools.cli.resolve import Watch, resolve_run_settings
+from pollen.tools.cli.resolve import Watch, model_bytes, resolve_run_settings
 from pollen.tools.local_federation import LocalFederation
 
 
@@ -30,6 +30,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     resolved = resolve_run_settings(args, local=ray_address is None)
     nodes = _simulation_nodes(args, resolved, ray_address is not None)
     resolved["simulation-nodes"] = nodes
+    if not args.resume and "poll-interval" not in settings_mod.parse_assignments(args.set):
+        resolved["poll-interval"] = SIMULATION_POLL_INTERVAL
     run = RunSettings.of(resolved)
     out, n = Path(run.out_dir), run.num_clients
     num_gpus = simulation_gpus(args.gpus_per_client, run.device, ray_address is not None)
@@ -56,6 +58,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         fed.stop()
 
 
+SIMULATION_POLL_INTERVAL = 0.05
+"""`pollen simulate`'s longest wait between two polls for replies (setting poll-interval, unless
+given; a resumed run keeps its own): the server reads them from the simulation's in-memory
+state, where a poll costs little, while a wait that grows with the time waited (up to a quarter
+of it) picks a phase's last reply up late and folds its replies in bursts (FedAvg, 1,000
+clients, `--parallel 2`: 2.78 → 2.60 s and 2.35 → 1.95 s a round,
+docs/performance.md#fewer-larger-simulated-nodes-2026-11-27)."""
+
 SIMULATION_MALLOC = {
     "MALLOC_MMAP_THRESHOLD_": str(64 * 2**20),
     "MALLOC_TRIM_THRESHOLD_": str(2**30),
@@ -71,13 +81,30 @@ NODES_PER_PARALLEL_CLIENT = 4
 a phase's clients spread evenly over Ray's workers..."""
 
 CLIENTS_PER_NODE = 16
-"""... and at most this many clients per node, so that a node's message (its clients'
-instructions and replies, which its ClientApp holds at once) stays small as clients grow..."""
+"""... and at least this many clients per node, more for a small model (NODE_MODEL_BYTES), up
+to MOST_CLIENTS_PER_NODE: a node's message (its clients' instructions and replies, which its
+ClientApp holds at once) stays small as clients grow..."""
+
+NODE_MODEL_BYTES = 64 * 2**20
+"""... holding at most this much of the run's model (its weights times the node's clients) above
+CLIENTS_PER_NODE clients..."""
+
+MOST_CLIENTS_PER_NODE = 64
+"""... and at most this many clients, so that a phase's last messages (which the server checks
+and folds after the workers are done) stay short..."""
 
 MOST_NODES = 64
 """... up to this many nodes: Flower's simulation engine looks for each node's messages by
-scanning all of them (every 0.1 s), a cost that grows with the square of the nodes (about 20 ms
-per node and phase at 256 nodes on 2 cores)."""
+scanning all of them (every 0.1 s), a cost that grows with the square of the nodes (on 2 cores,
+FedAvg on mnist-5k at 1,000 clients: 4.2 s a round on 63 nodes, 2.5 s on 16,
+docs/performance.md#fewer-larger-simulated-nodes-2026-11-27)."""
+
+
+def clients_per_node(model_bytes: int) -> int:
+    """The default packing's clients per node for a run whose model weighs `model_bytes`."""
+    fit = NODE_MODEL_BYTES // max(1, model_bytes)
+    return max(CLIENTS_PER_NODE, min(MOST_CLIENTS_PER_NODE, fit))
+
 
 NODES_ON_A_CLUSTER = 256
 """The default packing's least simulated SuperNodes on a Ray cluster, whose size is its own."""
@@ -86,7 +113,7 @@ NODES_ON_A_CLUSTER = 256
 def _simulation_nodes(args: argparse.Namespace, resolved: dict[str, Scalar], cluster: bool) -> int:
     """The simulated SuperNodes the run's clients are packed onto (README, Simulation at scale):
     --nodes, else a simulation-nodes setting given, else NODES_PER_PARALLEL_CLIENT per
-    --parallel (on a cluster NODES_ON_A_CLUSTER) or one per CLIENTS_PER_NODE clients up to
+    --parallel (on a cluster NODES_ON_A_CLUSTER) or one per `clients_per_node` clients up to
     MOST_NODES, whichever is more, at most one per client; checked before start-up."""
     run = RunSettings.of(resolved)
     n = run.num_clients
@@ -102,7 +129,8 @@ def _simulation_nodes(args: argparse.Namespace, resolved: dict[str, Scalar], clu
         nodes = run.simulation_nodes
     else:
         least = NODES_ON_A_CLUSTER if cluster else NODES_PER_PARALLEL_CLIENT * args.parallel
-        nodes = min(n, max(least, min(math.ceil(n / CLIENTS_PER_NODE), MOST_NODES)))
+        per_node = clients_per_node(model_bytes(resolved))
+        nodes = min(n, max(least, min(math.ceil(n / per_node), MOST_NODES)))
     if not 1 <= nodes <= n:
         raise SettingsError(
             f"--nodes {nodes}: the simulated SuperNodes must number from 1 to the run's {n} "
