@@ -39,7 +39,8 @@ from pollen.core.contracts.fedavg import FedAvgPlusSettings, FedProxSettings
 
 def _received(content: RecordDict, env: ClientEnv) -> nn.Module:
     torch.set_num_threads(1)
-    return received_model(env, protocol.arrays_of(content))
+    # read-only views, decoded once for all the clients of a packed message that share them
+    return received_model(env, protocol.arrays_of(content, copy=False))
 
 
 def _proximal(center: nn.Module, mu: float) -> ProximalTerm:

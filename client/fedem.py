@@ -48,7 +48,7 @@ from pollen.core.contracts.fedem import FedEMSettings, pack, unpack
 def packed_models(content: RecordDict, num: int, env: ClientEnv) -> list[nn.Module]:
     """The `num` models packed in an instruction's arrays, as modules."""
     models = []
-    for weights in unpack(protocol.arrays_of(content), num):
+    for weights in unpack(protocol.arrays_of(content, copy=False), num):  # copied into them
         models.append(received_model(env, weights))
     return models
 

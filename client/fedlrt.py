@@ -210,7 +210,7 @@ def warm_start(content: RecordDict, env: ClientEnv) -> RecordDict:
     torch.set_num_threads(1)
     rnd = protocol.round_of(content)
     steps = int(protocol.config_of(content).get(contract.STEPS, 0))
-    model = received_model(env, protocol.arrays_of(content))
+    model = received_model(env, protocol.arrays_of(content, copy=False))
     sgd = sgd_for_round(content, env)
     opt = SGD(list(model.parameters()), sgd.lr, sgd.momentum, sgd.weight_decay)
     data = tensors(env.data.train, env.device)

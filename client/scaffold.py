@@ -119,7 +119,7 @@ def train(content: RecordDict, env: ClientEnv) -> RecordDict:
 def evaluate(content: RecordDict, env: ClientEnv) -> RecordDict:
     """The received model on the test split (unseen clients: on their train split too)."""
     torch.set_num_threads(1)
-    model = received_model(env, protocol.arrays_of(content))
+    model = received_model(env, protocol.arrays_of(content, copy=False))
     metrics = test_metrics(model, split_tensors(env, "test"))
     if protocol.config_of(content).get(protocol.UNSEEN):
         metrics.update(test_metrics(model, split_tensors(env, "train"), "train"))

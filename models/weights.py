@@ -22,5 +22,11 @@ def weights_view(model: nn.Module) -> dict[str, np.ndarray]:
 
 
 def set_weights(model: nn.Module, weights: Mapping[str, np.ndarray]) -> None:
-    state = {k: torch.from_numpy(np.asarray(v)) for k, v in weights.items()}
+    """Every entry of the model's state dict from `weights` (strict; read-only arrays are
+    copied first, as torch only wraps writable ones)."""
+    state = {k: torch.from_numpy(_writable(np.asarray(v))) for k, v in weights.items()}
     model.load_state_dict(state, strict=True)
+
+
+def _writable(array: np.ndarray) -> np.ndarray:
+    return array if array.flags.writeable else array.copy()

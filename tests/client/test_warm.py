@@ -85,6 +85,29 @@ def test_a_client_answered_with_a_reused_model_replies_what_a_fresh_one_would(
         assert np.array_equal(reused[1][key], value), key
 
 
+def test_read_only_views_are_copied_into_the_model_and_a_mismatch_is_named(
+    run_config: dict[str, Any], tmp_path: Path
+) -> None:
+    env = _env(run_config, tmp_path, 0)
+    weights = _weights(env, 4)
+    views = protocol.arrays_of(protocol.instruction(1, "train", arrays=weights), copy=False)
+    assert not any(v.flags.writeable for v in views.values())
+    with warm.lending():
+        model = warm.received_model(env, views)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)  # the model's own memory, not the message's
+    for key, value in views.items():
+        np.testing.assert_array_equal(value, weights[key])
+    missing = dict(list(weights.items())[1:])
+    with pytest.raises(RuntimeError, match="Missing key"):
+        warm.received_model(env, missing)
+    wrong = {k: v.astype(np.float64) for k, v in weights.items()}  # another type: converted
+    model = warm.received_model(env, wrong)
+    for key, value in model.state_dict().items():
+        np.testing.assert_array_equal(value.numpy(), weights[key])
+
+
 def test_dp_sgd_models_are_never_reused(run_config: dict[str, Any], tmp_path: Path) -> None:
     env = _env(run_config, tmp_path, 0, **{"dp.noise-multiplier": 1.0})
     weights = get_weights(new_model(env))
