@@ -379,7 +379,8 @@ class RunSettings(SettingsGroup):
     )
     poll_interval: float = setting(
         1.0,
-        "longest wait between reply polls (polling starts at 5 ms and backs off)",
+        "longest wait between reply polls (polling starts at 5 ms and backs off); "
+        "pollen simulate uses 0.05 unless given",
         minimum=0.01,
         maximum=30.0,
     )
