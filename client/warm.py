@@ -18,14 +18,13 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from client.env import ClientEnv
 from pollen.core.protection import DPSettings
 from pollen.core.runmodel import run_model
 from pollen.core.settings import settings_key
 
 if TYPE_CHECKING:
+    import numpy as np
     from torch import nn
 
 MOST_FREE = 8
@@ -75,6 +74,8 @@ def received_model(env: ClientEnv, weights: Mapping[str, np.ndarray]) -> nn.Modu
     """The run's model on the client's device holding `weights` (every entry of its state
     dict, checked): a free one of this process when there is one (see the module's text),
     else a copy of the run's model as first built here."""
+    from models.weights import set_weights  # lazy: torch (client.app imports this module)
+
     key = _key(env)
     if key is None:
         model = run_model(env.settings, env.model_fn).to(env.device)
@@ -83,28 +84,8 @@ def received_model(env: ClientEnv, weights: Mapping[str, np.ndarray]) -> nn.Modu
         model = free.pop() if free else copy.deepcopy(_template(key, env)).to(env.device)
         if _kept.depth > 0:
             _kept.lent.append((key, model))
-    _overwrite(model, weights)
+    set_weights(model, weights)  # read-only views too: copied into the model's tensors
     return model
-
-
-def _overwrite(model: nn.Module, weights: Mapping[str, np.ndarray]) -> None:
-    """Every entry of the model's state dict set to `weights`, copied into its tensors when
-    they are on the CPU and the names, shapes and types all match (the weights may be read-only
-    views of the instruction: client.fedavg reads them so); else `set_weights`, whose strict
-    load_state_dict names what differs."""
-    from models.weights import set_weights  # lazy: torch (client.app imports this module)
-
-    state = model.state_dict()
-    if state.keys() == weights.keys() and all(t.device.type == "cpu" for t in state.values()):
-        try:
-            pairs = [(t.numpy(), np.asarray(weights[k])) for k, t in state.items()]
-        except TypeError:  # a tensor type NumPy lacks (bfloat16)
-            pairs = []
-        if pairs and all(t.shape == a.shape and t.dtype == a.dtype for t, a in pairs):
-            for target, source in pairs:
-                np.copyto(target, source, casting="no")
-            return
-    set_weights(model, weights)
 
 
 def _key(env: ClientEnv) -> object | None:

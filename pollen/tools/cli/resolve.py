@@ -16,7 +16,7 @@ from pollen.core import settings as settings_mod
 from pollen.core.dataspec import check_model_fits, data_spec, model_input
 from pollen.core.paths import cache_dir
 from pollen.core.protection import DPSettings
-from pollen.core.settings import RunSettings, Scalar, SettingsError
+from pollen.core.settings import RunSettings, Scalar, SettingsError, SettingsKey, kept, settings_key
 from pollen.tools import board, preflight
 from pollen.tools.follow import START_TIMEOUT
 
@@ -183,6 +183,7 @@ def _check_data(resolved: dict[str, Scalar]) -> None:
         validate_spec(spec)
         check_model_fits(resolved)
         model = _built_model(resolved)  # it fits the data
+        kept(_MODEL_BYTES, settings_key(resolved), lambda: _weighed(model))
         if DPSettings.of(resolved).enabled:
             from models.privacy import dp_compatible  # lazy: opacus
 
@@ -200,10 +201,18 @@ def _built_model(resolved: dict[str, Scalar]) -> nn.Module:
     return build_model(RunSettings.of(resolved).model, shape, classes)
 
 
+_MODEL_BYTES: dict[SettingsKey, int] = {}
+"""The bytes of the run's model weights by its settings, weighed when `_check_data` builds it."""
+
+
 def model_bytes(resolved: dict[str, Scalar]) -> int:
-    """The bytes of the run's model weights (its state dict), as a message carries them."""
-    state = _built_model(resolved).state_dict()
-    return sum(int(t.numel()) * t.element_size() for t in state.values())
+    """The bytes of the run's model weights (its state dict), as a message carries them: those
+    `_check_data` weighed for these settings, else the model built again."""
+    return kept(_MODEL_BYTES, settings_key(resolved), lambda: _weighed(_built_model(resolved)))
+
+
+def _weighed(model: nn.Module) -> int:
+    return sum(int(t.numel()) * t.element_size() for t in model.state_dict().values())
 
 
 def one_client_per_node(run: RunSettings) -> None:
