@@ -22,6 +22,9 @@ from tests.pollen.test_cli_e2e import POLLEN, _processes_under
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 SIM = ["simulate", "--dataset", "digits", "--clients", "2", "--plain"]
+ROUNDS = 10
+"""Rounds of the run the disk fills under: enough that it is still running when the filler,
+started by round 1's checkpoint, has filled the disk (a round of 2 clients takes 0.2 s)."""
 
 
 @pytest.fixture
@@ -108,13 +111,13 @@ def test_a_disk_full_mid_run_keeps_the_checkpoint_and_resume_finishes_the_run(
     stop = threading.Event()
     _fill_when(out / "checkpoint" / "state.json", filler, stop)  # once round 1 is saved
     try:
-        done = _pollen([*SIM, "--rounds", "3", "--out", str(out)], shared_cache)
+        done = _pollen([*SIM, "--rounds", str(ROUNDS), "--out", str(out)], shared_cache)
     finally:
         stop.set()
     assert done.returncode == 1, done.stdout + done.stderr
     [line] = _error_lines(done.stderr)
     saved = checkpoint.load(out)  # whole and readable
-    assert 1 <= saved.server_round < 3
+    assert 1 <= saved.server_round < ROUNDS
     assert f"no space left on device in {out}" in line, line
     assert f"its checkpoint of round {saved.server_round} is kept" in line, line
     assert f"--resume --out {out}" in line, line
@@ -126,7 +129,7 @@ def test_a_disk_full_mid_run_keeps_the_checkpoint_and_resume_finishes_the_run(
     filler.unlink()  # space freed
     done = _pollen(["simulate", "--resume", "--out", str(out), "--plain"], shared_cache)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert [r["round"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
+    assert [r["round"] for r in read_jsonl(out / "metrics.jsonl")] == list(range(1, ROUNDS + 1))
     assert json.loads((out / "summary.json").read_text())["status"] == "completed"
 
     # a full disk before a resume with more rounds: refused before anything starts, the
@@ -138,7 +141,8 @@ def test_a_disk_full_mid_run_keeps_the_checkpoint_and_resume_finishes_the_run(
     before = digests()
     stop = threading.Event()
     _fill_when(out, filler, stop).join(timeout=60)
-    done = _pollen(["simulate", "--resume", "--out", str(out), "--rounds", "4"], shared_cache)
+    more = str(ROUNDS + 1)
+    done = _pollen(["simulate", "--resume", "--out", str(out), "--rounds", more], shared_cache)
     assert done.returncode == 2, done.stdout + done.stderr
     [line] = _error_lines(done.stderr)
     assert "no space left on device" in line
