@@ -12,7 +12,7 @@ import math
 import sys
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -168,7 +168,7 @@ class ClientEnv:
             data = own_data(self.data_fn, self.cid, self.num_partitions or self.run.num_clients)
         else:
             part = partition_of(self.settings, self.cid)
-            key = (repr(self.data_spec), part, str(self.cache_dir))
+            key = (self.data_spec, part, str(self.cache_dir))  # DataSpec: frozen, hashable
             kept = _resident.get(key) if _resident is not None else None
             if kept is None:
                 kept = load_client_data(self.data_spec, part, self.cache_dir)
@@ -240,15 +240,15 @@ class ResidentData:
         self.limit = limit
         self.most_bytes = most_bytes
         self.bytes = 0
-        self._kept: dict[tuple[str, int, str], ClientData] = {}
+        self._kept: dict[tuple[Hashable, int, str], ClientData] = {}
 
-    def get(self, key: tuple[str, int, str]) -> ClientData | None:
+    def get(self, key: tuple[Hashable, int, str]) -> ClientData | None:
         data = self._kept.pop(key, None)
         if data is not None:
             self._kept[key] = data  # newest last
         return data
 
-    def keep(self, key: tuple[str, int, str], data: ClientData) -> None:
+    def keep(self, key: tuple[Hashable, int, str], data: ClientData) -> None:
         """Keep `data` (a partition larger than `most_bytes` alone is not kept)."""
         if self.most_bytes is not None and _nbytes(data) > self.most_bytes:
             return

@@ -66,7 +66,8 @@ def lending() -> Iterator[None]:
 def _fresh(model: nn.Module) -> nn.Module:
     for p in model.parameters():
         p.grad = None
-    model.train()
+    if not all(m.training for m in model.modules()):  # most come back from training
+        model.train()
     return model
 
 

@@ -18,10 +18,10 @@ class FedAvg(GlobalClassifierStrategy):
         clients = fed.sample()
         config = {"lr": learning_rate(self.settings, fed.server_round)}
         model = protocol.to_record(self.weights)  # encoded once, the same for every client
-        payloads = {
-            c.cid: protocol.instruction(fed.server_round, "train", config, arrays=model)
-            for c in clients
-        }
+        payloads = protocol.to_each(
+            (c.cid for c in clients),
+            protocol.instruction(fed.server_round, "train", config, arrays=model),
+        )
         self.privacy.charge(clients)
         replies = self.train_model(fed, payloads, num_examples)
         return {**aggregate_metrics(replies), **self.privacy.metrics(), **self.combiner.metrics()}

@@ -72,10 +72,10 @@ class FedEM(GlobalModelStrategy):
         clients = fed.sample(pool)
         config = {"lr": learning_rate(self.settings, fed.server_round)}
         model = protocol.to_record(self.weights)  # encoded once, the same for every client
-        payloads = {
-            c.cid: protocol.instruction(fed.server_round, "train", config, arrays=model)
-            for c in clients
-        }
+        payloads = protocol.to_each(
+            (c.cid for c in clients),
+            protocol.instruction(fed.server_round, "train", config, arrays=model),
+        )
         self.privacy.charge(clients)
         if not self.combiner.plain:
             return self._robust_round(fed, payloads, pool) | unseen
@@ -145,10 +145,10 @@ class FedEM(GlobalModelStrategy):
             return {}
         model = protocol.to_record(self.weights)
         config = {protocol.UNSEEN: True}
-        payloads = {
-            c.cid: protocol.instruction(fed.server_round, "evaluate", config, arrays=model)
-            for c in clients
-        }
+        payloads = protocol.to_each(
+            (c.cid for c in clients),
+            protocol.instruction(fed.server_round, "evaluate", config, arrays=model),
+        )
         replies = fed.exchange("evaluate", payloads)
         return {f"unseen-{k}": v for k, v in aggregate_metrics(replies).items()}
 

@@ -49,12 +49,12 @@ class Scaffold(GlobalClassifierStrategy):
         clients = fed.sample()
         config = {"lr": learning_rate(self.settings, fed.server_round)}
         model, control = protocol.to_record(self.weights), protocol.to_record(self.control)
-        payloads = {
-            c.cid: protocol.instruction(
+        payloads = protocol.to_each(
+            (c.cid for c in clients),
+            protocol.instruction(
                 fed.server_round, "train", config, arrays=model, **{CONTROL: control}
-            )
-            for c in clients
-        }
+            ),
+        )
         self.privacy.charge(clients)
         if self.combiner.plain:  # the paper's update, as always
             replies = fed.exchange("train", payloads, self.validate)

@@ -8,7 +8,7 @@ from dataclasses import fields
 from typing import TYPE_CHECKING
 
 from pollen.core.protection import AttackSettings
-from pollen.core.settings import RunSettings, Scalar, SyntheticSettings
+from pollen.core.settings import RunSettings, Scalar, SyntheticSettings, kept, settings_key
 
 if TYPE_CHECKING:
     from federated_data import DataSpec
@@ -49,7 +49,17 @@ def _dataset_params(run: RunSettings, synthetic: SyntheticSettings) -> dict[str,
 
 def data_spec(settings: Mapping[str, Scalar], data_dir: str | None = None) -> DataSpec:
     """The run's data: one partition per client; in a run with simulated attackers
-    (`attack.clients`), one per honest client (see `partition_of`)."""
+    (`attack.clients`), one per honest client (see `partition_of`). Kept by the settings'
+    contents and `data_dir` (a simulation worker asks for it with every client it serves)."""
+    contents = settings_key(settings)
+    key = None if contents is None else (contents, data_dir)
+    return kept(_SPECS, key, lambda: _data_spec(settings, data_dir))
+
+
+_SPECS: dict[tuple[object, str | None], DataSpec] = {}
+
+
+def _data_spec(settings: Mapping[str, Scalar], data_dir: str | None) -> DataSpec:
     from federated_data import DataSpec  # lazy: heavy data code
 
     run = RunSettings.of(settings)

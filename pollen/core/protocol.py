@@ -7,10 +7,11 @@ phase or round. Algorithm content sits beside it in named records.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -80,6 +81,13 @@ def instruction(
     for name, value in arrays.items():
         content[name] = value if isinstance(value, ArrayRecord) else to_record(value)
     return content
+
+
+def to_each(clients: Iterable[int], content: RecordDict) -> dict[int, RecordDict]:
+    """The same instruction for each of `clients`, by client id: one content object, built
+    once (contents are never changed once made; a packed message names its records once per
+    client and Flower moves an object shared by several of them once)."""
+    return dict.fromkeys(clients, content)
 
 
 def reply(
@@ -234,10 +242,7 @@ def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
     for name, value in values.items():
         if value.dtype.kind not in _DTYPE_KINDS:
             raise TypeError(f"array {name!r} has dtype {value.dtype}: only numbers travel")
-    header = json.dumps(
-        [[name, value.dtype.str, list(value.shape)] for name, value in values.items()],
-        separators=(",", ":"),
-    ).encode()
+    header = _header(tuple((name, value.dtype.str, value.shape) for name, value in values.items()))
     parts: list[bytes | memoryview] = [len(header).to_bytes(_HEADER_BYTES, "little"), header]
     # each array's bytes copied once, into the bundle (the arrays may share a model's memory)
     parts += [_contiguous(value).reshape(-1).view(np.uint8).data for value in values.values()]
@@ -245,6 +250,14 @@ def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
     record = ArrayRecord({BUNDLE: Array("uint8", (len(data),), BUNDLE, data)})
     _codec_seconds += time.perf_counter() - started
     return record
+
+
+@functools.lru_cache(maxsize=64)
+def _header(layout: tuple[tuple[str, str, tuple[int, ...]], ...]) -> bytes:
+    """A bundle's JSON header of (name, dtype, shape) entries (kept: a run sends the same
+    layout with every message)."""
+    entries = [[name, dtype, list(shape)] for name, dtype, shape in layout]
+    return json.dumps(entries, separators=(",", ":")).encode()
 
 
 def _contiguous(value: np.ndarray) -> np.ndarray:
@@ -287,19 +300,11 @@ def _unbundle(data: bytes, copy: bool = True) -> dict[str, np.ndarray]:
     offset = _HEADER_BYTES + size
     if offset > len(data):
         raise BundleError("array bundle shorter than its header")
-    try:
-        header = json.loads(data[_HEADER_BYTES:offset])
-    except ValueError:
-        raise BundleError("array bundle header is not JSON") from None
-    if not isinstance(header, list):
-        raise BundleError("array bundle header is not a list")
+    header = bytes(data[_HEADER_BYTES:offset])
+    layout = _kept_layout(header) if size <= _MOST_KEPT_HEADER else _layout(header)
     out: dict[str, np.ndarray] = {}
     view = memoryview(data)
-    for entry in header:
-        name, dtype, shape = _entry(entry)
-        if name in out:
-            raise BundleError(f"array bundle names {name!r} twice")
-        count = math.prod(shape)
+    for name, dtype, shape, count in layout:
         end = offset + count * dtype.itemsize
         if end > len(data):
             raise BundleError(f"array bundle too short for {name!r}")
@@ -313,6 +318,36 @@ def _unbundle(data: bytes, copy: bool = True) -> dict[str, np.ndarray]:
     if offset != len(data):
         raise BundleError(f"array bundle has {len(data) - offset} bytes its header does not name")
     return out
+
+
+Layout = tuple[tuple[str, np.dtype[Any], tuple[int, ...], int], ...]
+
+
+def _layout(header: bytes) -> Layout:
+    """A bundle header's (name, dtype, shape, element count) entries, checked."""
+    try:
+        entries = json.loads(header)
+    except ValueError:
+        raise BundleError("array bundle header is not JSON") from None
+    if not isinstance(entries, list):
+        raise BundleError("array bundle header is not a list")
+    layout: list[tuple[str, np.dtype[Any], tuple[int, ...], int]] = []
+    names: set[str] = set()
+    for entry in entries:
+        name, dtype, shape = _entry(entry)
+        if name in names:
+            raise BundleError(f"array bundle names {name!r} twice")
+        names.add(name)
+        layout.append((name, dtype, shape, math.prod(shape)))
+    return tuple(layout)
+
+
+_kept_layout = functools.lru_cache(maxsize=64)(_layout)
+"""`_layout` kept for the headers a run sends again and again (every reply of a model has the
+same); a header that fails its checks raises every time and is never kept."""
+
+_MOST_KEPT_HEADER = 64 * 2**10
+"""Bytes of the largest header `_kept_layout` keeps (a larger one is parsed every time)."""
 
 
 def _entry(entry: object) -> tuple[str, np.dtype[Any], tuple[int, ...]]:

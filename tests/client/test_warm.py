@@ -59,6 +59,10 @@ def test_a_lent_model_goes_back_fresh_and_serves_the_next_client(
         model(torch.zeros(2, 64)).sum().backward()
         model.eval()
     assert all(p.grad is None for p in model.parameters()) and model.training
+    with warm.lending():  # a model that comes back with only part of it in eval mode
+        again = warm.received_model(env, first)
+        next(again.children()).eval()
+    assert again is model and all(m.training for m in model.modules())
     with warm.lending():
         again = warm.received_model(env, second)
         other = warm.received_model(env, second)  # a second model at once: another object

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from federated_data.shakespeare import reference_class_weights
-from pollen.core.dataspec import check_model_fits, class_weights
+from pollen.core.dataspec import check_model_fits, class_weights, data_spec
 from pollen.core.runconfig import resolve
 
 
@@ -24,3 +24,13 @@ def test_sequence_models_and_token_data_go_together() -> None:
         check_model_fits(resolve({"dataset": "shakespeare", "model": "mlp"}))
     with pytest.raises(ValueError, match="examples are images or feature vectors"):
         check_model_fits(resolve({"dataset": "fedem-synthetic", "model": "char-lstm"}))
+
+
+def test_the_data_spec_is_kept_by_the_settings_and_the_data_directory() -> None:
+    settings = resolve({"dataset": "digits", "num-clients": 7})
+    spec = data_spec(settings)
+    assert spec.num_clients == 7 and spec.dataset == "digits"
+    assert data_spec(dict(settings)) is spec  # equal contents: the same object
+    elsewhere = data_spec(settings, "/data/elsewhere")
+    assert elsewhere.data_dir == "/data/elsewhere" and elsewhere is not spec
+    assert data_spec({**settings, "num-clients": 8}).num_clients == 8

@@ -75,6 +75,29 @@ def test_a_malformed_bundle_is_refused_with_its_reason(data: bytes, reason: str)
         protocol.from_record(_bundle(data))
 
 
+def test_a_header_read_before_still_checks_the_bytes_that_follow_it() -> None:
+    good = _header([["w", "<f4", [2]]], np.arange(2, dtype="<f4").tobytes())
+    for _ in range(2):  # the second read finds the header's layout kept
+        np.testing.assert_array_equal(protocol.from_record(_bundle(good))["w"], [0.0, 1.0])
+    with pytest.raises(protocol.BundleError, match="too short for 'w'"):
+        protocol.from_record(_bundle(good[:-1]))
+    twice = _header([["w", "<f4", [1]], ["w", "<f4", [1]]], bytes(8))
+    for _ in range(2):  # a refused header is refused every time
+        with pytest.raises(protocol.BundleError, match="names 'w' twice"):
+            protocol.from_record(_bundle(twice))
+
+
+def test_one_instruction_for_every_client_is_packed_and_unpacked_per_client() -> None:
+    one = protocol.instruction(4, "train", {"lr": 0.1}, arrays={"w": np.ones(3, np.float32)})
+    payloads = protocol.to_each(iter([5, 2, 9]), one)
+    assert list(payloads) == [5, 2, 9] and all(p is one for p in payloads.values())
+    parts = protocol.unpack(protocol.pack(payloads))
+    assert sorted(parts) == [2, 5, 9]
+    for part in parts.values():
+        assert protocol.round_of(part) == 4 and protocol.config_of(part) == {"lr": 0.1}
+        np.testing.assert_array_equal(protocol.arrays_of(part)["w"], np.ones(3))
+
+
 def test_only_bundles_are_decoded_and_only_numbers_encoded() -> None:
     flower = ArrayRecord({"w": Array(np.ones(2, np.float32))})
     with pytest.raises(protocol.BundleError, match="not a Pollen array bundle"):
