@@ -214,10 +214,10 @@ class FeDLRT(Strategy):
 
         # basis phase: gradients at the current point
         down = protocol.to_record(self.global_arrays())
-        payloads = {
-            c.cid: protocol.instruction(rnd, self.basis_phase, config, arrays=down)
-            for c in fed.sample()
-        }
+        payloads = protocol.to_each(
+            (c.cid for c in fed.sample()),
+            protocol.instruction(rnd, self.basis_phase, config, arrays=down),
+        )
         basis = fed.exchange(
             self.basis_phase, payloads, self._check_basis, min_replies=self._min_replies()
         )
@@ -368,10 +368,9 @@ class FeDLRT(Strategy):
             for cid, g in grads.items():
                 own[cid].update({f"{n}.S": g[f"{n}.S"] for n in self.factors})
         if self.var_cor == "full" and self.factors:
-            payloads = {
-                cid: protocol.instruction(rnd, self.coef_phase, config, **{BASES: bases})
-                for cid in basis
-            }
+            payloads = protocol.to_each(
+                basis, protocol.instruction(rnd, self.coef_phase, config, **{BASES: bases})
+            )
             coef = fed.exchange(
                 self.coef_phase, payloads, self._check_coef, min_replies=self._min_replies()
             )

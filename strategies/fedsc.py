@@ -202,10 +202,10 @@ class FedSC(GlobalModelStrategy):
         if not asked:
             return {"shared": 0.0}
         model = protocol.to_record(self.weights)
-        payloads = {
-            c.cid: protocol.instruction(fed.server_round, CORRELATION_PHASE, arrays=model)
-            for c in asked
-        }
+        payloads = protocol.to_each(
+            (c.cid for c in asked),
+            protocol.instruction(fed.server_round, CORRELATION_PHASE, arrays=model),
+        )
         for c in asked:  # counted when requested: a lost reply may still have been released
             self.releases[c.cid] = self.releases.get(c.cid, 0) + 1
         replies = fed.exchange(CORRELATION_PHASE, payloads, self.validate_correlation)

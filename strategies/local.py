@@ -24,14 +24,16 @@ class LocalOnly(Strategy):
 
     def run_round(self, fed: Federation) -> dict[str, float]:
         clients = fed.sample()
-        payloads = {c.cid: protocol.instruction(fed.server_round, "train") for c in clients}
+        payloads = protocol.to_each(
+            (c.cid for c in clients), protocol.instruction(fed.server_round, "train")
+        )
         self.privacy.charge(clients)
         return {**aggregate_metrics(fed.exchange("train", payloads)), **self.privacy.metrics()}
 
     def finalize(self, fed: Federation) -> dict[str, float]:
-        payloads = {
-            c.cid: protocol.instruction(fed.server_round, "evaluate") for c in fed.available()
-        }
+        payloads = protocol.to_each(
+            (c.cid for c in fed.available()), protocol.instruction(fed.server_round, "evaluate")
+        )
         return aggregate_metrics(fed.exchange("evaluate", payloads))
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

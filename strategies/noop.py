@@ -30,12 +30,12 @@ class NoOp(Strategy):
 
     def run_round(self, fed: Federation) -> dict[str, float]:
         blob = protocol.to_record(self.payload)
-        payloads = {
-            c.cid: protocol.instruction(fed.server_round, "query.noop", arrays=blob)
+        one = (
+            protocol.instruction(fed.server_round, "query.noop", arrays=blob)
             if self.payload
             else protocol.instruction(fed.server_round, "query.noop")
-            for c in fed.sample()
-        }
+        )
+        payloads = protocol.to_each((c.cid for c in fed.sample()), one)
         replies = fed.exchange("query.noop", payloads, self.validate)
         return {"clients": float(len(replies))}
 

@@ -8,7 +8,14 @@ from dataclasses import fields
 from typing import TYPE_CHECKING
 
 from pollen.core.protection import AttackSettings
-from pollen.core.settings import RunSettings, Scalar, SyntheticSettings, kept, settings_key
+from pollen.core.settings import (
+    RunSettings,
+    Scalar,
+    SettingsKey,
+    SyntheticSettings,
+    kept,
+    settings_key,
+)
 
 if TYPE_CHECKING:
     from federated_data import DataSpec
@@ -56,7 +63,7 @@ def data_spec(settings: Mapping[str, Scalar], data_dir: str | None = None) -> Da
     return kept(_SPECS, key, lambda: _data_spec(settings, data_dir))
 
 
-_SPECS: dict[tuple[object, str | None], DataSpec] = {}
+_SPECS: dict[tuple[SettingsKey, str | None], DataSpec] = {}
 
 
 def _data_spec(settings: Mapping[str, Scalar], data_dir: str | None) -> DataSpec:
