@@ -26,32 +26,43 @@ from pollen.core.runconfig import resolve
 from pollen.core.settings import RunSettings
 
 
-def measure(clients: int, rounds: int, cache: Path, dataset: str = "mnist-5k") -> dict[str, Any]:
+def measure(
+    clients: int, rounds: int, cache: Path, dataset: str = "mnist-5k", device: str = "cpu"
+) -> dict[str, Any]:
     """Seconds of each round of the loop over `clients` clients (torch on one thread), and
-    their median over rounds 2.. (round 1 as it is for Pollen: left out when there are more)."""
+    their median over rounds 2.. (round 1 as it is for Pollen: left out when there are more).
+    `device`: where the models train ("cuda": every client's examples moved there before the
+    clock starts, and each round waits for the GPU's work before its clock stops)."""
     settings = resolve({"algorithm": "fedavg", "dataset": dataset, "num-clients": clients})
     run = RunSettings.of(settings)
     spec = data_spec(settings, None)
     splits = [
         load_client_data(spec, partition_of(settings, c), cache).train for c in range(clients)
     ]
-    data = [(torch.from_numpy(s.features()), torch.from_numpy(s.targets()).long()) for s in splits]
+    on = torch.device(device)
+    data = [
+        (torch.from_numpy(s.features()).to(on), torch.from_numpy(s.targets()).long().to(on))
+        for s in splits
+    ]
     shape, classes = model_input(settings)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         torch.manual_seed(run.seed)
-        state = build_model(run.model, shape, classes).state_dict()
+        state = build_model(run.model, shape, classes).to(on).state_dict()
         seconds = []
         for rnd in range(rounds):
             started = time.perf_counter()
-            state = _round(state, data, run, shape, classes, rnd)
+            state = _round(state, data, run, shape, classes, rnd, on)
+            if on.type == "cuda":
+                torch.cuda.synchronize(on)
             seconds.append(time.perf_counter() - started)
     finally:
         torch.set_num_threads(threads)
     steady = seconds[1:] if len(seconds) > 1 else seconds
     return {
         "clients": clients,
+        "device": device,
         "rounds": rounds,
         "round-seconds-each": [round(s, 4) for s in seconds],
         "round-seconds": round(statistics.median(steady), 4),
@@ -69,16 +80,17 @@ def _round(
     shape: tuple[int, ...],
     classes: int,
     rnd: int,
+    on: torch.device,
 ) -> dict[str, torch.Tensor]:
     total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in state.items()}
     examples = 0
     for cid, (x, y) in enumerate(data):
-        model: nn.Module = build_model(run.model, shape, classes)
+        model: nn.Module = build_model(run.model, shape, classes).to(on)
         model.load_state_dict(state)
         opt = torch.optim.SGD(model.parameters(), lr=run.lr)
         order = torch.Generator().manual_seed(run.seed * 1_000_003 + rnd * 10_007 + cid)
         for _ in range(run.local_epochs):
-            perm = torch.randperm(len(y), generator=order)
+            perm = torch.randperm(len(y), generator=order).to(on)
             for i in range(0, len(y), run.batch_size):
                 batch = perm[i : i + run.batch_size]
                 opt.zero_grad()

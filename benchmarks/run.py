@@ -28,8 +28,9 @@ Parts (each writes benchmarks/results/<part>.json):
               and 1,000 clients: seconds and peak memory beside the folding mean
   loop        FedAvg on mnist-5k at 100 and 1,000 clients against its floor, a plain PyTorch
               loop in one thread (benchmarks/loop_floor.py), back to back: seconds per round
-              with --parallel 1 and 2 and their ratios to the loop, and where a simulated
-              client's time goes (client-timing)
+              with --parallel 1 and 2 (--loop-parallel) and their ratios to the loop, and where
+              a simulated client's time goes (client-timing); `--loop-devices cpu,cuda` also on
+              one GPU, with its utilisation
   nodes       `pollen deploy` of FedAvg on digits with 2, 4, 8, 16, 32 SuperNodes on this machine
               (--node-counts), back to back: seconds per warm round, peak memory of the process
               tree (resident and proportional) and per node, memory by role, resent
@@ -708,37 +709,119 @@ CLIENT_STAGES = (
 
 def part_loop(args: argparse.Namespace, work: Path, cache: Path) -> dict[str, Any]:
     """FedAvg on mnist-5k against its floor, back to back at each of --loop-clients: the plain
-    loop of benchmarks/loop_floor.py (one thread) and `pollen simulate` with --parallel 1 and
-    2, seconds per round and their ratios; then one more Pollen run with client-timing for
-    where a simulated client's time goes (per-client medians, the server's per-round parts)."""
+    loop of benchmarks/loop_floor.py (one thread) and `pollen simulate` with each --parallel of
+    --loop-parallel, seconds per round and their ratios; then (--loop-profile) one more Pollen
+    run with client-timing for where a simulated client's time goes (per-client medians, the
+    server's per-round parts). With cuda in --loop-devices, the same on the GPU: the loop there,
+    and `pollen simulate --set device=cuda --gpus-per-client 1/P --parallel P` (P clients share
+    the GPU), each beside the GPU's utilisation in its warm rounds (GpuUse)."""
     from loop_floor import measure  # lazy: torch
 
     rows: list[dict[str, Any]] = []
+    extra = ["--set", "final-eval=false"]
     for n in args.loop_clients:
-        extra = ["--set", "final-eval=false"]
-        loop = measure(n, args.loop_rounds, cache)
-        _say(f"loop      {n:>6} clients: plain loop {loop['round-seconds']} s/round (1 thread)")
-        row: dict[str, Any] = {"clients": n, "loop": loop}
-        for parallel in (1, 2):
-            run = pollen_run(
-                "simulate", "fedavg", n, args.loop_rounds, work / f"loop-{n}-p{parallel}", cache,
-                [*extra, "--parallel", str(parallel)], client_timing=False,
+        row: dict[str, Any] = {"clients": n}
+        for device in args.loop_devices:
+            on_gpu = device == "cuda"
+            prefix = "cuda-" if on_gpu else ""
+            loop = measure(n, args.loop_rounds, cache, device=device)
+            _say(f"loop      {n:>6} clients: plain loop on {device} "
+                 f"{loop['round-seconds']} s/round (1 thread)")  # fmt: skip
+            row[f"{prefix}loop"] = loop
+            for parallel in args.loop_parallel:
+                gpu = ["--set", "device=cuda", "--gpus-per-client", repr(1 / parallel)]
+                name = f"loop-{n}-{device}-p{parallel}"
+                with GpuUse(work / name, args.loop_rounds, active=on_gpu) as use:
+                    run = pollen_run(
+                        "simulate", "fedavg", n, args.loop_rounds, work / name, cache,
+                        [*extra, "--parallel", str(parallel), *(gpu if on_gpu else [])],
+                        client_timing=False,
+                    )  # fmt: skip
+                ratio = (
+                    round(run["round-seconds"] / loop["round-seconds"], 2) if "error" not in run
+                    else None
+                )  # fmt: skip
+                if on_gpu:
+                    run["gpu-use"] = use.summary()
+                row[f"{prefix}pollen-parallel-{parallel}"] = run
+                row[f"{prefix}ratio-parallel-{parallel}"] = ratio
+                used = f", GPU {run['gpu-use']}" if on_gpu else ""
+                _say(f"loop      {n:>6} clients: pollen on {device} --parallel {parallel} "
+                     f"{run.get('round-seconds', run.get('error'))} s/round, {ratio}x the "
+                     f"loop{used}")  # fmt: skip
+        if args.loop_profile:
+            profiled = pollen_run(
+                "simulate", "fedavg", n, args.loop_rounds, work / f"loop-{n}-profile", cache,
+                [*extra, "--parallel", "1"],
             )  # fmt: skip
-            ratio = (
-                round(run["round-seconds"] / loop["round-seconds"], 2) if "error" not in run
-                else None
-            )  # fmt: skip
-            row[f"pollen-parallel-{parallel}"] = run
-            row[f"ratio-parallel-{parallel}"] = ratio
-            _say(f"loop      {n:>6} clients: pollen --parallel {parallel} "
-                 f"{run.get('round-seconds', 'err')} s/round, {ratio}x the loop")  # fmt: skip
-        profiled = pollen_run(
-            "simulate", "fedavg", n, args.loop_rounds, work / f"loop-{n}-profile", cache,
-            [*extra, "--parallel", "1"],
-        )  # fmt: skip
-        row["profile"] = _profile(profiled, n)
+            row["profile"] = _profile(profiled, n)
         rows.append(row)
     return {"rows": rows}
+
+
+class GpuUse:
+    """The GPU's utilisation while a run trains, read from `nvidia-smi` every 0.2 s: each
+    sample is tagged with the rounds the run's metrics.jsonl holds at that moment, and the
+    summary keeps the warm rounds (2..rounds, after round 1's line and before the last one's),
+    like the seconds per round: mean and peak utilisation (nvidia-smi's share of the sample
+    period in which a kernel ran), the share of samples with any kernel running, and the GPU
+    memory in use at most over the whole run. Inactive (`active` False) it reads nothing."""
+
+    def __init__(self, out: Path, rounds: int, active: bool = True) -> None:
+        self.metrics, self.rounds, self.active = out / rundir.METRICS, rounds, active
+        self.samples: list[tuple[int, float, float]] = []
+        self.error: str | None = None
+        self._proc: subprocess.Popen[str] | None = None
+        self._thread = threading.Thread(target=self._read, daemon=True)
+
+    def __enter__(self) -> GpuUse:
+        if not self.active:
+            return self
+        query = "--query-gpu=utilization.gpu,memory.used"
+        try:
+            self._proc = subprocess.Popen(
+                ["nvidia-smi", query, "--format=csv,noheader,nounits", "-lms", "200"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            )  # fmt: skip
+        except OSError as exc:
+            self.error = f"nvidia-smi: {exc}"
+            return self
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait()
+            self._thread.join()
+
+    def _done(self) -> int:
+        try:
+            return self.metrics.read_bytes().count(b"\n")
+        except OSError:
+            return 0
+
+    def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for line in self._proc.stdout:
+            try:
+                util, memory = (float(x) for x in line.split(",")[:2])
+            except ValueError:
+                continue
+            self.samples.append((self._done(), util, memory))
+
+    def summary(self) -> dict[str, Any]:
+        if self.error is not None or not self.samples:
+            return {"error": self.error or "no samples from nvidia-smi"}
+        first = 1 if self.rounds > 1 else 0
+        warm = [util for done, util, _ in self.samples if first <= done < self.rounds]
+        return {
+            "warm-samples": len(warm),
+            "mean-utilisation-percent": round(statistics.mean(warm), 1) if warm else None,
+            "max-utilisation-percent": max(warm) if warm else None,
+            "busy-share": round(sum(u > 0 for u in warm) / len(warm), 3) if warm else None,
+            "peak-memory-mib": max(memory for _, _, memory in self.samples),
+        }
 
 
 def _profile(run: dict[str, Any], clients: int) -> dict[str, Any]:
@@ -838,6 +921,17 @@ def main() -> int:
         help="loop: client counts of FedAvg on mnist-5k against the plain loop",
     )  # fmt: skip
     parser.add_argument("--loop-rounds", type=int, default=3, help="loop: rounds of each run")
+    parser.add_argument(
+        "--loop-parallel", type=_ints, default=_ints("1,2"),
+        help="loop: the --parallel of each Pollen run (on cuda: 1/P GPU per client)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--loop-devices", type=lambda s: s.split(","), default=["cpu"],
+        help="loop: cpu, cuda or both: where the loop and the clients train",
+    )  # fmt: skip
+    parser.add_argument(
+        "--loop-profile", type=int, default=1, help="loop: 0 leaves the profiled run out"
+    )
     parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--tag", default="", help="suffix of the JSON file names")
     args = parser.parse_args()
