@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -97,6 +98,48 @@ def test_tree_memory_by_role_and_the_lost_messages_of_a_run(
     }  # fmt: skip
 
 
+def test_gpu_use_keeps_the_warm_rounds_samples(monkeypatch: Any, tmp_path: Path) -> None:
+    """The loop part's GPU utilisation: each nvidia-smi sample is tagged with the rounds the
+    run's metrics.jsonl holds when it arrives, and the summary keeps rounds 2..3 of 3 only;
+    without nvidia-smi the summary says so instead of a figure."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    run = _load("run")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "nvidia-smi"
+    fake.write_text(
+        "#!/bin/bash\n"
+        "for k in 0 1 2 3; do\n"
+        f"  while [ ! -e {tmp_path}/go$k ]; do sleep 0.02; done\n"
+        '  echo "$((k * 20 + 10)), $((1000 + k))"\n'
+        "done\n"
+        "exec sleep 60\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    metrics = tmp_path / "metrics.jsonl"
+    with run.GpuUse(tmp_path, 3) as use:
+        for done in range(4):
+            metrics.write_text("{}\n" * done)
+            (tmp_path / f"go{done}").touch()
+            for _ in range(500):
+                if len(use.samples) > done:
+                    break
+                time.sleep(0.02)
+    assert use.samples == [(k, 20.0 * k + 10, 1000.0 + k) for k in range(4)]
+    assert use.summary() == {
+        "warm-samples": 2, "mean-utilisation-percent": 40.0, "max-utilisation-percent": 50.0,
+        "busy-share": 1.0, "peak-memory-mib": 1003.0,
+    }  # fmt: skip
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    with run.GpuUse(tmp_path, 3) as missing:
+        pass
+    assert "nvidia-smi" in missing.summary()["error"]
+    with run.GpuUse(tmp_path, 3, active=False) as off:
+        pass
+    assert off.summary() == {"error": "no samples from nvidia-smi"}
+
+
 @pytest.mark.slow
 def test_the_loop_floor_trains_and_averages_the_clients_models(shared_cache: Path) -> None:
     """benchmarks/loop_floor.py, the floor `--parts loop` compares Pollen with: its rounds are
@@ -119,6 +162,6 @@ def test_the_loop_floor_trains_and_averages_the_clients_models(shared_cache: Pat
     state = build_model("mlp", (1, 8, 8), 10).state_dict()
     for lr, moves in ((0.0, False), (0.5, True)):
         run = RunSettings.of(resolve({"dataset": "digits", "lr": lr, "batch-size": 4}))
-        after = loop._round(state, data, run, (1, 8, 8), 10, 0)
+        after = loop._round(state, data, run, (1, 8, 8), 10, 0, torch.device("cpu"))
         changed = any(not torch.allclose(after[k], state[k]) for k in state)
         assert changed == moves, lr
