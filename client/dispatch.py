@@ -13,7 +13,13 @@ import time
 import numpy as np
 from flwr.app import MetricRecord, RecordDict
 
-from client.env import ClientConfigError, ClientEnv, client_handler, keep_simulated_data
+from client.env import (
+    ClientConfigError,
+    ClientEnv,
+    client_handler,
+    keep_simulated_data,
+    pass_arrays_out_of_band,
+)
 from client.warm import lending
 from pollen.core import protocol
 from pollen.core.contracts import client_dp
@@ -147,6 +153,7 @@ def answer_node(message_type: str, content: RecordDict, env: ClientEnv) -> Recor
     if not env.packed:
         return answer(message_type, content, env)
     keep_simulated_data()
+    pass_arrays_out_of_band()
     if message_type == HELLO:
         instructions = dict.fromkeys(env.hosted, content)
     elif not protocol.is_packed(content):

@@ -18,12 +18,13 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flwr.app import Context, RecordDict
+from flwr.app import Array, Context, RecordDict
 
 from client.state import StateStore, private_seed
 from pollen.core.dataspec import data_spec, partition_of
 from pollen.core.paths import cache_dir
 from pollen.core.protection import NODE_ATTACKS, AttackSettings
+from pollen.core.protocol import array_fields, array_of_fields
 from pollen.core.registry import AlgorithmSpec
 from pollen.core.runconfig import from_run_config
 from pollen.core.runmodel import DataFn, ModelFn
@@ -294,6 +295,26 @@ def keep_simulated_data() -> None:
     every round (client.dispatch.answer_node)."""
     if _resident is None:
         keep_data_resident(sys.maxsize, SIMULATION_DATA_BYTES)
+
+
+_out_of_band = False
+
+
+def pass_arrays_out_of_band() -> None:
+    """In a Ray worker (simulation), from now on the Arrays of what this process returns travel
+    beside Ray's pickle stream (pollen.core.protocol.array_fields): written once into Ray's
+    object store instead of copied into the stream and then into the store. The receiving side
+    rebuilds each Array owning its bytes (array_of_fields), so what the server reads is as
+    before. Without Ray loaded in this process (deployment) nothing changes."""
+    global _out_of_band
+    if _out_of_band or "ray" not in sys.modules:
+        return
+    import ray  # lazy: loaded already by Ray's worker; never imported here otherwise
+
+    if not ray.is_initialized():
+        return
+    ray.util.register_serializer(Array, serializer=array_fields, deserializer=array_of_fields)
+    _out_of_band = True
 
 
 def hosted_clients(node: Mapping[str, Any], run: RunSettings) -> list[int]:

@@ -252,6 +252,20 @@ def to_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
     return record
 
 
+def array_fields(array: Array) -> tuple[str, tuple[int, ...], str, np.ndarray]:
+    """An Array as its fields, its bytes as a NumPy view of them: how a simulation worker hands
+    Ray an Array (client.env.pass_arrays_out_of_band). Ray moves a NumPy array's memory beside
+    the pickle stream, written once into its object store, where `bytes` would be copied into
+    the stream first (a packed node's reply carries every client's model)."""
+    return array.dtype, array.shape, array.stype, np.frombuffer(array.data, np.uint8)
+
+
+def array_of_fields(fields: tuple[str, tuple[int, ...], str, np.ndarray]) -> Array:
+    """The Array again, owning its bytes (a copy out of Ray's object store)."""
+    dtype, shape, stype, data = fields
+    return Array(dtype, tuple(shape), stype, data.tobytes())
+
+
 @functools.lru_cache(maxsize=64)
 def _header(layout: tuple[tuple[str, str, tuple[int, ...]], ...]) -> bytes:
     """A bundle's JSON header of (name, dtype, shape) entries (kept: a run sends the same

@@ -135,3 +135,22 @@ def test_encoding_copies_the_arrays_so_a_model_changed_afterwards_leaves_the_rec
     record = protocol.to_record({"w": weights[:, ::2]})  # a strided view, as a model's may be
     weights[:] = 7.0
     np.testing.assert_array_equal(protocol.from_record(record)["w"], np.ones((4, 2), np.float32))
+
+
+def test_an_array_for_ray_travels_beside_the_pickle_stream_and_comes_back_whole() -> None:
+    """array_fields gives Ray the Array's bytes as a NumPy view, which pickle (protocol 5, as
+    Ray uses it) passes out of band instead of copying into the stream; array_of_fields builds
+    an equal Array whose bytes are its own."""
+    import pickle
+
+    weights = np.arange(3000, dtype=np.float32).reshape(1000, 3)
+    array = protocol.to_record({"w": weights})[protocol.BUNDLE]
+    fields = protocol.array_fields(array)
+    buffers: list[pickle.PickleBuffer] = []
+    stream = pickle.dumps(fields, protocol=5, buffer_callback=buffers.append)
+    assert len(buffers) == 1 and len(stream) < len(array.data)
+    again = protocol.array_of_fields(pickle.loads(stream, buffers=buffers))
+    assert isinstance(again.data, bytes) and again.data == array.data
+    assert (again.dtype, again.shape, again.stype) == (array.dtype, array.shape, array.stype)
+    content = RecordDict({protocol.ARRAYS: ArrayRecord({protocol.BUNDLE: again})})
+    np.testing.assert_array_equal(protocol.arrays_of(content)["w"], weights)
