@@ -22,6 +22,7 @@ from torch import nn
 
 from models.augment import random_hflip
 from models.losses import class_probabilities, per_sample_loss
+from models.modes import set_training
 
 ProximalTerm = Callable[[nn.Module], torch.Tensor]
 
@@ -196,7 +197,7 @@ def train_classifier(
     models.losses. `amp`: the forward pass under autocast (MixedPrecision), the loss, the
     `proximal` term and the step in float32. `drop_last`: see `batches`; `hflip`: each image of
     a batch mirrored with probability 1/2 (models.augment.random_hflip; needs `generator`)."""
-    model.train()
+    set_training(model)
     opt = optimizer or SGD(
         [p for p in model.parameters() if p.requires_grad], lr, momentum, weight_decay
     )
@@ -233,7 +234,7 @@ def per_sample_losses(
     class_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Loss of every example (sequence) under `model` in eval mode, shape (n,)."""
-    model.eval()
+    set_training(model, False)
     parts = [
         per_sample_loss(model(x[s : s + batch_size]), y[s : s + batch_size], class_weights)
         for s in range(0, len(y), batch_size)
@@ -245,7 +246,7 @@ def per_sample_losses(
 def predict_probabilities(
     model: nn.Module, x: torch.Tensor, batch_size: int = 1024
 ) -> torch.Tensor:
-    model.eval()
+    set_training(model, False)
     parts = [
         class_probabilities(model(x[s : s + batch_size])) for s in range(0, len(x), batch_size)
     ]
@@ -277,7 +278,7 @@ def train_two_views(
     mean objective. `amp`: the two forward passes under autocast (MixedPrecision); the
     augmentations, the objective (on the outputs cast back to float32), the clipping and the
     step in float32."""
-    model.train()
+    set_training(model)
     precision = MixedPrecision(amp, x.device)
     last = float("nan")
     for _ in range(epochs):

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from models.losses import class_probabilities, correct_predictions, per_sample_loss
+from models.modes import set_training
 
 
 @torch.no_grad()
@@ -20,7 +21,7 @@ def evaluate_classifier(
     sequences); (nan, nan) on an empty split."""
     if len(y) == 0:
         return float("nan"), float("nan")
-    model.eval()
+    set_training(model, False)
     loss_sum, correct, made = 0.0, 0, 0
     for start in range(0, len(y), batch_size):
         logits = model(x[start : start + batch_size])
