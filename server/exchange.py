@@ -263,6 +263,9 @@ class Phase:
                 self.replies.append(Reply(node_id, key, part))
             else:
                 self.ready[key] = Reply(node_id, key, part)
+                # folded now if its turn has come: its arrays, just read by the screening, are
+                # still in the CPU's cache (a node's reply can be larger than the cache)
+                self._release()
 
     def _parts(
         self, content: RecordDict, node_id: int, keys: Sequence[int]

@@ -317,3 +317,43 @@ def test_a_run_resumed_with_another_packing_ends_where_an_uninterrupted_one_does
     ref_arrays, _ = ref.strategy.state()
     for key, value in ref_arrays.items():
         np.testing.assert_array_equal(arrays[key], value, err_msg=key)
+
+
+def test_a_reply_whose_turn_has_come_is_folded_right_after_its_screening(
+    run_config: dict[str, Any],
+) -> None:
+    """Nodes answering in client order: each client's reply is folded as soon as it passes the
+    checks, before the next client's part of the same packed reply is checked (its arrays are
+    then still in the CPU's cache); the fold's order and results are those of the folds after
+    the whole message."""
+    cfg = _settings(run_config, "fedavg", "fold-at-once", **{"simulation-nodes": NODES})
+    grid = FakeGrid(client_app, NODES, cfg)
+    pull = grid.pull_messages
+    held: list[Message] = []
+
+    def in_node_order(ids: Any) -> list[Message]:  # node 100 (clients 0-1), then 101 (2-4)
+        nonlocal held
+        got = sorted([*held, *pull(ids)], key=lambda m: m.metadata.src_node_id)
+        held = got[1:]
+        return got[:1]
+
+    grid.pull_messages = in_node_order  # type: ignore[method-assign,assignment]
+    clock = FakeClock()
+    strategy = strategy_class(get_algorithm("fedavg"))(cfg)
+    engine = Engine(grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock, clock.sleep)
+    engine.server_round = 1
+    engine.wait_for_clients()
+    strategy.initialize(1)
+    model = protocol.to_record(strategy.weights)  # type: ignore[attr-defined]
+    payloads = {c: protocol.instruction(1, "train", {"lr": 0.1}, arrays=model) for c in range(5)}
+    events: list[tuple[str, int]] = []
+    validate = strategy.validate  # type: ignore[attr-defined]
+
+    def screened(cid: int, content: RecordDict) -> None:
+        events.append(("screen", cid))
+        validate(cid, content)
+
+    engine.exchange(
+        "train", payloads, screened, fold=lambda cid, r: events.append(("fold", cid))
+    )
+    assert events == [(step, c) for c in range(5) for step in ("screen", "fold")]
