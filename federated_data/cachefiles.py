@@ -8,8 +8,12 @@ no file or a complete one, never a partial one.
 from __future__ import annotations
 
 import contextlib
+import io
+import math
 import os
+import re
 import tempfile
+import zipfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -51,6 +55,39 @@ def save_npz_atomic(target: Path, arrays: Mapping[str, Any]) -> None:
     """Write an uncompressed .npz (fast to read back) that appears all at once."""
     with _atomic_file(target) as handle:
         np.savez(handle, allow_pickle=False, **arrays)
+
+
+def load_npz(path: Path) -> dict[str, np.ndarray]:
+    """Every array of a small .npz that `save_npz_atomic` wrote, as np.load(allow_pickle=False)
+    reads it (each array writable, owning its memory), about three times faster for a client's
+    partition file: each member is read whole and its .npy header parsed without numpy's
+    literal_eval. A header of any other form goes to numpy's reader. A damaged file raises what
+    reading it with np.load can raise (OSError, ValueError, EOFError, zipfile.BadZipFile)."""
+    with zipfile.ZipFile(path) as archive:
+        return {
+            info.filename.removesuffix(".npy"): _npy(archive.read(info))
+            for info in archive.infolist()
+        }
+
+
+_NPY_HEADER = re.compile(
+    rb"\{'descr': '([<>|=][biuf]\d+)', 'fortran_order': (False|True), "
+    rb"'shape': \(([\d, ]*)\), \} *\n"
+)
+"""The header np.save writes for a plain numeric array (format versions 1 to 3)."""
+
+
+def _npy(data: bytes) -> np.ndarray:
+    """The array of one .npy file's bytes."""
+    if data[:6] == b"\x93NUMPY" and data[6:7] in (b"\x01", b"\x02", b"\x03"):
+        start = 10 if data[6] == 1 else 12
+        end = start + int.from_bytes(data[8:start], "little")
+        header = _NPY_HEADER.fullmatch(data, start, end)
+        if header is not None:
+            shape = tuple(int(n) for n in header[3].split(b",") if n.strip())
+            flat = np.frombuffer(data, np.dtype(header[1].decode()), math.prod(shape), end)
+            return flat.copy().reshape(shape, order="F" if header[2] == b"True" else "C")
+    return np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)  # type: ignore[no-any-return]
 
 
 def write_text_atomic(target: Path, text: str) -> None:

@@ -21,6 +21,7 @@ from federated_data.arrays import ArrayDataset
 from federated_data.cachefiles import (
     default_cache_dir,
     exclusive_lock,
+    load_npz,
     remove_stale_temporaries,
     save_npz_atomic,
     write_text_atomic,
@@ -463,14 +464,13 @@ def _split_client(
 
 def _read_client(path: Path, client_id: int) -> ClientData:
     try:
-        with np.load(path, allow_pickle=False) as f:
-            num_classes = int(f["num_classes"])
-            mean = tuple(float(v) for v in f["mean"])
-            std = tuple(float(v) for v in f["std"])
-            splits = [
-                ArrayDataset(f[f"{name}_x"], f[f"{name}_y"], num_classes, mean, std)
-                for name in _SPLITS
-            ]
+        f = load_npz(path)
+        num_classes = int(f["num_classes"])
+        mean = tuple(float(v) for v in f["mean"])
+        std = tuple(float(v) for v in f["std"])
+        splits = [
+            ArrayDataset(f[f"{name}_x"], f[f"{name}_y"], num_classes, mean, std) for name in _SPLITS
+        ]
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
         raise DataConfigError(
             f"cached partition file {path} is unreadable ({exc}); delete the directory "
