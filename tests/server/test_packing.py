@@ -249,6 +249,34 @@ def test_sampling_sends_only_the_sampled_clients_and_leaves_the_others_state_alo
     assert kept == trained  # FedEM's personal state: only the clients that trained have one
 
 
+def _pull_one_at_a_time(grid: FakeGrid, order: Callable[[Message], int]) -> None:
+    """The grid hands out one reply a pull: the first in `order` of those it holds."""
+    pull = grid.pull_messages
+    held: list[Message] = []
+
+    def one_at_a_time(ids: Any) -> list[Message]:
+        nonlocal held
+        got = sorted([*held, *pull(ids)], key=order)
+        held = got[1:]
+        return got[:1]
+
+    grid.pull_messages = one_at_a_time  # type: ignore[method-assign,assignment]
+
+
+def _first_training(grid: FakeGrid, cfg: Any) -> tuple[Engine, Any, dict[int, RecordDict]]:
+    """An engine and FedAvg strategy on `grid`, its clients greeted, and round 1's training
+    instructions for the 5 clients."""
+    clock = FakeClock()
+    strategy = strategy_class(get_algorithm("fedavg"))(cfg)
+    engine = Engine(grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock, clock.sleep)
+    engine.server_round = 1
+    engine.wait_for_clients()
+    strategy.initialize(1)
+    model = protocol.to_record(strategy.weights)  # type: ignore[attr-defined]
+    payloads = {c: protocol.instruction(1, "train", {"lr": 0.1}, arrays=model) for c in range(5)}
+    return engine, strategy, payloads
+
+
 def test_fold_takes_replies_in_client_order_whatever_order_nodes_answer_in(
     run_config: dict[str, Any],
 ) -> None:
@@ -262,24 +290,8 @@ def test_fold_takes_replies_in_client_order_whatever_order_nodes_answer_in(
         if _packed_train(msg) and node == 101
         else None
     )
-    pull = grid.pull_messages
-    held: list[Message] = []
-
-    def one_at_a_time(ids: Any) -> list[Message]:
-        nonlocal held
-        got = sorted([*held, *pull(ids)], key=lambda m: -m.metadata.src_node_id)
-        held = got[1:]
-        return got[:1]
-
-    grid.pull_messages = one_at_a_time  # type: ignore[method-assign,assignment]
-    clock = FakeClock()
-    strategy = strategy_class(get_algorithm("fedavg"))(cfg)
-    engine = Engine(grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock, clock.sleep)
-    engine.server_round = 1
-    engine.wait_for_clients()
-    strategy.initialize(1)
-    model = protocol.to_record(strategy.weights)  # type: ignore[attr-defined]
-    payloads = {c: protocol.instruction(1, "train", {"lr": 0.1}, arrays=model) for c in range(5)}
+    _pull_one_at_a_time(grid, lambda m: -m.metadata.src_node_id)
+    engine, strategy, payloads = _first_training(grid, cfg)
     seen: list[tuple[int, bool]] = []
     arrived: list[int] = []
     grid_pull = grid.pull_messages
@@ -328,24 +340,8 @@ def test_a_reply_whose_turn_has_come_is_folded_right_after_its_screening(
     the whole message."""
     cfg = _settings(run_config, "fedavg", "fold-at-once", **{"simulation-nodes": NODES})
     grid = FakeGrid(client_app, NODES, cfg)
-    pull = grid.pull_messages
-    held: list[Message] = []
-
-    def in_node_order(ids: Any) -> list[Message]:  # node 100 (clients 0-1), then 101 (2-4)
-        nonlocal held
-        got = sorted([*held, *pull(ids)], key=lambda m: m.metadata.src_node_id)
-        held = got[1:]
-        return got[:1]
-
-    grid.pull_messages = in_node_order  # type: ignore[method-assign,assignment]
-    clock = FakeClock()
-    strategy = strategy_class(get_algorithm("fedavg"))(cfg)
-    engine = Engine(grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock, clock.sleep)
-    engine.server_round = 1
-    engine.wait_for_clients()
-    strategy.initialize(1)
-    model = protocol.to_record(strategy.weights)  # type: ignore[attr-defined]
-    payloads = {c: protocol.instruction(1, "train", {"lr": 0.1}, arrays=model) for c in range(5)}
+    _pull_one_at_a_time(grid, lambda m: m.metadata.src_node_id)  # node 100 (clients 0-1) first
+    engine, strategy, payloads = _first_training(grid, cfg)
     events: list[tuple[str, int]] = []
     validate = strategy.validate  # type: ignore[attr-defined]
 
