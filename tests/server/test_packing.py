@@ -349,7 +349,5 @@ def test_a_reply_whose_turn_has_come_is_folded_right_after_its_screening(
         events.append(("screen", cid))
         validate(cid, content)
 
-    engine.exchange(
-        "train", payloads, screened, fold=lambda cid, r: events.append(("fold", cid))
-    )
+    engine.exchange("train", payloads, screened, fold=lambda cid, r: events.append(("fold", cid)))
     assert events == [(step, c) for c in range(5) for step in ("screen", "fold")]
