@@ -50,10 +50,12 @@ def follow(
     stopped (LaunchError) when its ServerApp has not started after `start_timeout` seconds, or
     when a process of the federation logs a full disk (DiskFull).
 
-    Each status query is a `flwr ls` process (about a CPU-second of imports), so the run's
-    status is asked at once when the server writes its summary.json (at the end of a run, also a
-    failed one) and otherwise at intervals growing from STATUS_POLL_MIN to STATUS_POLL_MAX
-    seconds: a ServerApp that dies without writing a summary is still noticed. Flower marks the
+    Each status query is a `flwr ls` process (1.4-1.8 CPU-seconds of imports on a 2-core
+    machine, taken from the run itself), so the run's status is asked at once when the server
+    writes its summary.json (at the end of a run, also a failed one) and otherwise at intervals
+    growing from STATUS_POLL_MIN to STATUS_POLL_MAX seconds, and only once the run has written
+    nothing new for that long: a ServerApp that is writing rounds is alive, and one that dies
+    without writing a summary is still noticed that long after its last line. Flower marks the
     run finished only once the ServerApp process has exited, a second or so after the summary,
     so from the summary on the status is asked every STATUS_POLL_ENDING seconds. `plain`: the
     view (pollen.tools.progress; None: plain unless `stream` is a terminal); `sinks` follow the
@@ -114,7 +116,12 @@ def _follow(
                 f"the SuperLink's log {where} says which); stopped the run"
             )
         written = _mtime(summary)
-        if query is None and (written != summary_seen or time.monotonic() >= next_status):
+        now = time.monotonic()
+        quiet = interval
+        if progress.news_at is not None and summary_seen == before:  # not yet ending
+            quiet = now - progress.news_at
+        due = now >= next_status and quiet >= interval  # nothing new for as long: ask Flower
+        if query is None and (written != summary_seen or due):
             summary_seen = written
             query = _StatusQuery(fed, run_id)
         if query is not None:

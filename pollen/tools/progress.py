@@ -354,6 +354,8 @@ class Progress:
         self._rows: list[RoundRow] = []
         self._summary = _mtime(self.out_dir / SUMMARY)  # a resumed run's is the earlier run's
         self._news = self.t0
+        self.news_at: float | None = None
+        """When (on `clock`) this run last wrote to its results directory; None: not yet."""
         self._stall = STALL_FIRST
         self._closed = False
         if history:
@@ -371,7 +373,7 @@ class Progress:
             for row in clients:
                 sink.client(row)
         if clients or events or self._rows:
-            self._news = self.clock()
+            self._news = self.news_at = self.clock()
             self._stall = STALL_FIRST
         for ev in events:
             rnd = _int(ev.fields.get("round"))
@@ -382,7 +384,7 @@ class Progress:
         summary = _mtime(self.out_dir / SUMMARY)
         if self.state.doing not in ("ending", "finished") and summary != self._summary:
             self.state.doing = "ending"  # the ServerApp wrote its last file
-            self._news = self.clock()
+            self._news = self.news_at = self.clock()
         self._tick()
 
     def _event(self, record: EventRecord) -> None:

@@ -65,8 +65,11 @@ def _follow(
     full_at: float | None = None,
     start_timeout: float = 300.0,
     fed_out: list | None = None,
+    writes: Callable[[float], None] | None = None,
 ) -> tuple:
     def tick(now: float) -> None:
+        if writes is not None:
+            writes(now)
         if (
             summary_at is not None
             and now >= summary_at
@@ -166,3 +169,44 @@ def test_follow_notices_a_run_that_ends_without_a_summary(tmp_path: Path, monkey
     )
     assert status["status"] == "finished:completed"
     assert 60.0 <= ended <= 60.0 + 15.5
+
+
+def _rounds_written(tmp_path: Path, start: float, stop: float, every: float):
+    """A ServerApp that writes a round's event every `every` seconds from `start` to `stop`."""
+    written: list[float] = []
+
+    def writes(now: float) -> None:
+        if start <= now <= stop and (not written or now - written[-1] >= every):
+            written.append(now)
+            with (tmp_path / "events.jsonl").open("a") as f:
+                f.write(f'{{"event": "round-start", "round": {len(written)}, "rounds": 1000}}\n')
+
+    return writes
+
+
+def test_follow_does_not_ask_for_the_status_while_the_run_writes_rounds(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Each `flwr ls` costs the machine 1.4-1.8 CPU-seconds: while the ServerApp writes a round
+    every 5 s, the status is not asked between its first rounds and its summary."""
+    status, queries, ended = _follow(
+        tmp_path, finished_at=300.0, summary_at=300.0, monkeypatch=monkeypatch,
+        writes=_rounds_written(tmp_path, 10.0, 300.0, 5.0),
+    )  # fmt: skip
+    assert status["status"] == "finished:completed" and ended <= 300.5
+    assert queries and min(queries) < 10.0  # asked before the first round, as before
+    assert [q for q in queries if 30.0 < q < 300.0] == []
+
+
+def test_follow_notices_a_run_that_stops_writing_and_ends_without_a_summary(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The ServerApp writes rounds until t=100 and dies there without a summary: the status is
+    asked once the run has been quiet for the poll interval, and the end is noticed."""
+    status, queries, ended = _follow(
+        tmp_path, finished_at=100.0, summary_at=None, monkeypatch=monkeypatch,
+        writes=_rounds_written(tmp_path, 10.0, 100.0, 5.0),
+    )  # fmt: skip
+    assert status["status"] == "finished:completed"
+    assert 100.0 <= ended <= 100.0 + following.STATUS_POLL_MAX + 0.6
+    assert [q for q in queries if 30.0 < q < 100.0] == []
