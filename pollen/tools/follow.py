@@ -50,7 +50,7 @@ def follow(
     stopped (LaunchError) when its ServerApp has not started after `start_timeout` seconds, or
     when a process of the federation logs a full disk (DiskFull).
 
-    Each status query is a `flwr ls` process (1.4-1.8 CPU-seconds of imports on a 2-core
+    Each status query is a `flwr ls` process (0.6-1.8 CPU-seconds of imports on a 2-core
     machine, taken from the run itself), so the run's status is asked at once when the server
     writes its summary.json (at the end of a run, also a failed one) and otherwise at intervals
     growing from STATUS_POLL_MIN to STATUS_POLL_MAX seconds, and only once the run has written

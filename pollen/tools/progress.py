@@ -353,7 +353,6 @@ class Progress:
         self._clients = Tail(self.out_dir / CLIENTS, history)
         self._rows: list[RoundRow] = []
         self._summary = _mtime(self.out_dir / SUMMARY)  # a resumed run's is the earlier run's
-        self._news = self.t0
         self.news_at: float | None = None
         """When (on `clock`) this run last wrote to its results directory; None: not yet."""
         self._stall = STALL_FIRST
@@ -373,7 +372,7 @@ class Progress:
             for row in clients:
                 sink.client(row)
         if clients or events or self._rows:
-            self._news = self.news_at = self.clock()
+            self.news_at = self.clock()
             self._stall = STALL_FIRST
         for ev in events:
             rnd = _int(ev.fields.get("round"))
@@ -384,7 +383,7 @@ class Progress:
         summary = _mtime(self.out_dir / SUMMARY)
         if self.state.doing not in ("ending", "finished") and summary != self._summary:
             self.state.doing = "ending"  # the ServerApp wrote its last file
-            self._news = self.news_at = self.clock()
+            self.news_at = self.clock()
         self._tick()
 
     def _event(self, record: EventRecord) -> None:
@@ -490,7 +489,7 @@ class Progress:
     def _tick(self) -> None:
         now = self.clock()
         if isinstance(self.view, PlainView):
-            quiet = now - self._news
+            quiet = now - (self.t0 if self.news_at is None else self.news_at)
             if quiet >= self._stall and self.state.doing != "finished":
                 prefix = f"{self.state.label()}: " if self.state.round else ""
                 self.view.line(

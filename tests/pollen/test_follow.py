@@ -187,7 +187,7 @@ def _rounds_written(tmp_path: Path, start: float, stop: float, every: float):
 def test_follow_does_not_ask_for_the_status_while_the_run_writes_rounds(
     tmp_path: Path, monkeypatch
 ) -> None:
-    """Each `flwr ls` costs the machine 1.4-1.8 CPU-seconds: while the ServerApp writes a round
+    """Each `flwr ls` costs the machine 0.6-1.8 CPU-seconds: while the ServerApp writes a round
     every 5 s, the status is not asked between its first rounds and its summary."""
     status, queries, ended = _follow(
         tmp_path, finished_at=300.0, summary_at=300.0, monkeypatch=monkeypatch,
