@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from pollen.core.settings import SettingsError
 from pollen.tools import cli
+from pollen.tools.cli import resolve
 from pollen.tools.cli.parser import build_parser
 from pollen.tools.cli.resolve import Watch
 
@@ -54,3 +57,20 @@ def test_every_run_command_takes_plain_and_tensorboard(command: str) -> None:
     assert Watch.of(given) == Watch(plain=True, tensorboard=Path("tb"))
     # without --plain the view follows the output: live on a terminal, plain lines elsewhere
     assert Watch.of(parser.parse_args(command.split())) == Watch(None, None)
+
+
+def test_the_data_check_in_a_child_process_answers_as_the_one_in_process(
+    run_config: dict[str, Any],
+) -> None:
+    """resolve.check_data_apart (what a launcher without torch runs) gives the model's bytes
+    and, for data that cannot be partitioned so, the same one-line error as check_data."""
+    weighed = resolve.check_data(run_config)
+    assert weighed > 0
+    assert resolve.check_data_apart(run_config) == weighed
+    bad = {**run_config, "partitioner": "classes", "classes-per-client": 11}
+    with pytest.raises(SettingsError) as here:
+        resolve.check_data(bad)
+    with pytest.raises(SettingsError) as apart:
+        resolve.check_data_apart(bad)
+    assert str(apart.value) == str(here.value)
+    assert "classes_per_client must be in [1, 10]" in str(apart.value)

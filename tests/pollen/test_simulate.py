@@ -4,6 +4,9 @@ federation and the run are faked)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +15,8 @@ import pytest
 from pollen.core.settings import Scalar
 from pollen.tools import cli
 from pollen.tools.cli import simulate
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class FakeFederation:
@@ -141,3 +146,28 @@ def test_simulation_polls_for_replies_often_unless_told(
     code, submitted, _ = _simulate(tmp_path, shared_cache, monkeypatch, [], extra=extra)
     assert code == 0
     assert submitted[0]["poll-interval"] == interval
+
+
+def test_the_launcher_checks_the_data_and_model_without_importing_torch(
+    tmp_path: Path, shared_cache: Path
+) -> None:
+    """A launcher that has not imported torch builds the model and reads the first partition
+    in a child process (resolve.check_data_apart): it does not hold torch for the whole run,
+    and the packing still follows the model's bytes."""
+    probe = (
+        "import json, sys\n"
+        "from pollen.tools.cli.parser import build_parser\n"
+        "from pollen.tools.cli import simulate\n"
+        "from pollen.tools.cli.resolve import resolve_run_settings\n"
+        "args = build_parser().parse_args(sys.argv[1:])\n"
+        "resolved = resolve_run_settings(args)\n"
+        "nodes = simulate._simulation_nodes(args, resolved, False)\n"
+        "print(json.dumps({'torch': 'torch' in sys.modules, 'nodes': nodes}))\n"
+    )
+    argv = ["simulate", "--dataset", "digits", "--clients", "300", "--out", str(tmp_path / "r")]
+    env = dict(os.environ, POLLEN_CACHE_DIR=str(shared_cache), FLWR_TELEMETRY_ENABLED="0")
+    done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True,
+                          cwd=ROOT, env=env, check=False, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"torch": False, "nodes": 8}  # the MLP on digits: 64 clients a node, as above

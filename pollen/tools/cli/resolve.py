@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -171,7 +173,18 @@ def _check_resumable(out: Path, resolved: dict[str, Scalar]) -> None:
 
 
 def _check_data(resolved: dict[str, Scalar]) -> None:
-    """Dataset and partition parameters are checked, and the partition cached, up front."""
+    """Dataset and partition parameters are checked, the partition cached and the model built
+    (it fits the data; its bytes weighed for the packing) up front. A launcher that has not
+    imported torch does this in a child process (`check_data_apart`), so that it does not hold
+    torch, the model and the partition, about 0.5 GB, for as long as the run lasts
+    (docs/performance.md#the-launchers-own-memory-2026-11-28); one that has (a program or a test
+    that calls the command line in its own process) does it here: there is nothing to save."""
+    weighed = check_data(resolved) if "torch" in sys.modules else check_data_apart(resolved)
+    kept(_MODEL_BYTES, settings_key(resolved), lambda: weighed)
+
+
+def check_data(resolved: dict[str, Scalar]) -> int:
+    """`_check_data` in this process: the bytes of the run's model weights, or SettingsError."""
     from federated_data import (  # lazy: heavy data code
         DataConfigError,
         load_client_data,
@@ -183,7 +196,6 @@ def _check_data(resolved: dict[str, Scalar]) -> None:
         validate_spec(spec)
         check_model_fits(resolved)
         model = _built_model(resolved)  # it fits the data
-        kept(_MODEL_BYTES, settings_key(resolved), lambda: _weighed(model))
         if DPSettings.of(resolved).enabled:
             from models.privacy import dp_compatible  # lazy: opacus
 
@@ -191,6 +203,30 @@ def _check_data(resolved: dict[str, Scalar]) -> None:
         load_client_data(spec, 0, cache_dir(resolved))
     except (DataConfigError, ValueError) as exc:
         raise SettingsError(str(exc)) from None
+    return _weighed(model)
+
+
+def check_data_apart(resolved: dict[str, Scalar]) -> int:
+    """`check_data` in a child process (pollen.tools.cli.datacheck), the settings sent as JSON
+    on its standard input and its answer read from its standard output: the model's bytes, or
+    SettingsError with the child's one line (or, should the child die, its last line)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pollen.tools.cli.datacheck"],
+        input=json.dumps(resolved),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    try:
+        answer = json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SettingsError(
+            f"checking the data and the model failed (exit code {done.returncode}): {last}"
+        ) from None
+    if "error" in answer:
+        raise SettingsError(str(answer["error"]))
+    return int(answer["model-bytes"])
 
 
 def _built_model(resolved: dict[str, Scalar]) -> nn.Module:
