@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -20,9 +20,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class FakeFederation:
+    made: ClassVar[list[FakeFederation]] = []
+
     def __init__(self, workdir: Path) -> None:
         workdir.mkdir(parents=True)
-        self.env: dict[str, str] = {}
+        self.env: dict[str, str] = {"MALLOC_TRIM_THRESHOLD_": "7"}  # as if the user's own
+        FakeFederation.made.append(self)
 
     def start_superlink(self, simulation: bool) -> tuple[int, int]:
         assert simulation
@@ -171,3 +174,14 @@ def test_the_launcher_checks_the_data_and_model_without_importing_torch(
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen == {"torch": False, "nodes": 8}  # the MLP on digits: 64 clients a node, as above
+
+
+def test_the_simulation_frees_rays_objects_often_and_keeps_the_users_own_values(
+    tmp_path: Path, shared_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, _, _ = _simulate(tmp_path, shared_cache, monkeypatch, [])
+    assert code == 0
+    env = FakeFederation.made[-1].env
+    assert env["RAY_free_objects_period_milliseconds"] == "100"
+    assert env["MALLOC_MMAP_THRESHOLD_"] == simulate.SIMULATION_MALLOC["MALLOC_MMAP_THRESHOLD_"]
+    assert env["MALLOC_TRIM_THRESHOLD_"] == "7"
