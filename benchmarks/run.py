@@ -188,6 +188,7 @@ ROLES = (
     ("flower-supernode", "supernode"),
     ("client.worker", "worker"),
     ("pollen.tools.app_runner", "app-runner"),
+    ("pollen.tools.cli.datacheck", "datacheck"),
     ("flower-superexec", "app-runner"),
     ("pollen-clientapp", "clientapp"),
     ("flwr-clientapp", "clientapp"),
