@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,11 @@ __all__ = [
 CACHE_FORMAT = 1
 MANIFEST = "manifest.json"
 _SPLITS = ("train", "val", "test")
+SERVER_TEST = "server-test.npz"
+"""In a partition's cache directory, when the dataset has no official test split: the server's
+test set, every client's test split joined (load_server_test_data), written with the partition
+so that the server reads one file instead of one per client (10,000 of FedEM's synthetic
+clients: 3.1 s)."""
 
 
 @dataclass(frozen=True)
@@ -244,19 +250,33 @@ def load_server_test_data(spec: DataSpec, cache_dir: str | Path) -> ArrayDataset
         return load_dataset(
             spec.dataset, spec.data_dir, spec.download, root, _dataset_params(spec)
         ).test
+    path = directory / SERVER_TEST
+    if not path.exists():  # a partition cached before the joined file was written with it
+        tests = [_read_client(directory / _client_file(i), i).test for i in range(spec.num_clients)]
+        _save_server_test(path, [_server_share(spec, t) for t in tests])
+    (joined,) = _read_cached(path, ("",))
+    return joined if len(joined) else None
+
+
+def _server_share(spec: DataSpec, test: ArrayDataset) -> ArrayDataset:
+    """What a client's test split gives the server's: the first `server_test_per_client` of its
+    examples where the dataset sets that, else all."""
     cap = server_test_per_client(spec.dataset)
-    tests = [_read_client(directory / _client_file(i), i).test for i in range(spec.num_clients)]
-    if cap is not None:
-        tests = [t.subset(np.arange(min(cap, len(t)))) for t in tests]
-    if sum(len(t) for t in tests) == 0:
-        return None
+    return test if cap is None else test.subset(np.arange(min(cap, len(test))))
+
+
+def _save_server_test(path: Path, tests: list[ArrayDataset]) -> None:
+    """SERVER_TEST: the clients' shares of their test splits, joined."""
     first = tests[0]
-    return ArrayDataset(
-        np.concatenate([t.x for t in tests]),
-        np.concatenate([t.y for t in tests]),
-        first.num_classes,
-        first.mean,
-        first.std,
+    save_npz_atomic(
+        path,
+        {
+            "_x": np.concatenate([t.x for t in tests]),
+            "_y": np.concatenate([t.y for t in tests]),
+            "num_classes": np.asarray(first.num_classes, dtype=np.int64),
+            "mean": np.asarray(first.mean, dtype=np.float64),
+            "std": np.asarray(first.std, dtype=np.float64),
+        },
     )
 
 
@@ -358,6 +378,7 @@ def _build(spec: DataSpec, directory: Path, cache_dir: Path) -> None:
         **_partition_params(spec, source),
     )
     clients: list[dict[str, Any]] = []
+    tests: list[ArrayDataset] = []
     for cid, indices in enumerate(parts):
         splits = {
             name: source.train.subset(idx)
@@ -378,6 +399,10 @@ def _build(spec: DataSpec, directory: Path, cache_dir: Path) -> None:
             summary[f"{name}_labels"] = data.label_counts().tolist()
         save_npz_atomic(directory / _client_file(cid), arrays)
         clients.append(summary)
+        if source.test is None:
+            tests.append(_server_share(spec, splits["test"]))
+    if source.test is None:  # the server's test set, one file to read (load_server_test_data)
+        _save_server_test(directory / SERVER_TEST, tests)
     manifest = {
         "format": CACHE_FORMAT,
         "key": spec.key(),
@@ -463,20 +488,23 @@ def _split_client(
 
 
 def _read_client(path: Path, client_id: int) -> ClientData:
+    return ClientData(client_id, *_read_cached(path, _SPLITS))
+
+
+def _read_cached(path: Path, names: Sequence[str]) -> list[ArrayDataset]:
+    """The datasets `{name}_x`, `{name}_y` of a cached file (a client's, or SERVER_TEST with
+    the one name ""), with its num_classes, mean and std."""
     try:
         f = load_npz(path)
         num_classes = int(f["num_classes"])
         mean = tuple(float(v) for v in f["mean"])
         std = tuple(float(v) for v in f["std"])
-        splits = [
-            ArrayDataset(f[f"{name}_x"], f[f"{name}_y"], num_classes, mean, std) for name in _SPLITS
-        ]
+        return [ArrayDataset(f[f"{n}_x"], f[f"{n}_y"], num_classes, mean, std) for n in names]
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
         raise DataConfigError(
             f"cached partition file {path} is unreadable ({exc}); delete the directory "
             f"{path.parent} to rebuild the partition"
         ) from exc
-    return ClientData(client_id, *splits)
 
 
 def _read_manifest(directory: Path) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from federated_data import (
     register_dataset,
     validate_spec,
 )
+from federated_data.client_data import SERVER_TEST
 
 N_TOY = 600
 
@@ -78,7 +79,8 @@ def test_first_call_writes_every_client_and_later_calls_skip_the_source(
     first = load_client_data(SPEC, 2, tmp_path)
     assert toy_calls == [1]
     directory = tmp_path / SPEC.key()
-    assert sorted(p.name for p in directory.glob("*.npz")) == [f"client-{i}.npz" for i in range(4)]
+    clients = [f"client-{i}.npz" for i in range(4)]
+    assert sorted(p.name for p in directory.glob("*.npz")) == [*clients, SERVER_TEST]
     assert (directory / "manifest.json").is_file()
     again = load_client_data(SPEC, 2, tmp_path)
     other = load_client_data(SPEC, 0, str(tmp_path))
@@ -380,6 +382,7 @@ def test_concurrent_first_calls_from_three_processes_agree(tmp_path: Path) -> No
         "client-1.npz",
         "client-2.npz",
         "manifest.json",
+        SERVER_TEST,
     ]
     assert [p.name for p in (shared / "sources").iterdir() if p.suffix == ".npz"] == [
         "digits.v1.npz"
@@ -544,3 +547,41 @@ def test_malformed_pooling_and_subsampling_are_refused(
 ) -> None:
     with pytest.raises(DataConfigError, match=message):
         DataSpec("mnist-5k", 3, **fields)
+
+
+def test_server_test_data_is_one_file_written_with_the_partition(
+    toy_calls: list[int], tmp_path: Path
+) -> None:
+    """The server reads one file (SERVER_TEST), not one per client; a partition cached before
+    that file existed gets it on the server's first read, with the same contents."""
+    joined = load_server_test_data(SPEC, tmp_path)
+    directory = tmp_path / SPEC.key()
+    assert joined is not None and (directory / SERVER_TEST).is_file()
+    tests = [load_client_data(SPEC, cid, tmp_path).test for cid in range(4)]
+    for cid in range(4):  # the clients' files are not read again
+        (directory / f"client-{cid}.npz").rename(directory / f"moved-{cid}")
+    again = load_server_test_data(SPEC, tmp_path)
+    assert again is not None
+    np.testing.assert_array_equal(again.x, np.concatenate([t.x for t in tests]))
+    np.testing.assert_array_equal(again.y, np.concatenate([t.y for t in tests]))
+    assert (again.num_classes, again.mean, again.std) == (
+        tests[0].num_classes, tests[0].mean, tests[0].std,
+    )  # fmt: skip
+    for cid in range(4):
+        (directory / f"moved-{cid}").rename(directory / f"client-{cid}.npz")
+    (directory / SERVER_TEST).unlink()  # as an earlier version cached the partition
+    rebuilt = load_server_test_data(SPEC, tmp_path)
+    assert rebuilt is not None and (directory / SERVER_TEST).is_file()
+    np.testing.assert_array_equal(rebuilt.x, again.x)
+    np.testing.assert_array_equal(rebuilt.y, again.y)
+    assert toy_calls == [1]  # the source was loaded once, for the partition
+
+
+def test_a_damaged_server_test_file_is_one_line_naming_it(
+    toy_calls: list[int], tmp_path: Path
+) -> None:
+    load_server_test_data(SPEC, tmp_path)
+    damaged = tmp_path / SPEC.key() / SERVER_TEST
+    damaged.write_bytes(b"not a zip")
+    with pytest.raises(DataConfigError, match=f"cached partition file {damaged} is unreadable"):
+        load_server_test_data(SPEC, tmp_path)

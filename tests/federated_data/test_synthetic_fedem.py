@@ -20,6 +20,7 @@ from federated_data import (
     validate_spec,
 )
 from federated_data.catalog import CATALOG, dataset_info
+from federated_data.client_data import SERVER_TEST
 from federated_data.synthetic_fedem import (
     ClientArrays,
     FedEMSynthetic,
@@ -298,7 +299,8 @@ def test_built_once_cached_and_identical_across_cache_dirs(
     first = [load_client_data(SPEC, cid, tmp_path / "a") for cid in range(4)]
     assert built == [4]  # T comes from the spec's num_clients
     files = sorted(p.name for p in (tmp_path / "a" / SPEC.key()).iterdir())
-    assert files == [".lock", *(f"client-{i}.npz" for i in range(4)), "manifest.json"]
+    clients = [f"client-{i}.npz" for i in range(4)]
+    assert files == [".lock", *clients, "manifest.json", SERVER_TEST]
     assert not (tmp_path / "a" / "sources").exists()  # the client files are the only cache
     again = load_client_data(SPEC, 2, tmp_path / "a")
     assert built == [4]
