@@ -74,3 +74,36 @@ def test_the_data_check_in_a_child_process_answers_as_the_one_in_process(
         resolve.check_data_apart(bad)
     assert str(apart.value) == str(here.value)
     assert "classes_per_client must be in [1, 10]" in str(apart.value)
+
+
+@pytest.mark.parametrize(
+    ("child", "says"),
+    [
+        ('echo "Traceback (most recent call last):" >&2; echo "MemoryError" >&2; exit 1',
+         "checking the data and the model failed (exit code 1): MemoryError"),
+        ("exit 137", "checking the data and the model failed (exit code 137): no output"),
+        ('echo \'{"error": "the one line"}\'', "the one line"),
+    ],
+)  # fmt: skip
+def test_a_data_check_child_that_fails_or_dies_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, child: str, says: str
+) -> None:
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\ncat > /dev/null\n{child}\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(resolve.sys, "executable", str(fake))
+    with pytest.raises(SettingsError) as raised:
+        resolve.check_data_apart({"dataset": "digits"})
+    assert str(raised.value) == says
+
+
+def test_what_the_data_check_child_warns_is_passed_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\ncat > /dev/null\necho 'UserWarning: a library' >&2\n"
+                    "echo '{\"model-bytes\": 12}'\n")  # fmt: skip
+    fake.chmod(0o755)
+    monkeypatch.setattr(resolve.sys, "executable", str(fake))
+    assert resolve.check_data_apart({"dataset": "digits"}) == 12
+    assert "UserWarning: a library" in capsys.readouterr().err

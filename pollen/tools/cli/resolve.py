@@ -209,7 +209,8 @@ def check_data(resolved: dict[str, Scalar]) -> int:
 def check_data_apart(resolved: dict[str, Scalar]) -> int:
     """`check_data` in a child process (pollen.tools.cli.datacheck), the settings sent as JSON
     on its standard input and its answer read from its standard output: the model's bytes, or
-    SettingsError with the child's one line (or, should the child die, its last line)."""
+    SettingsError with the child's one line (or, should the child die, the last line it wrote).
+    What else the child wrote to its standard error (a library's warning) is passed on."""
     done = subprocess.run(
         [sys.executable, "-m", "pollen.tools.cli.datacheck"],
         input=json.dumps(resolved),
@@ -224,6 +225,8 @@ def check_data_apart(resolved: dict[str, Scalar]) -> int:
         raise SettingsError(
             f"checking the data and the model failed (exit code {done.returncode}): {last}"
         ) from None
+    if done.stderr:
+        sys.stderr.write(done.stderr)
     if "error" in answer:
         raise SettingsError(str(answer["error"]))
     return int(answer["model-bytes"])
