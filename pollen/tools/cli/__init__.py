@@ -22,6 +22,12 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+def os_error_line(exc: OSError) -> str:
+    """An OSError as the one line an operator reads: what went wrong and the file it names."""
+    where = f": {exc.filename}" if exc.filename else ""
+    return f"{exc.strerror or exc}{where}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
@@ -38,8 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as exc:  # a file or directory the operator named that cannot be used
-        where = f": {exc.filename}" if exc.filename else ""
-        print(f"pollen: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        print(f"pollen: error: {os_error_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("pollen: interrupted; all processes stopped", file=sys.stderr)

@@ -9,6 +9,7 @@ import json
 import sys
 
 from pollen.core.settings import SettingsError
+from pollen.tools.cli import os_error_line
 from pollen.tools.cli.resolve import check_data
 
 
@@ -19,8 +20,7 @@ def main() -> int:
     except SettingsError as exc:
         answer = {"error": str(exc)}
     except OSError as exc:  # a file or directory the settings name that cannot be used
-        where = f": {exc.filename}" if exc.filename else ""
-        answer = {"error": f"{exc.strerror or exc}{where}"}
+        answer = {"error": os_error_line(exc)}
     print(json.dumps(answer), flush=True)
     return 0
 
