@@ -1,6 +1,7 @@
 """What a client runs for a message, wherever it runs: the run's handler for the message type
-(or the hello every node answers), with the client-timing figures. A ClientApp process
-(client.app) and a node's resident worker (client.worker) both call `answer`."""
+(or the hello every node answers, or a stage of secure aggregation: client.secagg), with the
+client-timing figures. A ClientApp process (client.app) and a node's resident worker
+(client.worker) both call `answer`."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ import time
 import numpy as np
 from flwr.app import MetricRecord, RecordDict
 
+from client import secagg
 from client.env import (
     ClientConfigError,
     ClientEnv,
+    ClientHandler,
     client_handler,
     keep_simulated_data,
     pass_arrays_out_of_band,
@@ -23,6 +26,7 @@ from client.env import (
 from client.warm import lending
 from pollen.core import protocol
 from pollen.core.contracts import client_dp
+from pollen.core.contracts import secagg as secagg_contract
 from pollen.core.protection import ClientDPSettings
 from pollen.core.protocol import HELLO, Hello
 from pollen.core.registry import AlgorithmSpec, get_algorithm
@@ -50,13 +54,23 @@ def answer(message_type: str, content: RecordDict, env: ClientEnv) -> RecordDict
     if timing and spec is not None and spec.uses_torch:
         _time_torch_import(env)
     codec = protocol.codec_seconds()
-    handler = hello if spec is None else client_handler(spec, message_type)
+    stage = message_type in secagg_contract.STAGES
+    masked = not stage and spec is not None and secagg.is_masked(content)
+    handler: ClientHandler
+    if spec is None:
+        handler = hello
+    elif stage:
+        handler = secagg.HANDLERS[message_type]
+    else:
+        handler = client_handler(spec, message_type)
     with lending():  # the models this client is lent are free again when it is done
         reply = handler(content, env)
-    if spec is not None and message_type == "train" and spec.client_dp:
+    if spec is not None and message_type == "train" and spec.client_dp and not masked:
         reply = privatized(reply, content, env, spec)
     if spec is not None and message_type.startswith("train") and env.attack is not None:
         reply = attacked(reply, content, env, spec.model_reply)
+    if masked:  # secure aggregation: the summed records leave encoded and masked
+        reply = secagg.masked(reply, content, env)
     if timing:
         add_timing(reply, env, time.perf_counter() - entered, protocol.codec_seconds() - codec)
     return reply
@@ -71,7 +85,7 @@ def privatized(
     vector) clipped to `client-dp.clip`, plus N(0, (z clip)^2) on every coordinate, drawn from
     the client's private seed. Unchanged in any other run."""
     mech = client_dp.mechanism(env.settings)
-    if mech is None or not mech.at_client:
+    if mech is None or not mech.local:
         return reply
     names = (protocol.ARRAYS, *spec.update_records)
     parts = {name: protocol.arrays_of(reply, name) for name in names}

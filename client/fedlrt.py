@@ -5,6 +5,11 @@ under the round; later phases of the round read it back and append the new basis
 they receive, so the server never re-sends U, V. Test metrics of the received model ride in
 the basis-phase reply. The warm start (`fedlrt.warm-start`) trains the dense model the server
 sends for a given number of mini-batch steps and answers it whole.
+
+When the round asks the client to compute its correction itself (`own-correction`: under
+secure aggregation the server sees only the sum of the gradients), the basis and
+coefficient-gradient phases keep the client's gradients in its state beside the model, and the
+train phase gets the mean gradients G and corrects by G - G_c.
 """
 
 from __future__ import annotations
@@ -37,7 +42,10 @@ from models.lowrank import factorized_layers, load_low_rank
 from models.weights import weights_view
 from pollen.core import protocol
 from pollen.core.contracts import fedlrt as contract
-from pollen.core.contracts.fedlrt import BASES, CORRECTIONS, GRADS, UBAR, VBAR
+from pollen.core.contracts.fedlrt import BASES, CORRECTIONS, GRADS, MEAN_GRADS, UBAR, VBAR
+
+_OWN = "own-grad/"
+"""State keys of the client's own gradients of the round (own-correction)."""
 
 
 def _model(arrays: Mapping[str, np.ndarray], env: ClientEnv) -> nn.Module:
@@ -77,11 +85,29 @@ def _dense_parameter_names(model: nn.Module, layers: Iterable[str]) -> list[str]
 
 
 def _stored_round(env: ClientEnv, rnd: int) -> dict[str, np.ndarray]:
-    """The model this client received in this round's basis phase (and any bases since)."""
+    """The model this client received in this round's basis phase (and any bases since), and
+    its own gradients of the round under `_OWN` when it keeps them."""
     saved = env.state.load(before_round=rnd + 1)
     if saved is None or saved[1].get("round") != rnd:
         raise RuntimeError(f"no basis-phase state for round {rnd}; the basis phase must come first")
     return saved[0]
+
+
+def _split_own(
+    stored: Mapping[str, np.ndarray],
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(the stored model and bases, the client's own gradients of the round)."""
+    model = {k: v for k, v in stored.items() if not k.startswith(_OWN)}
+    own = {k.removeprefix(_OWN): v for k, v in stored.items() if k.startswith(_OWN)}
+    return model, own
+
+
+def _kept(grads: Mapping[str, np.ndarray], config: Mapping[str, object]) -> dict[str, np.ndarray]:
+    """The gradients to keep in the state for the train phase's own correction (none unless
+    the round asks for it)."""
+    if not config.get(contract.OWN_CORRECTION):
+        return {}
+    return {f"{_OWN}{k}": v for k, v in grads.items()}
 
 
 def _augmented(stored: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -114,7 +140,7 @@ def basis(content: RecordDict, env: ClientEnv) -> RecordDict:
     started = time.perf_counter()
     grads = full_gradient(model, data, names)
     metrics["grad-seconds"] = time.perf_counter() - started
-    env.state.save(rnd, arrays, {"round": rnd})
+    env.state.save(rnd, {**arrays, **_kept(grads, config)}, {"round": rnd})
     metrics[protocol.NUM_EXAMPLES] = len(data)
     return protocol.reply(content, env.cid, metrics, **{GRADS: grads})
 
@@ -123,10 +149,11 @@ def coefficient_gradient(content: RecordDict, env: ClientEnv) -> RecordDict:
     """Full correction only: ∇_S̃ L_c at the round's start point, in the augmented bases."""
     rnd = protocol.round_of(content)
     stored = {**_stored_round(env, rnd), **protocol.arrays_of(content, BASES)}
-    env.state.save(rnd, stored, {"round": rnd})
-    model = _model(_augmented(stored), env)
+    model_arrays, _ = _split_own(stored)
+    model = _model(_augmented(model_arrays), env)
     data = tensors(env.data.train, env.device)
-    grads = full_gradient(model, data, [f"{n}.S" for n in factorized_layers(stored)])
+    grads = full_gradient(model, data, [f"{n}.S" for n in factorized_layers(model_arrays)])
+    env.state.save(rnd, {**stored, **_kept(grads, protocol.config_of(content))}, {"round": rnd})
     return protocol.reply(content, env.cid, {protocol.NUM_EXAMPLES: len(data)}, **{GRADS: grads})
 
 
@@ -134,7 +161,7 @@ def train(content: RecordDict, env: ClientEnv) -> RecordDict:
     """Local training of S̃ and the dense parameters (U, V frozen), each gradient corrected by
     the constant V_c the server sent (a linear term <V_c, θ> in the objective)."""
     rnd = protocol.round_of(content)
-    stored = _stored_round(env, rnd)
+    stored, own = _split_own(_stored_round(env, rnd))
     if BASES in content:
         stored.update(protocol.arrays_of(content, BASES))
     model = _model(_augmented(stored), env)
@@ -145,8 +172,17 @@ def train(content: RecordDict, env: ClientEnv) -> RecordDict:
         layer.V.requires_grad_(False)
     params = dict(model.named_parameters())
     terms: list[tuple[nn.Parameter, torch.Tensor]] = []
+    corrections = {}
     if CORRECTIONS in content:
-        for key, value in protocol.arrays_of(content, CORRECTIONS).items():
+        corrections = protocol.arrays_of(content, CORRECTIONS)
+    elif MEAN_GRADS in content:  # V_c = G - G_c, computed here from the client's own G_c
+        mean = protocol.arrays_of(content, MEAN_GRADS)
+        missing = sorted(set(mean) - set(own))
+        if missing:
+            raise RuntimeError(f"no gradients of round {rnd} kept for {missing[:3]}")
+        corrections = {k: (v - own[k]).astype(np.float32) for k, v in mean.items()}
+    if corrections:
+        for key, value in corrections.items():
             p = params[key]
             if value.shape != tuple(p.shape):  # simplified: only the r×r block of S̃
                 full = np.zeros(tuple(p.shape), np.float32)

@@ -41,7 +41,7 @@ from models.augment import Augmenter
 from models.byol import BYOLPair
 from models.dp_correlation import dp_correlation, release_epsilon
 from models.simclr import nt_xent
-from models.spectral import local_objective, norm_clip
+from models.spectral import local_objective, norm_clip, others_from_sum
 from models.ssl_eval import embed, knn_accuracy
 from models.ssl_nets import ContrastiveNet, build_contrastive_net
 from models.weights import set_weights, weights_view
@@ -52,6 +52,11 @@ from pollen.core.contracts.fedsc import (
     CORRELATION,
     CORRELATION_PHASE,
     OTHERS,
+    OTHERS_SUM,
+    OWN,
+    SHARED_ROUND,
+    SUM,
+    WEIGHT,
     BYOLSettings,
     FedSCSettings,
     R,
@@ -135,15 +140,40 @@ def correlation(content: RecordDict, env: ClientEnv) -> RecordDict:
         views_per_pass=fedsc.views_per_pass,
         batch_size=env.run.batch_size,
     )
-    env.state.save(rnd, {}, {"round": rnd, "releases": releases + 1, "epsilon": epsilon})
+    r32 = r.cpu().numpy().astype(np.float32)
+    # the release is kept: under secure aggregation the client computes Rbar_{-j} itself from
+    # the sum of the releases, less its own (`_others`)
+    env.state.save(rnd, {R: r32}, {"round": rnd, "releases": releases + 1, "epsilon": epsilon})
     metrics = {
         protocol.NUM_EXAMPLES: n,
         "releases": releases + 1,
         "epsilon": epsilon if math.isfinite(epsilon) else -1.0,  # -1: no guarantee (sigma = 0)
         CLIPPED_FRACTION: clipped,
     }
-    r32 = r.cpu().numpy().astype(np.float32)
     return protocol.reply(content, env.cid, metrics, **{CORRELATION: {R: r32}})
+
+
+def _others(content: RecordDict, env: ClientEnv) -> np.ndarray | None:
+    """Rbar_{-j} as the server sent it, or (secure aggregation) computed here from the sum of
+    the released matrices less this client's own release of that round
+    (models.spectral.others_from_sum); None: nothing to train against."""
+    if OTHERS in content:
+        return protocol.arrays_of(content, OTHERS)[R]
+    if OTHERS_SUM not in content:
+        return None
+    given = protocol.arrays_of(content, OTHERS_SUM)
+    shared_round, own_weight = int(given[SHARED_ROUND][0]), float(given[OWN][0])
+    own = np.zeros_like(given[SUM])
+    if own_weight > 0:
+        saved = env.state.load(before_round=shared_round + 1)
+        if saved is None or saved[1].get("round") != shared_round or R not in saved[0]:
+            raise RuntimeError(
+                f"the sum of round {shared_round}'s correlation matrices counts this client's, "
+                "which its state no longer holds"
+            )
+        own = saved[0][R]
+    rbar = others_from_sum(given[SUM], float(given[WEIGHT][0]), own, own_weight)
+    return None if rbar is None else rbar.astype(np.float32)
 
 
 def _train(
@@ -187,9 +217,8 @@ def train(content: RecordDict, env: ClientEnv) -> RecordDict:
     fedsc = FedSCSettings.of(env.settings)
     model = _received(content, env, fedsc, predictor=False)
     metrics = knn_metrics(model, env, fedsc)
-    others = None
-    if OTHERS in content:
-        others = to_device(protocol.arrays_of(content, OTHERS)[R], env.device)
+    received = _others(content, env)
+    others = None if received is None else to_device(received, env.device)
     alpha = float(protocol.config_of(content).get(ALPHA, 1.0)) if others is not None else 1.0
     mu = fedsc.mu
 

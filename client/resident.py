@@ -28,7 +28,7 @@ one machine (`pollen deploy`) keeps one per node; a node's ClientApps inherit it
 one of them starts again keeps as many."""
 
 APP_PACKAGES = (
-    "client", "pollen", "models", "strategies", "server", "federated_data", "robust",
+    "client", "pollen", "models", "strategies", "server", "federated_data", "robust", "secagg",
 )
 """The packages whose sources make up a worker's code (its fingerprint)."""
 

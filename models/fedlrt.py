@@ -10,7 +10,7 @@ its factors in float64 and sends float32.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,6 +72,38 @@ def augment_basis(B: np.ndarray, G: np.ndarray, width: int | None = None) -> np.
     proj = proj - B @ (B.T @ proj)
     Q, _ = np.linalg.qr(np.concatenate([B, proj], axis=1))
     return Q[:, r : r + width]
+
+
+def augmented_bases(
+    factors: Mapping[str, Factors], grads: Mapping[str, np.ndarray]
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Ū, V̄ of every factorized layer: its bases augmented by the range of the mean gradients
+    `grads[<layer>.U]`, `grads[<layer>.V]` (the paper's Alg. 1, basis augmentation)."""
+    bars = {}
+    for name, fac in factors.items():
+        width = augmentation_width(fac.rank, fac.U.shape[0], fac.V.shape[0])
+        bars[name] = (
+            augment_basis(fac.U, grads[f"{name}.U"], width),
+            augment_basis(fac.V, grads[f"{name}.V"], width),
+        )
+    return bars
+
+
+def coefficient_start(
+    factors: Mapping[str, Factors],
+    bars: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    dense: Mapping[str, np.ndarray],
+) -> dict[str, np.ndarray]:
+    """Where every client's coefficient training starts: S̃ = [[diag(s), 0], [0, 0]] of each
+    layer's s as the clients get it (float32), and the dense parameters."""
+    start = {
+        f"{name}.S": padded_coefficients(
+            fac.s.astype(np.float32).astype(np.float64), bars[name][0].shape[1]
+        )
+        for name, fac in factors.items()
+    }
+    start.update(dense)
+    return start
 
 
 def padded_coefficients(s: np.ndarray, width: int) -> np.ndarray:

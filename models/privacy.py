@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -145,6 +145,146 @@ def noise_for_epsilon(target_epsilon: float, delta: float, sample_rate: float, s
                 f"no noise multiplier reaches epsilon {target_epsilon} at delta {delta} after "
                 f"{steps} steps at sample rate {sample_rate:.4g} ({exc})"
             ) from None
+
+
+# ---- distributed DP: the Skellam mechanism under secure aggregation -------------------------
+INTEGER_ORDERS = tuple(range(2, 257))
+"""The RDP orders of the Skellam accounting: its bound holds for integer orders only."""
+
+Release = tuple[float, float, float, float, int]
+"""A ledger entry of distributed DP: (noise variance of the sum, l1 and l2 sensitivity, all in
+encoded units, the sample rate, the rounds released alike)."""
+
+
+def skellam_rdp(order: int, variance: float, l1: float, l2: float) -> float:
+    """RDP of order `order` (an integer > 1) of the Skellam mechanism whose noise has variance
+    `variance` on every coordinate, for sensitivities `l1`, `l2` (Agarwal, Kairouz and Liu,
+    NeurIPS 2021, "The Skellam Mechanism for Differentially Private Federated Learning",
+    Cor. 3.6): a l2^2 / (2 V) + min(((2a - 1) l2^2 + 6 l1) / (4 V^2), 3 l1 / (2 V)). The first
+    term is the Gaussian mechanism's of the same variance; the second, what the noise being
+    integer costs."""
+    if variance <= 0:
+        return math.inf
+    a = order
+    return a * l2**2 / (2 * variance) + min(
+        ((2 * a - 1) * l2**2 + 6 * l1) / (4 * variance**2), 3 * l1 / (2 * variance)
+    )
+
+
+def _log_comb(n: int, k: int) -> float:
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+
+
+def poisson_subsampled_rdp(order: int, q: float, rdp: Callable[[int], float]) -> float:
+    """RDP of order `order` of a mechanism of RDP curve `rdp` run on a Poisson sample of rate q:
+    the general upper bound of Zhu and Wang (ICML 2019, "Poisson Subsampled Rényi Differential
+    Privacy"), for integer orders,
+
+      1/(a-1) log[ (1-q)^(a-1) (a q - q + 1) + C(a,2) q^2 (1-q)^(a-2) e^rdp(2)
+                   + 3 sum_{l=3..a} C(a,l) q^l (1-q)^(a-l) e^((l-1) rdp(l)) ],
+
+    and never more than the mechanism's own RDP. For the Gaussian it is looser than the
+    sampled Gaussian's exact analysis (Opacus' `compute_rdp`), which holds for the Gaussian
+    only."""
+    if q >= 1:
+        return rdp(order)
+    if q <= 0:
+        return 0.0
+    a = order
+    log_q, log_1q = math.log(q), math.log1p(-q)
+    terms = [(a - 1) * log_1q + math.log(a * q - q + 1)]
+    terms.append(_log_comb(a, 2) + 2 * log_q + (a - 2) * log_1q + rdp(2))
+    for ell in range(3, a + 1):
+        terms.append(
+            math.log(3) + _log_comb(a, ell) + ell * log_q + (a - ell) * log_1q
+            + (ell - 1) * rdp(ell)
+        )  # fmt: skip
+    top = max(terms)
+    bound = (top + math.log(sum(math.exp(t - top) for t in terms))) / (a - 1)
+    return min(bound, rdp(order))
+
+
+@functools.lru_cache(maxsize=1024)
+def _release_rdp(variance: float, l1: float, l2: float, q: float) -> tuple[float, ...]:
+    """RDP of one sampled Skellam release at every integer order (cached: releases repeat)."""
+
+    def base(order: int) -> float:
+        return skellam_rdp(order, variance, l1, l2)
+
+    return tuple(poisson_subsampled_rdp(a, q, base) for a in INTEGER_ORDERS)
+
+
+@functools.lru_cache(maxsize=1024)
+def _gaussian_integer_rdp(z: float, q: float) -> tuple[float, ...]:
+    from opacus.accountants.analysis.rdp import compute_rdp  # lazy: opacus
+
+    rdp = compute_rdp(q=q, noise_multiplier=z, steps=1, orders=list(INTEGER_ORDERS))
+    return tuple(float(v) for v in np.atleast_1d(rdp))
+
+
+def distributed_epsilon(
+    releases: Iterable[Sequence[float]],
+    delta: float,
+    gaussian: Iterable[Sequence[float]] = (),
+    amplified: bool = True,
+) -> float:
+    """Epsilon at `delta` of distributed DP's releases (entries `Release`) composed with
+    Gaussian releases (entries (z, q, steps): a round whose sum the server noised itself), by
+    RDP at the integer orders and Opacus' conversion; `amplified=False`: as if every release
+    ran on the whole federation (sample rate 1), against a party that knows who was sampled.
+    0 with nothing released."""
+    skellam = [(*(float(v) for v in e[:4]), int(e[4])) for e in releases if int(e[4]) > 0]
+    normal = [(float(e[0]), float(e[1]), int(e[2])) for e in gaussian if int(e[2]) > 0]
+    if not skellam and not normal:
+        return 0.0
+    rdp = np.zeros(len(INTEGER_ORDERS))
+    for variance, l1, l2, q, rounds in skellam:  # type: ignore[misc]
+        rate = q if amplified else 1.0
+        rdp += rounds * np.asarray(_release_rdp(variance, l1, l2, rate))
+    for z, q, steps in normal:
+        if z <= 0:
+            return math.inf
+        rdp += steps * np.asarray(_gaussian_integer_rdp(z, q if amplified else 1.0))
+    if not np.isfinite(rdp).all():
+        return math.inf
+    from opacus.accountants.analysis.rdp import get_privacy_spent  # lazy: opacus
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Optimal order", category=UserWarning)
+        eps, _ = get_privacy_spent(orders=list(INTEGER_ORDERS), rdp=rdp, delta=delta)
+    return float(eps)
+
+
+@functools.lru_cache(maxsize=256)
+def distributed_noise_for_epsilon(
+    target_epsilon: float, delta: float, sample_rate: float, rounds: int, unit: float
+) -> float:
+    """The noise multiplier z (noise std of the sum over the clipping bound) whose `rounds`
+    Skellam releases at `sample_rate`, with l2 sensitivity `unit` (the encoded clipping bound,
+    before rounding), spend at most `target_epsilon` at `delta` (bisection, to within 0.01 in
+    epsilon from below). ValueError when no noise reaches it."""
+    if target_epsilon <= 0:
+        raise ValueError(f"target epsilon must be positive, got {target_epsilon}")
+
+    def spent(z: float) -> float:
+        entry = ((z * unit) ** 2, math.sqrt(2) * unit, unit, sample_rate, rounds)
+        return distributed_epsilon([entry], delta)
+
+    low, high = 0.0, 1.0
+    while spent(high) > target_epsilon:
+        high *= 2
+        if high > 1e6:
+            raise ValueError(
+                f"no noise multiplier reaches epsilon {target_epsilon} at delta {delta} after "
+                f"{rounds} rounds at sample rate {sample_rate:.4g}"
+            )
+    while spent(high) < target_epsilon - 0.01 and high - low > 1e-6:
+        middle = (low + high) / 2
+        if spent(middle) > target_epsilon:
+            low = middle
+        else:
+            high = middle
+    return high
 
 
 def dp_compatible(model: nn.Module) -> nn.Module:

@@ -122,6 +122,19 @@ def aggregate(latest: Mapping[int, np.ndarray], q: Mapping[int, float]) -> np.nd
     return np.tensordot(weights / weights.sum(), stacked, axes=1)
 
 
+def others_from_sum(
+    total: np.ndarray, weight: float, own: np.ndarray, own_weight: float
+) -> np.ndarray | None:
+    """Rbar_{-j} from the q-weighted sum of the clients' matrices, sum_k q_k R~_k, and its
+    weight sum_k q_k (what secure aggregation gives the server), less the client's own term
+    q_j R~_j (0 when it is not in the sum): the same matrix as `others`, computed by the client
+    itself, which alone knows its R~_j. None when no other client is in the sum."""
+    rest = weight - own_weight
+    if rest <= 1e-9 * max(weight, 1.0):
+        return None
+    return (np.asarray(total, np.float64) - own_weight * np.asarray(own, np.float64)) / rest
+
+
 def psd_projection(matrix: np.ndarray) -> np.ndarray:
     """The nearest symmetric positive semidefinite matrix in Frobenius norm (Higham, 1988):
     the symmetric part (M + M^T)/2 with its negative eigenvalues set to 0. A correlation

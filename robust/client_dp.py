@@ -111,6 +111,12 @@ class NoisySum:
         self.count += 1
         self.unclipped += int(fits)
 
+    def add_sum(self, updates: np.ndarray, count: int) -> None:
+        """The sum of `count` clients' updates, each already clipped to the bound (by the
+        clients themselves, under secure aggregation), a flat row in `keys` order."""
+        self.total += count * self.base + np.asarray(updates, dtype=np.float64)
+        self.count += count
+
     def add_update(self, update: np.ndarray) -> None:
         """One client's update, a flat row around the reference in `keys` order."""
         clipped, fits = clip_row(np.asarray(update, dtype=np.float64), self.clip)

@@ -28,7 +28,9 @@ from flwr.app import RecordDict
 from flwr.serverapp import Grid
 
 from pollen.core import protocol
-from pollen.core.protection import ClientDPSettings
+from pollen.core.contracts import client_dp
+from pollen.core.contracts import secagg as secagg_contract
+from pollen.core.protection import ClientDPSettings, SecAggSettings
 from pollen.core.protocol import HELLO
 from pollen.core.rundir import (
     COMPLETED,
@@ -42,18 +44,17 @@ from pollen.core.rundir import (
 )
 from pollen.core.settings import RunSettings, Scalar
 from server import checkpoint, checks
-from server.exchange import Phase, grid_call
+from server.exchange import Phase, PhaseFailed, grid_call
 from server.results import ResultsWriter, brief
 from server.roster import Roster
 from server.summary import privacy_summary, round_line, threat_summary
-from strategies.base import ClientInfo, Fold, Strategy, Validator
+from strategies.base import ClientInfo, Fold, Secured, Strategy, Summed, Validator
 
 log = logging.getLogger("flwr.pollen")
 _T = TypeVar("_T")
 
 
-class PhaseFailed(RuntimeError):
-    """A phase got fewer valid replies than the run requires."""
+__all__ = ["Engine", "PhaseFailed"]
 
 
 class Engine:
@@ -82,9 +83,10 @@ class Engine:
         self.rng = np.random.default_rng(self.run_settings.seed)
         dp = ClientDPSettings.of(settings)
         self._poisson: np.random.Generator | None = None
-        """Client-level DP's Poisson sampling of clients: from the engine's generator with
-        `client-dp.reproducible` (checkpointed with it), else from the system's entropy."""
-        if dp.enabled and dp.noise_at == "server":
+        """Client-level DP's Poisson sampling of clients (noise on the server, or distributed):
+        from the engine's generator with `client-dp.reproducible` (checkpointed with it), else
+        from the system's entropy."""
+        if client_dp.poisson_sampling(settings):
             self._poisson = self.rng if dp.reproducible else np.random.default_rng()
         self.roster = Roster()
         self.typical: dict[str, float] = {}  # message type -> last phase's typical reply time
@@ -133,6 +135,40 @@ class Engine:
         replies = {r.key: r.content for r in answered}
         self.require(message_type, len(replies), len(payloads), failures, min_replies)
         return replies
+
+    def secure_exchange(
+        self,
+        message_type: str,
+        payloads: Mapping[int, RecordDict],
+        summed: Summed,
+        min_replies: int | None = None,
+    ) -> Secured:
+        """The phase as a secure sum (server.secagg); nobody asked: an empty sum."""
+        from server.secagg import SecureSum  # lazy: cryptography
+
+        if len(payloads) < 2 and self._poisson is not None:
+            # client-level DP's Poisson sample can hold fewer than the two clients a sum needs:
+            # the round's release is then the server's noise alone (strategies.robust)
+            if payloads:
+                log.warning(
+                    "round %s %s: the Poisson sample holds one client; secure aggregation sums "
+                    "two at least, so it is left out of this round", self.server_round,
+                    message_type,
+                )  # fmt: skip
+            return Secured({}, {}, 0.0)
+        if not payloads:
+            return Secured({}, {}, 0.0)
+        sizes = {cid: info.num_train for cid, info in self.roster.clients.items()}
+        return SecureSum(
+            self,
+            message_type,
+            payloads,
+            summed,
+            SecAggSettings.of(self.settings),
+            secagg_contract.modulus_bits(self.settings),
+            sizes,
+            min_replies,
+        ).run()
 
     def require(
         self,
@@ -284,6 +320,7 @@ class Engine:
                 robust=threats.get("robust"),
                 attack=threats.get("attack"),
                 privacy=privacy.get("privacy"),
+                secure_aggregation=threats.get("secure-aggregation"),
             )
             self.results.summary(summary)
             return summary.to_json()
@@ -300,6 +337,7 @@ class Engine:
                     seconds=round(self.clock() - t0, 3),
                     robust=threats.get("robust"),
                     attack=threats.get("attack"),
+                    secure_aggregation=threats.get("secure-aggregation"),
                 )
             )
             raise

@@ -56,6 +56,10 @@ equals the first (tests/server/test_resend.py checks this for every algorithm an
 phase listed here waits for its reply up to phase-timeout, as before."""
 
 
+class PhaseFailed(RuntimeError):
+    """A phase got fewer valid replies than the run requires."""
+
+
 class Reply(NamedTuple):
     node_id: int
     key: int  # the client id; for a hello to a node of one client, the node id
@@ -133,7 +137,9 @@ class Phase:
     """The exchange of one phase: `payloads` by client id (for the hello: by node id). `run()`
     returns the valid replies in client order and the reasons of the clients skipped. With
     `fold`, each valid reply goes to it in client order once every client before it is settled,
-    and only its non-array records are kept (Federation.exchange)."""
+    and only its non-array records are kept (Federation.exchange). `record_clients`: each valid
+    reply's metrics go to clients.jsonl (not for the stages of a secure sum, which report
+    none)."""
 
     def __init__(
         self,
@@ -143,8 +149,10 @@ class Phase:
         validate: Validator | None,
         hello: bool = False,
         fold: Fold | None = None,
+        record_clients: bool = True,
     ) -> None:
         self.host = host
+        self.record_clients = record_clients and not hello
         self.message_type = message_type
         self.payloads = payloads
         self.validate = validate
@@ -425,7 +433,7 @@ class Phase:
             messages=len(self.messages),
             **report.to_json(),
         )
-        if not self.hello:
+        if self.record_clients:
             for r in sorted(self.replies, key=lambda r: r.key):
                 metrics = dict(r.content[protocol.METRICS])  # type: ignore[arg-type]
                 host.results.client(ClientRow(host.server_round, r.key, self.message_type, metrics))

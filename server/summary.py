@@ -1,6 +1,6 @@
 """What summary.json and the server log say of a run beyond its metrics: the robust rule and a
-simulated attack (docs/robustness.md), the privacy guarantees (docs/privacy.md), and a round's
-one-line brief."""
+simulated attack (docs/robustness.md), secure aggregation (docs/security.md), the privacy
+guarantees (docs/privacy.md), and a round's one-line brief."""
 
 from __future__ import annotations
 
@@ -9,7 +9,13 @@ from dataclasses import fields
 from typing import Any
 
 from pollen.core.contracts import client_dp, dp_sgd
-from pollen.core.protection import AttackSettings, ClientDPSettings, DPSettings, RobustSettings
+from pollen.core.protection import (
+    AttackSettings,
+    ClientDPSettings,
+    DPSettings,
+    RobustSettings,
+    SecAggSettings,
+)
 from pollen.core.settings import Scalar
 
 
@@ -25,6 +31,15 @@ def threat_summary(settings: Mapping[str, Scalar]) -> dict[str, Any]:
     if attack.active:
         out["attack"] = {"clients": list(attack.ids()), "kind": attack.kind,
                          "simulated": True}  # fmt: skip
+    secagg = SecAggSettings.of(settings)
+    if secagg.enabled:
+        out["secure-aggregation"] = {
+            "protocol": "SecAgg+",
+            **{s.key: getattr(secagg, f) for f, s in zip(
+                (f.name for f in fields(SecAggSettings)), SecAggSettings.declarations(), strict=True
+            ) if s.key != "secagg.enabled"},
+            "server-sees": "each point's sum over the clients, and every client's metrics",
+        }  # fmt: skip
     return out
 
 
@@ -46,11 +61,14 @@ def privacy_summary(
             "noise-multiplier": mech.noise_multiplier,
             "clip": dp.clip,
             "adaptive-clipping": dp.adaptive,
-            "noise-at": dp.noise_at,
+            "noise-at": "clients, in the secure sum" if mech.distributed else dp.noise_at,
             "sample-rate": mech.sample_rate,
             "protects": "everything one client contributes over the run"
             + (", against the server too" if mech.at_client else ", against all but the server"),
         }
+        if mech.distributed:
+            out["client-level"]["mechanism"] = "distributed Skellam"
+            out["client-level"]["epsilon-vs-server"] = train.get(client_dp.EPSILON_VS_SERVER)
     example = DPSettings.of(settings)
     if example.enabled:
         out["example-level"] = {

@@ -145,6 +145,9 @@ class ADEPT(Strategy):
     def run_round(self, fed: Federation) -> dict[str, float]:
         rnd = fed.server_round
         payloads = {c.cid: self._instruction(rnd, "train", **self.rates(rnd)) for c in fed.sample()}
+        if self.combiner.secure and self._shares(rnd):
+            replies = self._secure_update(fed, payloads)
+            return {**aggregate_metrics(replies), **self.sigma_summary()}
         if not self.combiner.plain and self._shares(rnd):
             replies = fed.exchange(
                 "train", payloads, self.validate, min_replies=self.combiner.min_replies()
@@ -163,6 +166,28 @@ class ADEPT(Strategy):
             if self.adept.method == "adept":
                 self.sigma = average([protocol.arrays_of(r, SIGMA) for r in replies.values()])
         return {**aggregate_metrics(replies), **self.sigma_summary()}
+
+    def _secure_update(
+        self, fed: Federation, payloads: Mapping[int, RecordDict]
+    ) -> dict[int, RecordDict]:
+        """mu and sigma under secure aggregation: the server sees only the sums of the clients'
+        mu_i - mu and sigma_i - sigma (around what each was sent; every client once, as the
+        paper's 1/m average), and steps to their means: the mean step of the mean path, sigma
+        averaged itself (kept above the smallest positive normal number, as a rounding of the
+        sum could otherwise reach 0), V retracted onto St(d, r) for PCA."""
+        records = {MU: self.mu, SIGMA: self.sigma}
+        summed = self.combiner.summed(records, {MU: MU, SIGMA: SIGMA})
+        secured = fed.secure_exchange(
+            "train", payloads, summed, min_replies=self.combiner.min_replies()
+        )
+        new = self.combiner.secured(fed.server_round, "mu-sigma", secured, records)
+        self.mu = {"V": server_step(self.mu["V"], new[MU]["V"])} if self.pca else new[MU]
+        if self.adept.method == "adept":
+            self.sigma = {
+                k: np.maximum(v, np.sqrt(np.finfo(v.dtype).tiny)).astype(v.dtype)
+                for k, v in new[SIGMA].items()
+            }
+        return secured.replies
 
     def _robust_update(self, server_round: int, replies: Mapping[int, RecordDict]) -> None:
         """mu and sigma by the robust rule: each client's (mu_i, log sigma_i) as one row around

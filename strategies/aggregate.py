@@ -188,3 +188,29 @@ def aggregate_metrics(replies: Mapping[int, RecordDict]) -> dict[str, float]:
             out[f"{key}-max"] = float(values.max())
     out["clients"] = float(len(replies))
     return out
+
+
+class Traffic:
+    """Bytes of array data per client, measured from the messages of each phase."""
+
+    def __init__(self) -> None:
+        self.down: dict[str, int] = {}
+        self.up: dict[str, int] = {}
+
+    def add(
+        self, phase: str, sent: Mapping[int, RecordDict], replies: Mapping[int, RecordDict]
+    ) -> None:
+        self.down[phase] = sum(protocol.payload_bytes(m) for m in sent.values()) // max(
+            len(sent), 1
+        )
+        self.up[phase] = sum(protocol.payload_bytes(m) for m in replies.values()) // max(
+            len(replies), 1
+        )
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for phase in self.down:
+            out[f"bytes-down-{phase}"] = float(self.down[phase])
+            out[f"bytes-up-{phase}"] = float(self.up[phase])
+        out["bytes-per-client"] = float(sum(self.down.values()) + sum(self.up.values()))
+        return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -63,6 +63,60 @@ class ClientInfo:
     num_test: int
 
 
+@dataclass(frozen=True)
+class Summed:
+    """A phase whose replies the server may see only summed (secure aggregation,
+    docs/security.md#secure-aggregation): of each client's reply it learns nothing but its
+    metrics; of the clients together, for each record of `records`, the sum of their arrays
+    (minus, for a record `around` names, the instruction's record of that name: the clients'
+    updates), each weighted by its num-examples when `weighted`."""
+
+    records: Mapping[str, Mapping[str, np.ndarray]]
+    """Each summed record of the replies, as arrays of its layout (names and shapes)."""
+    around: Mapping[str, str] = field(default_factory=dict)
+    """Reply record -> the instruction's record the reply is an update of."""
+    weighted: bool = False
+    """Each client weighted by the num-examples it reports (else each counts once)."""
+    clip: float = 0.0
+    """The encoding's range for these values ([-clip, clip]); 0: the run's `secagg.clip`."""
+    l2_clip: float = 0.0
+    """Each client clips its (unweighted) vector to this l2 norm first (client-level DP,
+    robust.clip); 0: not."""
+    noise_std: float = 0.0
+    """Distributed DP: the noise's standard deviation on every value of the sum when every
+    client of the sum contributes, shared out among them as integer noise (0: none)."""
+
+
+@dataclass(frozen=True)
+class Secured:
+    """What a secure exchange gives the strategy (Federation.secure_exchange)."""
+
+    replies: dict[int, RecordDict]
+    """The replies of the clients in the sum, in client order, without their arrays."""
+    sums: dict[str, dict[str, np.ndarray]]
+    """Record -> the weighted sum over those clients of their arrays (updates), float64."""
+    weight: float
+    """The sum of their weights: their num-examples when weighted, else their number."""
+    weights: dict[int, float] = field(default_factory=dict)
+    """The weight each client of the sum carries in it (as the client encodes it)."""
+    noise_std: float = 0.0
+    """The standard deviation of the noise the sum carries (distributed DP: the share of the
+    clients in the sum)."""
+    release: tuple[float, float, float] | None = None
+    """Distributed DP: the Skellam mechanism the sum is, as its accounting takes it (noise
+    variance, l1 and l2 sensitivity of one client, in encoded units); None without noise."""
+
+    @property
+    def clients(self) -> list[int]:
+        return list(self.replies)
+
+    def mean(self, record: str) -> dict[str, np.ndarray]:
+        """The weighted mean of a record (float64)."""
+        if self.weight <= 0:
+            raise ValueError("a secure sum with no weight: nothing to average")
+        return {k: v / self.weight for k, v in self.sums[record].items()}
+
+
 Validator = Callable[[int, RecordDict], None]
 Fold = Callable[[int, RecordDict], None]
 """Takes one valid reply (client id, content) of an exchange, in client order: a strategy that
@@ -96,6 +150,17 @@ class Federation(Protocol):
         """The valid replies by client id, in client order. With `fold`, each valid reply is
         first handed to it, in client order as soon as every client before it has answered or
         failed, and the returned replies keep only their non-array records (metrics)."""
+        ...
+
+    def secure_exchange(
+        self,
+        message_type: str,
+        payloads: Mapping[int, RecordDict],
+        summed: Summed,
+        min_replies: int | None = None,
+    ) -> Secured:
+        """The phase under secure aggregation (the run's `secagg.*`): the server learns each
+        client's metrics and the sum `summed` describes, nothing else of its reply."""
         ...
 
 

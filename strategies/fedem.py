@@ -77,6 +77,8 @@ class FedEM(GlobalModelStrategy):
             protocol.instruction(fed.server_round, "train", config, arrays=model),
         )
         self.privacy.charge(clients)
+        if self.combiner.secure:
+            return self._secure_round(fed, payloads, pool) | unseen
         if not self.combiner.plain:
             return self._robust_round(fed, payloads, pool) | unseen
         mean = RunningMean()  # each reply folded in as it comes, in client order
@@ -92,6 +94,27 @@ class FedEM(GlobalModelStrategy):
             self.weights = stale_mix(self.weights, mean.result(), counts,
                                      total=sum(c.num_train for c in pool))  # fmt: skip
         return {**aggregate_metrics(replies), **self.privacy.metrics()} | unseen
+
+    def _secure_round(
+        self, fed: Federation, payloads: Mapping[int, RecordDict], pool: list[ClientInfo]
+    ) -> dict[str, float]:
+        """The round under secure aggregation: the server sees only the sum of the clients'
+        M component updates (each component weighted by the client's n_t, one vector per
+        client), as the plain round's weighted mean; the mixture weights stay on the clients.
+        Under 'stale' aggregation the replies' share of the round is their n over the pool's
+        (client-level DP: every client counts once, the expected number over the pool's)."""
+        previous = self.weights
+        replies = self.train_model(fed, payloads, num_examples, point="components")
+        if self.fedem.aggregation == "stale":
+            if self.combiner.dp is not None:
+                share = self.combiner.denominator / max(len(pool), 1)
+            else:
+                total = sum(c.num_train for c in pool)
+                share = sum(num_examples(r) for r in replies.values()) / max(total, 1)
+            self.weights = mix(previous, self.weights, min(share, 1.0))
+        return {
+            **aggregate_metrics(replies), **self.privacy.metrics(), **self.combiner.metrics()
+        }  # fmt: skip
 
     def _robust_round(
         self, fed: Federation, payloads: Mapping[int, RecordDict], pool: list[ClientInfo]

@@ -42,6 +42,17 @@ combined goes through the rule:
                     started from: S̃ = [[diag(s), 0], [0, 0]] (models.fedlrt.padded_coefficients
                     of the s it received in float32) and the current dense parameters; the
                     truncation by SVD follows as today.
+
+Secure aggregation (`secagg.*`, docs/security.md#secure-aggregation): every combination of the
+round is a weighted mean (weights n_c), so the server asks for sums only: the basis gradients
+(G, from which Ū, V̄ come as in the plain round), the coef-grad phase's ∇_S̃ and the train
+phase's updates of S̃ and the dense parameters around the point every client started from
+(sent as `start`). The corrections V_c = G − G_c need each client's own gradient, which the
+server no longer sees: it sends G itself (`mean-grads`) and each client, which kept its G_c
+(`own-correction`), corrects by the difference. A client lost after the basis phase leaves
+the sums over different clients; the round then starts again from the basis phase with the
+clients still in every sum (their gradients at the same point, asked again), as the plain
+round restarts with the clients that answered.
 """
 
 from __future__ import annotations
@@ -55,29 +66,37 @@ from flwr.app import RecordDict
 
 from models.fedlrt import (
     Factors,
-    augment_basis,
     augmentation_width,
+    augmented_bases,
+    coefficient_start,
     factorize,
     max_rank,
     orthonormality_error,
-    padded_coefficients,
     round_floats,
     truncate,
 )
 from models.lowrank import load_low_rank, select_layers
 from pollen.core import protocol
 from pollen.core.contracts import fedlrt as contract
-from pollen.core.contracts.fedlrt import BASES, CORRECTIONS, GRADS, FeDLRTSettings
+from pollen.core.contracts.fedlrt import (
+    BASES,
+    CORRECTIONS,
+    GRADS,
+    MEAN_GRADS,
+    START,
+    FeDLRTSettings,
+)
 from pollen.core.runmodel import run_model
 from pollen.core.settings import Scalar
 from strategies.aggregate import (
+    Traffic,
     aggregate_metrics,
     expect_arrays,
     final_evaluation,
     num_examples,
     weighted_average,
 )
-from strategies.base import Federation, InitialArraysError, Strategy, layout_mismatch
+from strategies.base import Federation, InitialArraysError, Secured, Strategy, layout_mismatch
 from strategies.classifier import ServerEvaluator, initial_weights
 from strategies.robust import Combiner
 from strategies.schedule import learning_rate
@@ -100,6 +119,14 @@ def _mean64(
 def _as64(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The arrays in float64, so that a robust combination of them comes back in float64."""
     return {k: np.asarray(v, dtype=np.float64) for k, v in arrays.items()}
+
+
+def _as32(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The layout of a train-phase reply: float arrays in float32, as the clients send them."""
+    return {
+        k: np.asarray(v, np.float32) if np.asarray(v).dtype.kind == "f" else np.asarray(v)
+        for k, v in arrays.items()
+    }
 
 
 class FeDLRT(Strategy):
@@ -210,6 +237,8 @@ class FeDLRT(Strategy):
             contract.DENSE_GRADS: self.dense_correction,
         }
         warm = self._warm_start(fed, config) if self._warm_start_from is not None else {}
+        if self.combiner.secure:
+            return warm | self._secure_round(fed, config)
         traffic = Traffic()
 
         # basis phase: gradients at the current point
@@ -245,8 +274,18 @@ class FeDLRT(Strategy):
 
         metrics = {**warm, **aggregate_metrics(basis), **aggregate_metrics(trained)}
         metrics.update(traffic.metrics())
-        metrics.update(self.formula_bytes())
         metrics["restarts"] = float(restarts)
+        return metrics | self._step(bars, coefficients, dense)
+
+    def _step(
+        self,
+        bars: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        coefficients: Mapping[str, np.ndarray],
+        dense: dict[str, np.ndarray],
+    ) -> dict[str, float]:
+        """The new factors from the augmented bases and the combined S̃ (truncated by SVD),
+        and the new dense parameters; the metrics of the truncation."""
+        metrics = self.formula_bytes()
         ortho = 0.0
         for name in list(self.factors):
             u_aug = np.hstack([self.factors[name].U, bars[name][0]])
@@ -266,6 +305,80 @@ class FeDLRT(Strategy):
         metrics.update(self.combiner.metrics())
         return metrics
 
+    def _secure_round(self, fed: Federation, config: dict[str, Scalar]) -> dict[str, float]:
+        """A round under secure aggregation (module docstring): each phase a secure sum over
+        the same clients, the round started again from the basis phase with the clients still
+        in every sum when one is lost."""
+        rnd = fed.server_round
+        config = {**config, contract.OWN_CORRECTION: True}
+        members = [c.cid for c in fed.sample()]
+        down = {protocol.ARRAYS: protocol.to_record(self.global_arrays())}
+        restarts = 0
+        while True:
+            basis = self._secure_phase(
+                fed, self.basis_phase, config, members, {GRADS: self._basis_grads()}, down
+            )
+            grads = basis.mean(GRADS)
+            bars = augmented_bases(self.factors, grads)
+            own_keys = list(self.dense_parameters) if self.dense_correction else []
+            if self.var_cor == "simplified":
+                own_keys += [f"{n}.S" for n in self.factors]
+            mean_own = {k: grads[k] for k in own_keys} if self._corrected else {}
+            members = basis.clients
+            arrays: dict[str, Any] = {BASES: self._wire_bases(bars)}
+            if self.var_cor == "full" and self.factors:
+                coef = self._secure_phase(
+                    fed, self.coef_phase, config, members, {GRADS: self._augmented()}, arrays
+                )
+                mean_own.update(coef.mean(GRADS))
+                arrays = {}  # the clients keep the bases they got
+                if set(coef.clients) != set(members):
+                    members, restarts = coef.clients, restarts + 1
+                    continue
+            if mean_own:
+                arrays[MEAN_GRADS] = mean_own
+            start = coefficient_start(self.factors, bars, self.dense)
+            arrays[START] = start
+            trained = self._secure_phase(
+                fed, self.train_phase, config, members, {protocol.ARRAYS: _as32(start)}, arrays,
+                around={protocol.ARRAYS: START},
+            )  # fmt: skip
+            if not self._corrected or set(trained.clients) == set(members):
+                break
+            members, restarts = trained.clients, restarts + 1
+        new = self.combiner.secured(rnd, "coefficients", trained, {protocol.ARRAYS: start})
+        combined = new[protocol.ARRAYS]
+        coefficients = {f"{n}.S": combined[f"{n}.S"] for n in self.factors}
+        metrics = {**aggregate_metrics(basis.replies), **aggregate_metrics(trained.replies)}
+        metrics["restarts"] = float(restarts)
+        return metrics | self._step(bars, coefficients, {k: combined[k] for k in self.dense})
+
+    def _secure_phase(
+        self,
+        fed: Federation,
+        phase: str,
+        config: Mapping[str, Scalar],
+        members: Sequence[int],
+        records: Mapping[str, Mapping[str, np.ndarray]],
+        arrays: Mapping[str, Any] | None = None,
+        around: Mapping[str, str] | None = None,
+    ) -> Secured:
+        """One phase of the round as a secure sum over `members`, weighted by n_c, of the
+        replies' `records` (around the instruction's records `around` names)."""
+        content = protocol.instruction(fed.server_round, phase, config, **(arrays or {}))
+        summed = self.combiner.summed(records, around, weighted=True)
+        return fed.secure_exchange(phase, protocol.to_each(members, content), summed)
+
+    def _wire_bases(
+        self, bars: Mapping[str, tuple[np.ndarray, np.ndarray]]
+    ) -> dict[str, np.ndarray]:
+        """The new columns Ū, V̄ of every layer as the clients get them (float32)."""
+        return {
+            f"{name}.{side}": b.astype(np.float32)
+            for name, (ub, vb) in bars.items()
+            for side, b in ((contract.UBAR, ub), (contract.VBAR, vb))
+        }
+
     def _min_replies(self) -> int | None:
         """The replies a phase needs: the robust rule's minimum, or the run's (None) for the
         plain mean."""
@@ -281,13 +394,7 @@ class FeDLRT(Strategy):
         combination of each client's train-phase reply around what it started from: S̃_0 =
         [[diag(s), 0], [0, 0]] with the s it received (float32, `global_arrays`; the client's
         `_augmented`) and the current dense parameters (the paper's Alg. 1, aggregation of S̃)."""
-        start = {
-            f"{name}.S": padded_coefficients(
-                fac.s.astype(np.float32).astype(np.float64), bars[name][0].shape[1]
-            )
-            for name, fac in self.factors.items()
-        }
-        start.update(self.dense)
+        start = coefficient_start(self.factors, bars, self.dense)
         combined = self.combiner.combine(
             server_round,
             "coefficients",
@@ -348,18 +455,8 @@ class FeDLRT(Strategy):
             )
         else:
             mean = _mean64(list(grads.values()), list(weight.values()))
-        bars = {}
-        for name, fac in self.factors.items():
-            width = augmentation_width(fac.rank, fac.U.shape[0], fac.V.shape[0])
-            bars[name] = (
-                augment_basis(fac.U, mean[f"{name}.U"], width),
-                augment_basis(fac.V, mean[f"{name}.V"], width),
-            )
-        bases = {
-            f"{name}.{side}": b.astype(np.float32)
-            for name, (ub, vb) in bars.items()
-            for side, b in ((contract.UBAR, ub), (contract.VBAR, vb))
-        }
+        bars = augmented_bases(self.factors, mean)
+        bases = self._wire_bases(bars)
 
         # the client gradients the corrections are built from
         dense_keys = self.dense_parameters if self.dense_correction else []
@@ -413,7 +510,8 @@ class FeDLRT(Strategy):
         return bars, participants, trained
 
     # ---- reply checks --------------------------------------------------------------------
-    def _check_basis(self, _cid: int, content: RecordDict) -> None:
+    def _basis_grads(self) -> dict[str, np.ndarray]:
+        """The layout of the basis phase's gradients (float32 placeholders)."""
         ref = (
             {k: _spec(self.dense[k].shape) for k in self.dense_parameters}
             if self.dense_correction
@@ -424,7 +522,10 @@ class FeDLRT(Strategy):
             ref[f"{name}.V"] = _spec(fac.V.shape)
             if self.var_cor == "simplified":
                 ref[f"{name}.S"] = _spec((fac.rank, fac.rank))
-        expect_arrays(content, GRADS, ref)
+        return ref
+
+    def _check_basis(self, _cid: int, content: RecordDict) -> None:
+        expect_arrays(content, GRADS, self._basis_grads())
 
     def _augmented(self) -> dict[str, np.ndarray]:
         out = {}
@@ -484,32 +585,6 @@ class FedLin(FeDLRT):
 
     def layer_names(self) -> list[str]:
         return []
-
-
-class Traffic:
-    """Bytes of array data per client, measured from the messages of each phase."""
-
-    def __init__(self) -> None:
-        self.down: dict[str, int] = {}
-        self.up: dict[str, int] = {}
-
-    def add(
-        self, phase: str, sent: Mapping[int, RecordDict], replies: Mapping[int, RecordDict]
-    ) -> None:
-        self.down[phase] = sum(protocol.payload_bytes(m) for m in sent.values()) // max(
-            len(sent), 1
-        )
-        self.up[phase] = sum(protocol.payload_bytes(m) for m in replies.values()) // max(
-            len(replies), 1
-        )
-
-    def metrics(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for phase in self.down:
-            out[f"bytes-down-{phase}"] = float(self.down[phase])
-            out[f"bytes-up-{phase}"] = float(self.up[phase])
-        out["bytes-per-client"] = float(sum(self.down.values()) + sum(self.up.values()))
-        return out
 
 
 def _load_low_rank(model: Any, weights: Mapping[str, np.ndarray]) -> Any:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, ClassVar
 
@@ -61,6 +62,11 @@ from pollen.core.contracts.fedsc import (
     CORRELATION,
     CORRELATION_PHASE,
     OTHERS,
+    OTHERS_SUM,
+    OWN,
+    SHARED_ROUND,
+    SUM,
+    WEIGHT,
     FedSCSettings,
     R,
 )
@@ -79,6 +85,7 @@ from strategies.schedule import learning_rate
 
 log = logging.getLogger("flwr.pollen")
 _STORE = "fedsc-correlation/"  # checkpoint keys of the stored matrices
+_SHARED = "fedsc-shared-sum"  # checkpoint key of the secure sum of the matrices
 
 
 def shares(fedsc: FedSCSettings, server_round: int) -> bool:
@@ -102,6 +109,9 @@ class FedSC(GlobalModelStrategy):
         self.latest: dict[int, np.ndarray] = {}
         self.releases: dict[int, int] = {}
         self.sizes: dict[int, int] = {}
+        self.shared: SharedSum | None = None
+        """Under secure aggregation, the newest sum of released matrices (the server never
+        holds one client's)."""
         self._evaluator = RepresentationEvaluator(settings, self.predictor)
 
     @property
@@ -151,7 +161,8 @@ class FedSC(GlobalModelStrategy):
         q = self._q(pool)
         out: dict[str, float] = {}
         if self.share_correlations and shares(self.fedsc, t):
-            out.update(self._share(fed, pool if not self.latest else clients))
+            first = not (self.shared if self.combiner.secure else self.latest)
+            out.update(self._share(fed, pool if first else clients))
         rounds = self.run.num_rounds
         lr = learning_rate(self.settings, t)
         payloads: dict[int, RecordDict] = {}
@@ -166,14 +177,18 @@ class FedSC(GlobalModelStrategy):
                     self.fedsc.alpha_min,
                     q[c.cid] / sum(q.values()),
                 )
-            rbar = self._others(t, q, c.cid) if alpha < 1 else None
-            extra = {OTHERS: {R: rbar.astype(np.float32)}} if rbar is not None else {}
+            extra: dict[str, dict[str, np.ndarray]] = {}
+            if alpha < 1 and self.combiner.secure:
+                extra = self._others_sum(c.cid)
+            elif alpha < 1:
+                rbar = self._others(t, q, c.cid)
+                extra = {OTHERS: {R: rbar.astype(np.float32)}} if rbar is not None else {}
             config = {"lr": lr, ALPHA: alpha}
             payloads[c.cid] = protocol.instruction(t, "train", config, arrays=model, **extra)
         uniform = self.fedsc.weighting == "uniform"
         self.privacy.charge(clients)  # client-level DP (the baselines), when the run has it
         replies = self.train_model(
-            fed, payloads, lambda r: 1 if uniform else num_examples(r)
+            fed, payloads, lambda r: 1 if uniform else num_examples(r), weighted=not uniform
         )
         out.update(aggregate_metrics(replies))
         out.update(self._ledger())
@@ -197,6 +212,45 @@ class FedSC(GlobalModelStrategy):
         bound = self.fedsc.mu + 10 * self.fedsc.noise_std
         return within_bound(psd_projection(combined[R]), bound)
 
+    def _others_sum(self, cid: int) -> dict[str, dict[str, np.ndarray]]:
+        """Under secure aggregation: the sum of the newest released matrices, its weight and the
+        client's own weight in it, from which it computes Rbar_{-j} itself
+        (models.spectral.others_from_sum); nothing when no other client is in the sum."""
+        shared = self.shared
+        if shared is None:
+            return {}
+        own = shared.weights.get(cid, 0.0)
+        if shared.weight - own <= 1e-9 * max(shared.weight, 1.0):
+            return {}
+        return {
+            OTHERS_SUM: {
+                SUM: shared.total,
+                WEIGHT: np.array([shared.weight]),
+                OWN: np.array([own]),
+                SHARED_ROUND: np.array([shared.server_round]),
+            }
+        }
+
+    def _share_securely(
+        self, fed: Federation, payloads: Mapping[int, RecordDict]
+    ) -> tuple[dict[str, float], dict[int, RecordDict]]:
+        """The round's releases summed securely (each client's matrix weighted by q_j): the
+        server keeps their sum, its weight and each client's weight in it."""
+        bound = self.fedsc.mu + 10 * self.fedsc.noise_std
+        summed = self.combiner.summed(
+            {CORRELATION: {R: np.zeros((self.dim, self.dim), np.float32)}},
+            weighted=self.fedsc.weighting != "uniform",
+            clip=bound,
+        )
+        secured = fed.secure_exchange(CORRELATION_PHASE, payloads, summed)
+        self.shared = SharedSum(
+            total=secured.sums[CORRELATION][R],
+            weight=secured.weight,
+            weights=dict(secured.weights),
+            server_round=fed.server_round,
+        )
+        return {"shared": float(len(secured.replies))}, secured.replies
+
     def _share(self, fed: Federation, asked: list[ClientInfo]) -> dict[str, float]:
         asked = [c for c in asked if self._within_budget(c.cid)]
         if not asked:
@@ -208,6 +262,10 @@ class FedSC(GlobalModelStrategy):
         )
         for c in asked:  # counted when requested: a lost reply may still have been released
             self.releases[c.cid] = self.releases.get(c.cid, 0) + 1
+        if self.combiner.secure:
+            out, replies = self._share_securely(fed, payloads)
+            clipped = aggregate_metrics(replies).get(CLIPPED_FRACTION)
+            return out | ({} if clipped is None else {CLIPPED_FRACTION: clipped})
         replies = fed.exchange(CORRELATION_PHASE, payloads, self.validate_correlation)
         fresh = {
             cid: protocol.arrays_of(content, CORRELATION)[R].astype(np.float64)
@@ -315,10 +373,17 @@ class FedSC(GlobalModelStrategy):
             "releases": {str(k): v for k, v in self.releases.items()},
             "sizes": {str(k): v for k, v in self.sizes.items()},
         }
+        if self.shared is not None:
+            arrays[_SHARED] = self.shared.total
+            meta[_SHARED] = self.shared.meta()
         return arrays, meta | self.privacy.state() | self.combiner.state()
 
     def load_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
-        self.weights = {k: v for k, v in arrays.items() if not k.startswith(_STORE)}
+        self.weights = {
+            k: v for k, v in arrays.items() if not k.startswith(_STORE) and k != _SHARED
+        }
+        shared = meta.get(_SHARED)
+        self.shared = None if shared is None else SharedSum.load(arrays[_SHARED], shared)
         self.latest = {
             int(k.removeprefix(_STORE)): np.asarray(v, dtype=np.float64)
             for k, v in arrays.items()
@@ -328,6 +393,33 @@ class FedSC(GlobalModelStrategy):
         self.sizes = {int(k): int(v) for k, v in meta.get("sizes", {}).items()}
         self.privacy.load_state(meta)
         self.combiner.load_state(meta)
+
+
+@dataclass(frozen=True)
+class SharedSum:
+    """The secure sum of a sharing round's matrices: sum_k q_k R~_k, sum_k q_k, each client's
+    q_k in it (0: not in it), the round."""
+
+    total: np.ndarray
+    weight: float
+    weights: dict[int, float]
+    server_round: int
+
+    def meta(self) -> dict[str, Any]:
+        return {
+            "weight": self.weight,
+            "weights": {str(k): v for k, v in self.weights.items()},
+            "round": self.server_round,
+        }
+
+    @classmethod
+    def load(cls, total: np.ndarray, meta: Mapping[str, Any]) -> SharedSum:
+        return cls(
+            np.asarray(total, np.float64),
+            float(meta["weight"]),
+            {int(k): float(v) for k, v in meta["weights"].items()},
+            int(meta["round"]),
+        )
 
 
 class FedAvgSC(FedSC):

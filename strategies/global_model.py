@@ -56,13 +56,29 @@ class GlobalModelStrategy(Strategy):
         payloads: Mapping[int, RecordDict],
         weight: Callable[[RecordDict], float],
         point: str = "model",
+        weighted: bool = True,
     ) -> dict[int, RecordDict]:
         """One `train` exchange whose replies are models of the global arrays' layout, combined
         into the new global model: folded one at a time as they come, in client order, when the
         combiner folds (the weighted mean; client-level DP's noisy mean), else held and
-        combined by the robust rule. `weight`: a reply's weight in the mean; `point`: the
+        combined by the robust rule; under secure aggregation, summed as updates around the
+        model sent (the server sees only their sum). `weight`: a reply's weight in the mean
+        (`weighted`: it is the reply's num-examples, else 1 for every reply); `point`: the
         combination's name (its reproducible draws). The valid replies (folded ones without
         their arrays)."""
+        if self.combiner.secure:
+            summed = self.combiner.summed(
+                {protocol.ARRAYS: self.weights}, {protocol.ARRAYS: protocol.ARRAYS}, weighted
+            )
+            secured = fed.secure_exchange(
+                "train", payloads, summed, min_replies=self.combiner.min_replies()
+            )
+            combined = self.combiner.secured(
+                fed.server_round, point, secured, {protocol.ARRAYS: self.weights}
+            )
+            self.weights = combined[protocol.ARRAYS]
+            self.privacy.secured(secured)
+            return secured.replies
         mean = self.combiner.accumulator(fed.server_round, point, self.weights)
         if mean is not None:
             acc = mean

@@ -12,7 +12,12 @@ rounds replayed after a restart) is in clients.jsonl. The ledger goes into the c
 Client-level DP (pollen.core.contracts.client_dp) is charged in the same call: with the noise on
 the server, one release of the sampled Gaussian mechanism per round; with the noise on the
 clients, one release per client asked to train. The round's metrics carry `client-epsilon` at
-`client-dp.delta` (noise on the clients: the largest over clients).
+`client-dp.delta` (noise on the clients: the largest over clients). Distributed noise (on the
+clients, under secure aggregation) is charged once the round's sum is known (`released`): the
+Skellam mechanism with the noise of the clients in the sum, or, for a round without one, the
+server's own Gaussian noise; beside `client-epsilon` (with the sampling's amplification,
+against readers of the models) the metrics carry `client-epsilon-vs-server` (without it,
+against the server, which knows whom it sampled).
 """
 
 from __future__ import annotations
@@ -24,10 +29,10 @@ from pollen.core.contracts import client_dp as client_level
 from pollen.core.contracts.dp_sgd import EPSILON, client_dp, shown
 from pollen.core.protection import ClientDPSettings, DPSettings
 from pollen.core.settings import RunSettings, Scalar, SettingsError
-from strategies.base import ClientInfo
+from strategies.base import ClientInfo, Secured
 
 if TYPE_CHECKING:
-    from models.privacy import Entry
+    from models.privacy import Entry, Release
 
 
 class PrivacyLedger:
@@ -45,7 +50,10 @@ class PrivacyLedger:
         self.client_level = client_level.mechanism(settings)
         self.released: dict[int, list[Entry]] = {}
         """Client-level DP's ledgers, [(noise multiplier, sample rate, releases)]: by client
-        (noise on the clients), or the run's under -1 (on the server)."""
+        (noise on the clients), or the run's under -1 (on the server; distributed noise: the
+        rounds the server noised itself)."""
+        self.distributed: list[Release] = []
+        """Distributed noise's releases (models.privacy.Release), the rounds that had a sum."""
 
     def charge(self, clients: Iterable[ClientInfo]) -> None:
         """One round of local training for each of `clients`, at the noise and sample rate of
@@ -57,8 +65,8 @@ class PrivacyLedger:
             return
         from models.privacy import add_steps  # lazy: torch (models)
 
-        if mech is not None:
-            for key in [c.cid for c in clients] if mech.at_client else [-1]:
+        if mech is not None and not mech.distributed:  # (distributed: charged by `secured`)
+            for key in [c.cid for c in clients] if mech.local else [-1]:
                 self.released[key] = add_steps(self.released.get(key, []), *mech.ledger_entry(1))
         if not self.active:
             return
@@ -71,6 +79,26 @@ class PrivacyLedger:
                 dp.steps_per_round,
             )  # fmt: skip
 
+    def secured(self, secured: Secured) -> None:
+        """Distributed noise: the round's release, the Skellam mechanism of the sum `secured`
+        (with the noise of the clients in it), or for a round without one, the Gaussian noise
+        the server added itself; nothing otherwise."""
+        mech = self.client_level
+        if mech is None or not mech.distributed:
+            return
+        if secured.release is None:
+            from models.privacy import add_steps  # lazy: torch (models)
+
+            self.released[-1] = add_steps(self.released.get(-1, []), *mech.ledger_entry(1))
+            return
+        variance, l1, l2 = secured.release
+        entry = (variance, l1, l2, mech.sample_rate)
+        for i, old in enumerate(self.distributed):
+            if tuple(old[:4]) == entry:
+                self.distributed[i] = (*entry, int(old[4]) + 1)
+                return
+        self.distributed.append((*entry, 1))
+
     def steps(self, cid: int) -> int:
         return sum(e[2] for e in self.ledgers.get(cid, []))
 
@@ -79,9 +107,15 @@ class PrivacyLedger:
 
         return epsilon(self.ledgers.get(cid, []), self.delta)
 
-    def client_epsilon(self) -> float:
-        """Client-level DP's epsilon so far (noise on the clients: the largest over them)."""
+    def client_epsilon(self, amplified: bool = True) -> float:
+        """Client-level DP's epsilon so far (local noise: the largest over the clients;
+        distributed noise without `amplified`: against the server, every round at rate 1)."""
         mech = self.client_level
+        if mech is not None and mech.distributed:
+            from models.privacy import distributed_epsilon  # lazy: torch (models), opacus
+
+            server = self.released.get(-1, [])
+            return distributed_epsilon(self.distributed, mech.delta, server, amplified)
         if mech is None or not self.released:
             return 0.0
         from models.privacy import epsilon  # lazy: torch (models), opacus
@@ -94,6 +128,8 @@ class PrivacyLedger:
         out: dict[str, float] = {}
         if self.client_level is not None:
             out[client_level.EPSILON] = shown(self.client_epsilon())
+        if self.client_level is not None and self.client_level.distributed:
+            out[client_level.EPSILON_VS_SERVER] = shown(self.client_epsilon(amplified=False))
         if not self.active:
             return out
         if not self.ledgers:
@@ -110,6 +146,8 @@ class PrivacyLedger:
             out["client-dp-ledgers"] = {
                 str(k): [list(e) for e in v] for k, v in self.released.items()
             }
+            if self.distributed:
+                out["client-dp-distributed"] = [list(e) for e in self.distributed]
         if self.active:
             out["dp-ledgers"] = {str(k): [list(e) for e in v] for k, v in self.ledgers.items()}
         return out
@@ -123,6 +161,10 @@ class PrivacyLedger:
             int(k): [(float(z), float(q), int(n)) for z, q, n in v]
             for k, v in meta.get("client-dp-ledgers", {}).items()
         }
+        self.distributed = [
+            (float(v), float(l1), float(l2), float(q), int(n))
+            for v, l1, l2, q, n in meta.get("client-dp-distributed", [])
+        ]
         self._check_budget()
 
     def _check_budget(self) -> None:
@@ -131,13 +173,19 @@ class PrivacyLedger:
         same noise in every round; a resume may have changed it, with `--rounds` and
         `client-dp.target-epsilon`)."""
         mech, budget = self.client_level, ClientDPSettings.of(self.settings).max_epsilon
-        if mech is None or budget <= 0 or not self.released:
+        if mech is None or budget <= 0 or not (self.released or self.distributed):
             return
-        from models.privacy import add_steps, epsilon  # lazy: torch (models), opacus
+        from models.privacy import add_steps, distributed_epsilon, epsilon  # lazy: opacus
 
         total = RunSettings.of(self.settings).num_rounds
         worst = 0.0
-        for entries in self.released.values():
+        if mech.distributed:
+            done = sum(e[4] for e in self.distributed) + sum(
+                e[2] for e in self.released.get(-1, [])
+            )
+            planned = [*self.distributed, mech.planned_release(max(total - done, 0))]
+            worst = distributed_epsilon(planned, mech.delta, self.released.get(-1, []))
+        for entries in [] if mech.distributed else self.released.values():
             left = total - sum(e[2] for e in entries)
             z, q, _ = mech.ledger_entry(0)
             worst = max(worst, epsilon(add_steps(entries, z, q, max(left, 0)), mech.delta))

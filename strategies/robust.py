@@ -21,6 +21,15 @@ is the mean, refused otherwise before start-up); with the noise on the clients, 
 arrive noised and any rule combines them, unweighted. The adaptive bound is the combiner's
 only state across rounds (`state`, `load_state`).
 
+Secure aggregation (`secagg.*`, docs/security.md#secure-aggregation) leaves the server nothing
+but each point's sum: the combiner says what the clients sum (`summed`: with client-level DP,
+each client's update clipped by the client itself to the round's bound, and under distributed
+DP its share of the noise; with robust.clip, clipped to that bound by the client) and turns the
+unmasked sum into the point's result (`secured`): the weighted mean, DP-FedAvg's noisy mean over
+the fixed denominator (the noise added here, or already in the sum). The robust rules, their
+pre-aggregation and the simulated attackers need every client's row: the settings refuse them
+with secure aggregation before anything starts.
+
 Claimed sizes: only the mean reads the example counts clients report. With any pre-aggregation
 step on, the mean's weights are capped at the round's median claim, so a client claiming 10^6
 examples weighs no more than a typical one; every robust rule counts each client once.
@@ -35,12 +44,18 @@ from typing import Any, Protocol
 import numpy as np
 
 from pollen.core.contracts import client_dp as dp_contract
-from pollen.core.protection import AttackSettings, ClientDPSettings, RobustSettings
+from pollen.core.protection import (
+    AttackSettings,
+    ClientDPSettings,
+    RobustSettings,
+    SecAggSettings,
+)
 from pollen.core.settings import RunSettings, Scalar
 from robust import client_dp, rules
 from robust.attacks import attack_rows
 from robust.flat import flatten, unflatten
 from strategies.aggregate import RunningMean
+from strategies.base import Secured, Summed
 
 Arrays = Mapping[str, np.ndarray]
 
@@ -103,6 +118,8 @@ class Combiner:
         """Client-level DP, or None."""
         self.clip = self.dp.clip if self.dp is not None else 0.0
         """Client-level DP's clipping bound of the next round (adaptive clipping moves it)."""
+        self.secure = SecAggSettings.of(settings).enabled
+        """Secure aggregation: the server sees only sums (`summed`, `secured`)."""
 
     @property
     def server_dp(self) -> bool:
@@ -159,6 +176,62 @@ class Combiner:
         if self.dp is None or self.dp.at_client:
             return _Mean(unit=self.dp is not None)
         return _NoisyMean(self, server_round, point, reference)
+
+    def summed(
+        self,
+        records: Mapping[str, Arrays],
+        around: Mapping[str, str] | None = None,
+        weighted: bool = False,
+        clip: float = 0.0,
+    ) -> Summed:
+        """What the clients of a secure phase sum at a point: `records` of their replies (minus
+        the instruction's records `around` names), weighted by their example counts when
+        `weighted`, in the range [-clip, clip] (0: the run's). Under client-level DP every
+        client counts once, clips its update to the round's bound (the range of its encoding)
+        and, noise on the clients, adds its share of the noise; with robust.clip the client
+        clips its update to that bound."""
+        if self.dp is not None:
+            bound = self.dp_bound()
+            noise = self.dp.noise_multiplier * bound if self.dp.at_client else 0.0
+            return Summed(records, dict(around or {}), False, bound, bound, noise)
+        l2 = self.robust.clip
+        return Summed(records, dict(around or {}), weighted, clip, l2)
+
+    def secured(
+        self,
+        server_round: int,
+        point: str,
+        secured: Secured,
+        references: Mapping[str, Arrays],
+    ) -> dict[str, dict[str, np.ndarray]]:
+        """A point's result from its unmasked sum of updates around `references` (record ->
+        arrays): for each record, its reference plus the weighted mean of the updates; under
+        client-level DP, plus the mean over the fixed denominator with the noise (added here
+        with the noise on the server; with it on the clients, already in the sum), every
+        record of a client one update. Each array in its reference's dtype."""
+        if self.dp is None:
+            return {
+                record: {
+                    k: _in_dtype(np.asarray(v, np.float64) + secured.mean(record)[k], v)
+                    for k, v in reference.items()
+                }
+                for record, reference in references.items()
+            }
+        joint = {f"{r}/{k}": v for r, arrays in references.items() for k, v in arrays.items()}
+        total = client_dp.NoisySum(joint, self.dp_bound())
+        if secured.replies:
+            sums = {f"{r}/{k}": v for r, arrays in secured.sums.items() for k, v in arrays.items()}
+            total.add_sum(flatten(sums, list(joint)), len(secured.replies))
+        if secured.release is not None:  # distributed DP: the noise came with the sum
+            out = total.result(self.denominator, 0.0, np.random.default_rng())
+            self._metrics[dp_contract.CLIP] = total.clip
+            self._metrics[dp_contract.NOISE_STD] = secured.noise_std / self.denominator
+        else:  # the noise on the server, or a round with no sum: the server noises it
+            out = self.release(server_round, point, total)
+        return {
+            record: {k: out[f"{record}/{k}"] for k in arrays}
+            for record, arrays in references.items()
+        }
 
     def rule_needs(self) -> int:
         """The fewest contributions the rule needs for `robust.f`: its minimum counted after
@@ -384,3 +457,9 @@ class Combiner:
         updates clipped, the clipping bound), then forgotten."""
         out, self._metrics = self._metrics, {}
         return out
+
+
+def _in_dtype(value: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """`value` in `like`'s dtype (integers rounded)."""
+    dtype = np.asarray(like).dtype
+    return (value if dtype.kind in "fc" else np.rint(value)).astype(dtype)

@@ -56,7 +56,9 @@ class Scaffold(GlobalClassifierStrategy):
             ),
         )
         self.privacy.charge(clients)
-        if self.combiner.plain:  # the paper's update, as always
+        if self.combiner.secure:
+            replies = self._secure_update(fed, payloads)
+        elif self.combiner.plain:  # the paper's update, as always
             replies = fed.exchange("train", payloads, self.validate)
             delta_ys = [protocol.arrays_of(r) for r in replies.values()]
             delta_cs = [protocol.arrays_of(r, CONTROL_DELTA) for r in replies.values()]
@@ -78,6 +80,36 @@ class Scaffold(GlobalClassifierStrategy):
         metrics.update(self.privacy.metrics())
         metrics.update(self.combiner.metrics())
         return metrics
+
+    def _secure_update(
+        self, fed: Federation, payloads: Mapping[int, RecordDict]
+    ) -> dict[int, RecordDict]:
+        """x and c moved under secure aggregation: the server sees only the sums of delta_y and
+        of delta_c over the clients (each client once; one update under client-level DP), so
+        x moves by their mean and c by their sum / N, the paper's update; under client-level
+        DP both means are over the fixed denominator m and carry the noise
+        (robust_server_update, as for a robust combination)."""
+        zero = {
+            protocol.ARRAYS: {k: np.zeros_like(v) for k, v in self.weights.items()},
+            CONTROL_DELTA: {k: np.zeros_like(v) for k, v in self.control.items()},
+        }
+        summed = self.combiner.summed(zero)
+        secured = fed.secure_exchange(
+            "train", payloads, summed, min_replies=self.combiner.min_replies()
+        )
+        means = self.combiner.secured(fed.server_round, "updates", secured, zero)
+        self.privacy.secured(secured)
+        replied = self.combiner.denominator if self.combiner.dp is not None else secured.weight
+        self.weights, self.control = robust_server_update(
+            self.weights,
+            self.control,
+            means[protocol.ARRAYS],
+            means[CONTROL_DELTA],
+            replied,
+            self.run.training_clients,
+            GLOBAL_LR,
+        )
+        return secured.replies
 
     def _robust_update(self, server_round: int, replies: Mapping[int, RecordDict]) -> None:
         """x and c moved by the robust rule's combination of (delta_y, delta_c), taken together

@@ -12,8 +12,9 @@ from flwr.app import Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from torch import nn
 
+from pollen.core import protocol
 from server.local_grid import LocalGrid
-from strategies.base import ClientInfo
+from strategies.base import ClientInfo, Secured, Summed
 
 # A fault decides, per (node id, message), what happens instead of a normal answer:
 # return "drop" (never answered), "lost" (answered, and the reply lost on its way, as when the
@@ -178,6 +179,57 @@ class ScriptedFederation:
         self.replies[message_type] = out
         self.last = out
         return out
+
+    def secure_exchange(
+        self,
+        message_type: str,
+        payloads: Mapping[int, RecordDict],
+        summed: Summed,
+        min_replies: int | None = None,
+    ) -> Secured:
+        """The exchange, its replies summed exactly (`exact_sum`): a strategy's secure path
+        without the protocol."""
+        replies = self.exchange(message_type, payloads, None, min_replies)
+        return exact_sum(payloads, replies, summed)
+
+
+def exact_sum(
+    payloads: Mapping[int, RecordDict], replies: Mapping[int, RecordDict], summed: Summed
+) -> Secured:
+    """What a secure sum would give if its arithmetic were exact: the plain weighted sum of the
+    replies' records (minus the instruction's `around` records), each client's vector clipped
+    to `summed.l2_clip` first; the oracle the real protocol is checked against."""
+    import numpy as np
+
+    sums: dict[str, dict[str, Any]] = {
+        r: {k: np.zeros(np.shape(v)) for k, v in a.items()} for r, a in summed.records.items()
+    }
+    weights = {}
+    for cid, reply in sorted(replies.items()):
+        parts = {}
+        for record in summed.records:
+            arrays = protocol.arrays_of(reply, record)
+            base = summed.around.get(record)
+            if base is not None:
+                sent = protocol.arrays_of(payloads[cid], base)
+                arrays = {k: v.astype(np.float64) - sent[k] for k, v in arrays.items()}
+            parts[record] = {k: np.asarray(v, np.float64) for k, v in arrays.items()}
+        scale = 1.0
+        if summed.l2_clip > 0:
+            norm = float(np.sqrt(sum((v**2).sum() for a in parts.values() for v in a.values())))
+            scale = min(1.0, summed.l2_clip / norm) if norm > 0 else 1.0
+        count = protocol.as_int(protocol.metrics_of(reply)[protocol.NUM_EXAMPLES])
+        w = float(count) if summed.weighted else 1.0
+        weights[cid] = w
+        for record, arrays in parts.items():
+            for k, v in arrays.items():
+                sums[record][k] += w * scale * v
+    return Secured(
+        replies={c: protocol.without_arrays(r) for c, r in sorted(replies.items())},
+        sums=sums,
+        weight=float(sum(weights.values())),
+        weights=weights,
+    )
 
 
 def run_in_process(tmp: Any, cache: Any, name: str, settings: Mapping[str, Any]) -> dict[str, Any]:

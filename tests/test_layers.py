@@ -14,7 +14,9 @@ import pytest
 
 from pollen.core.registry import ALGORITHMS
 
-PACKAGES = ("pollen", "server", "client", "strategies", "models", "federated_data", "robust")
+PACKAGES = (
+    "pollen", "server", "client", "strategies", "models", "federated_data", "robust", "secagg",
+)
 
 
 @pytest.fixture(scope="module")

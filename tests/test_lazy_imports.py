@@ -21,7 +21,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("pollen", "server", "client", "strategies", "models", "federated_data", "robust")
+PACKAGES = (
+    "pollen", "server", "client", "strategies", "models", "federated_data", "robust", "secagg",
+)
 MARK = "# lazy:"
 
 

@@ -8,7 +8,9 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("pollen", "server", "client", "strategies", "models", "federated_data", "robust")
+PACKAGES = (
+    "pollen", "server", "client", "strategies", "models", "federated_data", "robust", "secagg",
+)
 MODULE_LINES = 600
 FUNCTION_LINES = 100
 

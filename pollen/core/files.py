@@ -10,15 +10,18 @@ from pathlib import Path
 from typing import Any
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write via a temporary file and rename, so readers never see a partial file."""
+def atomic_write_bytes(path: Path, data: bytes, sync: bool = True) -> None:
+    """Write via a temporary file (readable by its owner only) and rename, so readers never see
+    a partial file; `sync`: on the disk before the rename (it survives a crash of the machine,
+    not only of the process)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
-            os.fsync(fh.fileno())
+            if sync:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -1,7 +1,8 @@
 """The settings of a run's protections and of the attacks that evaluate them: DP-SGD
-(docs/privacy.md), client-level DP (docs/privacy.md#client-level-dp), Byzantine-robust
-aggregation (docs/robustness.md) and simulated attacks (docs/robustness.md#attacks). Every run
-has them, whatever its algorithm; its registry entry says which it takes."""
+(docs/privacy.md), client-level DP (docs/privacy.md#client-level-dp), secure aggregation
+(docs/security.md#secure-aggregation), Byzantine-robust aggregation (docs/robustness.md) and
+simulated attacks (docs/robustness.md#attacks). Every run has them, whatever its algorithm; its
+registry entry says which it takes."""
 
 from __future__ import annotations
 
@@ -133,6 +134,56 @@ class ClientDPSettings(SettingsGroup):
     @property
     def adaptive(self) -> bool:
         return self.target_quantile > 0
+
+
+@dataclass(frozen=True)
+class SecAggSettings(SettingsGroup):
+    """Secure aggregation (SecAgg+, Bell et al., CCS 2020; docs/security.md#secure-aggregation):
+    wherever the algorithm combines clients, the server learns only the (weighted) sum of what
+    they send, never one client's contribution. Off by default."""
+
+    PREFIX: ClassVar[str] = "secagg"
+
+    enabled: bool = setting(
+        False,
+        "secure aggregation: clients mask what they send so that the server sees only sums "
+        "(every point where the algorithm combines clients; docs/security.md)",
+    )
+    clip: float = setting(
+        8.0,
+        "secure aggregation: every value a client contributes (an update, or a gradient, "
+        "correlation matrix) is clipped to [-clip, clip] before it is encoded as an integer; "
+        "with client-level DP the range is client-dp.clip",
+        minimum=1e-9,
+    )
+    bits: int = setting(
+        22,
+        "secure aggregation: bits of one encoded value, sign included (the quantization step is "
+        "clip / 2^(bits - 1))",
+        minimum=4,
+        maximum=48,
+    )
+    modulus_bits: int = setting(
+        0,
+        "secure aggregation: sums are computed modulo 2^modulus-bits; 0: the fewest bits with "
+        "which the sum of every client can never wrap (a smaller value is refused)",
+        minimum=0,
+        maximum=64,
+    )
+    degree: int = setting(
+        0,
+        "secure aggregation: neighbours each client masks with and shares its secrets among "
+        "(SecAgg+'s k); 0: 2 ceil(log2 n) for a sum of n clients, every other client when fewer",
+        minimum=0,
+    )
+    threshold: float = setting(
+        0.5,
+        "secure aggregation: a client's secrets are rebuilt from more than this share of its "
+        "neighbourhood's shares (0.5: a majority); a sum completes while every neighbourhood "
+        "keeps that many clients",
+        minimum=0.5,
+        maximum=1.0,
+    )
 
 
 ROBUST_RULES = RULES

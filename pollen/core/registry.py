@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pollen.core.contracts import fedlrt as fedlrt_contract
+from pollen.core.contracts import secagg as secagg_contract
 from pollen.core.contracts.adept import (
     AdeptAESettings,
     AdeptDGMSettings,
@@ -73,6 +74,11 @@ class AlgorithmSpec:
     clipped and noised together; without it, client-level DP is refused with
     `client_dp_note` as the reason."""
     client_dp_note: str = ""
+    secagg: bool = False
+    """It takes secure aggregation (`secagg.*`, docs/security.md#secure-aggregation): every
+    point where its server combines clients is a (weighted) sum, which the clients mask;
+    without it, secure aggregation is refused with `secagg_note` as the reason."""
+    secagg_note: str = ""
     update_records: tuple[str, ...] = ()
     """Records of its `train` reply, beside the arrays, that are updates around 0 (SCAFFOLD's
     delta_c)."""
@@ -123,6 +129,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             local_steps=True,
             model_reply=True,
             client_dp=True,
+            secagg=True,
         ),
         AlgorithmSpec(
             name="fedavg-plus",
@@ -137,6 +144,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             local_steps=True,
             model_reply=True,
             client_dp=True,
+            secagg=True,
         ),
         AlgorithmSpec(
             name="fedprox",
@@ -150,6 +158,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             local_steps=True,
             model_reply=True,
             client_dp=True,
+            secagg=True,
         ),
         AlgorithmSpec(
             name="fedem",
@@ -165,6 +174,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             local_steps=True,
             model_reply=True,
             client_dp=True,
+            secagg=True,
         ),
         AlgorithmSpec(
             name="d-fedem",
@@ -188,6 +198,10 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
                 "it has no server sum to noise: each client's next model mixes its "
                 "neighbours' models, each one of them a single client's"
             ),
+            secagg_note=(
+                "its gossip hands each client its neighbours' own models, one client's "
+                "each: there is no sum to hide them in"
+            ),
         ),
         AlgorithmSpec(
             name="clustered",
@@ -203,6 +217,10 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             model_reply=True,
             client_dp_note=(
                 "the split decision reads each client's update un-noised (their cosine "
+                "similarities)"
+            ),
+            secagg_note=(
+                "its split decision reads each client's update (their cosine "
                 "similarities)"
             ),
         ),
@@ -223,6 +241,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
                 "the correction's mean, the coefficients), whose joint sensitivity to one "
                 "client is not one clipping bound"
             ),
+            secagg=True,
         ),
         AlgorithmSpec(
             name="fedlin",
@@ -239,6 +258,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
                 "for the correction, then its model), whose joint sensitivity to one client "
                 "is not one clipping bound"
             ),
+            secagg=True,
         ),
         AlgorithmSpec(
             name="fedsc",
@@ -255,6 +275,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
                 "its clients also release correlation matrices each round, protected per "
                 "example by DP-CalR (fedsc.*), not per client"
             ),
+            secagg=True,
         ),
         AlgorithmSpec(
             name="fedavg-sc",
@@ -268,6 +289,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             labels=False,
             model_reply=True,
             client_dp=True,
+            secagg=True,
         ),
         AlgorithmSpec(
             name="fedavg-simclr",
@@ -283,6 +305,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             amp=True,
             model_reply=True,
             client_dp=True,
+            secagg=True,
         ),
         AlgorithmSpec(
             name="fedavg-byol",
@@ -299,6 +322,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             amp=True,
             model_reply=True,
             client_dp=True,
+            secagg=True,
         ),
         AlgorithmSpec(
             name="adept-pca",
@@ -318,6 +342,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
                 "its server step learns sigma from the spread of the clients' parameters, "
                 "which is not a mean of clipped updates"
             ),
+            secagg=True,
         ),
         AlgorithmSpec(
             name="adept-ae",
@@ -334,6 +359,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
                 "its server step learns sigma from the spread of the clients' parameters, "
                 "which is not a mean of clipped updates"
             ),
+            secagg=True,
         ),
         AlgorithmSpec(
             name="adept-dgm",
@@ -355,6 +381,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
                 "its server step learns sigma from the spread of the clients' parameters, "
                 "which is not a mean of clipped updates"
             ),
+            secagg=True,
         ),
         AlgorithmSpec(
             name="scaffold",
@@ -368,6 +395,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             local_steps=True,
             client_dp=True,
             update_records=(CONTROL_DELTA,),
+            secagg=True,
         ),
         AlgorithmSpec(
             name="local",
@@ -384,6 +412,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             client_dp_note=(
                 "local training combines nothing: nothing but metrics leaves a client"
             ),
+            secagg_note="local training combines nothing: nothing but metrics leaves a client",
         ),
         AlgorithmSpec(
             name="noop",
@@ -400,6 +429,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             client_dp_note=(
                 "the no-op combines nothing"
             ),
+            secagg_note="the no-op combines nothing",
         ),
     )
 }
@@ -407,7 +437,9 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
 
 
 def all_message_types() -> tuple[str, ...]:
-    types = {HELLO}
+    """Every message type a client answers: the hello, secure aggregation's stages and each
+    algorithm's phases."""
+    types = {HELLO, *secagg_contract.STAGES}
     for spec in ALGORITHMS.values():
         types.update(spec.message_types)
     return tuple(sorted(types))

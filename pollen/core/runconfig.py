@@ -10,11 +10,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pollen.core.contracts.adept import AdeptAESettings
+from pollen.core.contracts.fedlrt import FeDLRTSettings
 from pollen.core.protection import (
     AttackSettings,
     ClientDPSettings,
     DPSettings,
     RobustSettings,
+    SecAggSettings,
 )
 from pollen.core.registry import ALGORITHMS, AlgorithmSpec
 from pollen.core.settings import (
@@ -36,6 +38,7 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
     + SyntheticSettings.declarations()
     + DPSettings.declarations()
     + ClientDPSettings.declarations()
+    + SecAggSettings.declarations()
     + RobustSettings.declarations()
     + AttackSettings.declarations()
 )
@@ -95,6 +98,7 @@ def _check_consistency(cfg: Mapping[str, Scalar]) -> None:
     _check_dp(cfg, spec)
     _check_robust(cfg, spec)
     _check_client_dp(cfg, spec)
+    _check_secagg(cfg, spec)
     if int(cfg["local-steps"]) > 0 and not spec.local_steps:
         supported = ", ".join(sorted(n for n, a in ALGORITHMS.items() if a.local_steps))
         raise SettingsError(
@@ -170,7 +174,8 @@ def _check_client_dp(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
             "noise, or the epsilon the noise is calibrated to)"
         )
     run, robust = RunSettings.of(cfg), RobustSettings.of(cfg)
-    if dp.noise_at == "client":
+    distributed = dp.noise_at == "client" and SecAggSettings.of(cfg).enabled
+    if dp.noise_at == "client" and not distributed:
         if dp.adaptive:
             raise SettingsError(
                 "client-dp.target-quantile with client-dp.noise-at=client: refused; adaptive "
@@ -178,25 +183,8 @@ def _check_client_dp(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
                 "can noise (a client's own bit would reach it in the clear)"
             )
     else:
-        if robust.rule != "mean":
-            raise SettingsError(
-                f"robust.rule={robust.rule} with client-level DP noised on the server: refused; "
-                "the noise is calibrated to a mean that one client moves by at most clip / m, "
-                f"which {robust.rule} does not guarantee. Use client-dp.noise-at=client (any "
-                "rule is then post-processing of noised updates) or robust.rule=mean"
-            )
-        if robust.clip_quantile > 0:
-            raise SettingsError(
-                "robust.clip-quantile with client-level DP noised on the server: refused; the "
-                "bound would be read from the updates un-noised. Use client-dp.target-quantile "
-                "(adaptive clipping with a noised count)"
-            )
-        if robust.nnm or robust.bucket > 1:
-            raise SettingsError(
-                "robust.nnm / robust.bucket with client-level DP noised on the server: refused; "
-                "they mix clients' updates before the noisy sum, so one client would move "
-                "several of its terms"
-            )
+        if not distributed:  # (secure aggregation refuses these for its own reasons)
+            _check_server_noise(robust)
         if run.fraction_train <= 0:
             raise SettingsError(
                 "client-level DP with fraction-train=0: each client takes part in a round with "
@@ -227,6 +215,85 @@ def _check_client_dp(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
             f"{dp.delta:g}), above the budget client-dp.max-epsilon={dp.max_epsilon:g}; lower "
             "num-rounds, raise client-dp.noise-multiplier or give client-dp.target-epsilon"
         )
+
+
+def _check_server_noise(robust: RobustSettings) -> None:
+    """With the noise on the server, nothing but the mean around the noisy sum."""
+    if robust.rule != "mean":
+        raise SettingsError(
+            f"robust.rule={robust.rule} with client-level DP noised on the server: refused; "
+            "the noise is calibrated to a mean that one client moves by at most clip / m, "
+            f"which {robust.rule} does not guarantee. Use client-dp.noise-at=client (any "
+            "rule is then post-processing of noised updates) or robust.rule=mean"
+        )
+    if robust.clip_quantile > 0:
+        raise SettingsError(
+            "robust.clip-quantile with client-level DP noised on the server: refused; the "
+            "bound would be read from the updates un-noised. Use client-dp.target-quantile "
+            "(adaptive clipping with a noised count)"
+        )
+    if robust.nnm or robust.bucket > 1:
+        raise SettingsError(
+            "robust.nnm / robust.bucket with client-level DP noised on the server: refused; "
+            "they mix clients' updates before the noisy sum, so one client would move "
+            "several of its terms"
+        )
+
+
+def _check_secagg(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
+    """Secure aggregation only where every combination of clients is a sum, with nothing that
+    reads one client's update (a robust rule, the server's pre-aggregation, the simulated
+    attackers, adaptive clipping's count, a warm start from one client), with at least two
+    clients a round, and a modulus the sum can never wrap (docs/security.md)."""
+    if not SecAggSettings.of(cfg).enabled:
+        return
+    if not spec.secagg:
+        supported = ", ".join(sorted(n for n, a in ALGORITHMS.items() if a.secagg))
+        raise SettingsError(
+            f"secagg.enabled=true: {spec.name} refuses secure aggregation ({spec.secagg_note}); "
+            f"it is for {supported}"
+        )
+    robust, attack = RobustSettings.of(cfg), AttackSettings.of(cfg)
+    why = "under secure aggregation the server sees only the clients' sum (docs/security.md)"
+    if robust.rule != "mean":
+        raise SettingsError(
+            f"robust.rule={robust.rule} with secagg.enabled=true: refused; a robust rule reads "
+            f"every client's update, and {why}. Clipping can stay: robust.clip is then done "
+            "by each client"
+        )
+    if robust.clip_quantile > 0 or robust.nnm or robust.bucket > 1:
+        raise SettingsError(
+            "robust.clip-quantile / robust.nnm / robust.bucket with secagg.enabled=true: "
+            f"refused; they read or mix the clients' updates one by one, and {why}"
+        )
+    if attack.ids() and attack.kind != "label-flip":
+        raise SettingsError(
+            f"attack.kind={attack.kind} with secagg.enabled=true: refused; simulated attackers "
+            f"replace their updates at the server, and {why}; label-flip (in the clients) and "
+            "a node's own attack (pollen client --attack) still run"
+        )
+    if ClientDPSettings.of(cfg).adaptive:
+        raise SettingsError(
+            "client-dp.target-quantile with secagg.enabled=true: refused; adaptive clipping "
+            "reads whether each client's update was clipped"
+        )
+    if "fedlrt" in spec.setting_groups() and FeDLRTSettings.of(cfg).warm_start > 0:
+        raise SettingsError(
+            "fedlrt.warm-start with secagg.enabled=true: refused; the warm start trains on one "
+            "client and sends its model back whole, which no sum can hide"
+        )
+    run, dp = RunSettings.of(cfg), ClientDPSettings.of(cfg)
+    poisson = dp.enabled and run.fraction_train < 1
+    expected = run.fraction_train * run.training_clients if poisson else expected_round_clients(cfg)
+    if expected < 2:
+        raise SettingsError(
+            f"secagg.enabled=true with {expected:g} clients a round: secure aggregation sums "
+            "two clients at least (a sum of one is that client's update); raise "
+            "fraction-train or num-clients"
+        )
+    from pollen.core.contracts import secagg  # lazy: the secagg package's encoding
+
+    secagg.modulus_bits(cfg)
 
 
 def expected_round_clients(cfg: Mapping[str, Scalar]) -> int:

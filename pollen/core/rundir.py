@@ -266,6 +266,7 @@ class Summary:
     robust: dict[str, Any] | None = None
     attack: dict[str, Any] | None = None
     privacy: dict[str, Any] | None = None
+    secure_aggregation: dict[str, Any] | None = None
     node_restarts: list[dict[str, Any]] | None = None
 
     @property
@@ -293,7 +294,7 @@ class Summary:
             out["peak-rss-mb"] = self.peak_rss_mb
         for key, value in (
             ("robust", self.robust), ("attack", self.attack), ("privacy", self.privacy),
-            ("node-restarts", self.node_restarts),
+            ("secure-aggregation", self.secure_aggregation), ("node-restarts", self.node_restarts),
         ):  # fmt: skip
             if value is not None:
                 out[key] = value
@@ -329,6 +330,7 @@ class Summary:
             robust=opt("robust", dict),
             attack=opt("attack", dict),
             privacy=opt("privacy", dict),
+            secure_aggregation=opt("secure-aggregation", dict),
             node_restarts=opt("node-restarts", list),
         )
 

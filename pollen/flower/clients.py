@@ -12,6 +12,7 @@ from flwr.clientapp import ClientApp
 
 from client.dispatch import answer_node
 from client.env import ClientEnv
+from pollen.core.contracts import secagg
 from pollen.core.protocol import HELLO
 from pollen.core.registry import get_algorithm
 from pollen.core.runmodel import DataFn, ModelFn
@@ -55,7 +56,9 @@ def register(
     partition_id, num_partitions)` loads this node's client's splits as a ClientData
     (`client_data` makes one; default: the strategy's `dataset` setting, partitioned as
     Pollen partitions it). Personal state (FedEM's mixture weights, SCAFFOLD's control
-    variate, ADEPT's local models) is kept per client, as in Pollen's own ClientApp."""
+    variate, ADEPT's local models) is kept per client, as in Pollen's own ClientApp. An
+    algorithm that takes secure aggregation answers its stages too (`secagg.enabled` on the
+    strategy)."""
     spec = get_algorithm(algorithm)
     if model_fn is not None and algorithm not in OWN_MODEL:
         raise SettingsError(
@@ -63,7 +66,8 @@ def register(
         )
     handle = handler(algorithm, model_fn, data_fn)
     decorators = {"train": app.train, "evaluate": app.evaluate, "query": app.query}
-    for message_type in (HELLO, *spec.message_types):
+    stages = secagg.STAGES if spec.secagg else ()  # the stages of secure aggregation
+    for message_type in (HELLO, *stages, *spec.message_types):
         category, _, action = message_type.partition(".")
         if action:
             decorators[category](action)(handle)

@@ -32,6 +32,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from pollen.core import protocol
+from pollen.core.protection import SecAggSettings
 from pollen.core.registry import get_algorithm
 from pollen.core.runconfig import resolve
 from pollen.core.rundir import RoundRow
@@ -294,6 +295,12 @@ class PollenStrategy(Strategy):
                     "Flower's configure/aggregate pair is one exchange: use start()"
                 )
             settings = self._run_settings(grid)
+            if SecAggSettings.of(settings).enabled:
+                raise NotImplementedError(
+                    "secagg.enabled=true: secure aggregation runs four exchanges for each sum "
+                    "(keys, shares, the masked phase, unmasking); Flower's configure/aggregate "
+                    "pair is one exchange: use start()"
+                )
             half = self.server_half(settings)
             self._hooks = HookRounds(half, settings, half.run.out_dir)
         return self._hooks

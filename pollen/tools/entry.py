@@ -9,7 +9,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-PACKAGES = ("server", "client", "strategies", "models", "federated_data", "robust")
+PACKAGES = ("server", "client", "strategies", "models", "federated_data", "robust", "secagg")
 """Pollen's top-level packages besides `pollen` (the wheel installs them beside it)."""
 
 

@@ -165,6 +165,12 @@ def _threat_lines(summary: Summary | None) -> list[str]:
             f"- **simulated attack**: clients {_cell(str(attack.get('clients')))} act as "
             f"{_cell(str(attack.get('kind')))}"
         )
+    secure = summary.secure_aggregation
+    if secure:
+        lines.append(
+            f"- **secure aggregation**: {_cell(str(secure.get('protocol')))}; the server saw "
+            f"{_cell(str(secure.get('server-sees')))}"
+        )
     return lines + _privacy_lines(summary)
 
 
@@ -184,7 +190,7 @@ def _privacy_lines(summary: Summary) -> list[str]:
         eps = as_number(entry.get("epsilon"))
         spent = "no guarantee" if eps is not None and eps < 0 else f"epsilon {_fmt(eps, 3)}"
         how = [f"{k} {_cell(str(entry[k]))}" for k in ("mechanism", "noise-multiplier", "clip",
-               "noise-at", "sample-rate") if k in entry]  # fmt: skip
+               "noise-at", "sample-rate", "epsilon-vs-server") if k in entry]  # fmt: skip
         if entry.get("adaptive-clipping"):
             how.append("adaptive clipping")
         lines.append(

@@ -16,18 +16,30 @@ up to 2C, the Gaussian mechanism at noise multiplier z / 2, once in every round 
 trains, with no amplification by sampling (the server knows whom it asked). Its epsilon after
 T rounds is that of [(z / 2, 1, T)]; whatever the server computes from the rows is
 post-processing and spends nothing more.
+
+Distributed noise (client-side noise with secure aggregation, `secagg.enabled`): each of the n
+clients of a round's sum clips its update to C and adds 1/n of the noise as integers (Skellam,
+secagg.noise), so the unmasked sum carries the central mechanism's noise and the server never
+sees less; clients are Poisson-sampled and the mean is over m = q N, as with the noise on the
+server. A round releases the Skellam mechanism on the survivors' sum, its variance the
+survivors' share (models.privacy.distributed_epsilon); the ledger (strategies.privacy) counts
+what each round's sum actually carried.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pollen.core.protection import ClientDPSettings
+from pollen.core.protection import ClientDPSettings, SecAggSettings
 from pollen.core.settings import RunSettings, Scalar
 
 EPSILON = "client-epsilon"
 """Metric: the client-level epsilon at `client-dp.delta` after this round (-1: none)."""
+EPSILON_VS_SERVER = "client-epsilon-vs-server"
+"""Metric (distributed noise): the epsilon against the server, which knows whom it sampled:
+every round without amplification by sampling."""
 CLIP = "client-dp-clip"
 """Metric: the clipping bound of this round's updates."""
 NOISE_STD = "client-dp-noise-std"
@@ -54,19 +66,37 @@ class Mechanism:
     """N: the training clients (all but the held-out unseen ones)."""
     at_client: bool
     """The noise is added by each client to its own update."""
+    distributed: bool = False
+    """With `at_client`: the clients' noise is shared out in a secure sum (the module's
+    text), not added whole to each update."""
+    unit: float = 1.0
+    """Distributed noise: the encoded value of the clipping bound (secagg.encoding: the l2
+    sensitivity of a client's encoded update, before rounding)."""
+
+    @property
+    def local(self) -> bool:
+        """Each client's update noised on its own (the server sees every noised row)."""
+        return self.at_client and not self.distributed
 
     @property
     def denominator(self) -> float:
         """m = q N: the expected number of clients a round, the fixed denominator of the
-        server's noisy mean (noise on the clients: the server averages the replies it gets)."""
+        server's noisy mean (local noise: the server averages the replies it gets)."""
         return self.sample_rate * self.clients
 
     def ledger_entry(self, rounds: int) -> tuple[float, float, int]:
-        """(noise multiplier, sample rate, steps) of `rounds` releases, as models.privacy
-        accounts them (client-side noise: z / 2 at rate 1, see the module's text)."""
-        if self.at_client:
+        """(noise multiplier, sample rate, steps) of `rounds` Gaussian releases, as
+        models.privacy accounts them (local noise: z / 2 at rate 1, see the module's text;
+        distributed noise: the server's own, for a round with no sum)."""
+        if self.local:
             return (self.noise_multiplier / 2, 1.0, rounds)
         return (self.noise_multiplier, self.sample_rate, rounds)
+
+    def planned_release(self, rounds: int) -> tuple[float, float, float, float, int]:
+        """Distributed noise: `rounds` releases of the whole round's noise, as models.privacy
+        accounts them (sensitivities before the rounding, which the ledger adds)."""
+        l2 = self.unit
+        return ((self.noise_multiplier * l2) ** 2, math.sqrt(2) * l2, l2, self.sample_rate, rounds)
 
 
 def mechanism(settings: Mapping[str, Scalar]) -> Mechanism | None:
@@ -76,20 +106,37 @@ def mechanism(settings: Mapping[str, Scalar]) -> Mechanism | None:
     dp = ClientDPSettings.of(settings)
     if not dp.enabled:
         return None
-    run = RunSettings.of(settings)
+    run, secagg = RunSettings.of(settings), SecAggSettings.of(settings)
     at_client = dp.noise_at == "client"
-    q = 1.0 if at_client else run.fraction_train
+    distributed = at_client and secagg.enabled
+    local = at_client and not distributed
+    q = 1.0 if local else run.fraction_train
+    unit = float(1 << (secagg.bits - 1))
     z = dp.noise_multiplier
-    if dp.target_epsilon > 0:
+    if dp.target_epsilon > 0 and distributed:
+        from models.privacy import distributed_noise_for_epsilon  # lazy: opacus
+
+        z = distributed_noise_for_epsilon(dp.target_epsilon, dp.delta, q, run.num_rounds, unit)
+    elif dp.target_epsilon > 0:
         from models.privacy import noise_for_epsilon  # lazy: opacus
 
         z = noise_for_epsilon(dp.target_epsilon, dp.delta, q, run.num_rounds)
-        z = 2 * z if at_client else z
-    return Mechanism(z, dp.clip, dp.delta, q, run.training_clients, at_client)
+        z = 2 * z if local else z
+    return Mechanism(z, dp.clip, dp.delta, q, run.training_clients, at_client, distributed, unit)
+
+
+def poisson_sampling(settings: Mapping[str, Scalar]) -> bool:
+    """Whether rounds sample clients independently (Poisson sampling, as the privacy analysis
+    of a noised sum assumes): client-level DP with the noise on the server, or distributed."""
+    mech = mechanism(settings)
+    return mech is not None and not mech.local
 
 
 def planned_epsilon(mech: Mechanism, rounds: int) -> float:
-    """Epsilon after `rounds` rounds (client-side noise: of a client that trains in each)."""
-    from models.privacy import epsilon  # lazy: opacus
+    """Epsilon after `rounds` rounds (local noise: of a client that trains in each;
+    distributed: every client of each sum in it to the end, before the rounding's part)."""
+    from models.privacy import distributed_epsilon, epsilon  # lazy: opacus
 
+    if mech.distributed:
+        return distributed_epsilon([mech.planned_release(rounds)], mech.delta)
     return epsilon([mech.ledger_entry(rounds)], mech.delta)

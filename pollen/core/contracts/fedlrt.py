@@ -34,6 +34,12 @@ BASES = "bases"
 """The augmented bases Ubar, Vbar of each factorized layer (`<layer>.Ubar`, `<layer>.Vbar`)."""
 CORRECTIONS = "corrections"
 """A client's variance corrections for the train phase."""
+MEAN_GRADS = "mean-grads"
+"""The train phase's mean gradients G (the same for every client), from which each client
+computes its correction G - G_c itself (OWN_CORRECTION), in place of CORRECTIONS."""
+START = "start"
+"""The point a train phase starts from (S̃ of each layer, the dense parameters), which the
+client's reply is an update of (under secure aggregation the clients sum their updates)."""
 UBAR, VBAR = "Ubar", "Vbar"
 """Array name suffixes of a layer's augmented bases."""
 
@@ -44,6 +50,9 @@ DENSE_GRADS = "dense-grads"
 """Whether the dense parameters are corrected too (fedlrt.dense-correction)."""
 STEPS = "steps"
 """Warm start: the number of SGD steps."""
+OWN_CORRECTION = "own-correction"
+"""The round's gradients stay with the client, which keeps them in its state for the train
+phase: the server sees only their sum (secure aggregation) and sends MEAN_GRADS."""
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,11 @@ CORRELATION_PHASE = "query.correlation"
 their representations (paper, Alg. 1)."""
 CORRELATION = "correlation"  # record of the correlation reply: {R: (H, H) float32}
 OTHERS = "others"  # record of a train instruction: {R: Rbar_{-j}}
+OTHERS_SUM = "others-sum"
+"""Record of a train instruction under secure aggregation, from which the client computes
+Rbar_{-j} itself: {SUM: sum_k q_k R~_k, WEIGHT: [sum_k q_k], OWN: [q_j, 0 when j is not in the
+sum], SHARED_ROUND: [the round of the matrices summed]}."""
+SUM, WEIGHT, OWN, SHARED_ROUND = "sum", "weight", "own", "round"
 R = "r"  # the matrix's name in those records
 ALPHA = "alpha"  # config key of a train instruction: the weight of the others' correlation
 CLIPPED_FRACTION = "clipped-fraction"  # reply metric: the share of clipped representations

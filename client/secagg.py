@@ -1,0 +1,334 @@
+"""A client's side of a secure sum (SecAgg+; the stages: pollen.core.contracts.secagg): its keys,
+its shares, its masked input and the shares it reveals to unmask the sum, with the rules that
+keep its input hidden from the server (docs/security.md#secure-aggregation).
+
+What the client keeps of a session lives in its state directory (`secagg/<session>.json`,
+readable by its user only, never sent): its private keys and self-mask seed, the shares it sealed
+for its neighbours and the ones it received, and which neighbours' secrets it revealed. Every
+stage is answered alike when asked twice (a resent instruction), and refused when asked
+differently: its keys are drawn once per session, its sealed shares kept, its masked input
+computed again from the same data, seeds and shares; a session seen once with one neighbourhood
+is never taken up with another. In the unmasking it never reveals, for one neighbour, both the
+share of its masking key (the neighbour dropped) and that of its self-mask seed (the neighbour
+is in the sum), within one request or across requests, and it answers only with at least t
+clients in its neighbourhood's part of the sum.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+from client.env import ClientEnv
+from pollen.core import protocol
+from pollen.core.contracts import secagg as contract
+from pollen.core.contracts.secagg import Summing
+from pollen.core.files import atomic_write_bytes
+from pollen.core.protection import SecAggSettings
+from secagg import encoding, graph, keys, masks, noise
+
+_SESSION = re.compile(r"^(\d{1,9})-[A-Za-z0-9._]{1,64}-[0-9a-f]{16}$")
+KEEP_ROUNDS = 2
+"""A client keeps the sessions of this many rounds before the newest one it took part in."""
+
+
+class SecAggRefused(ValueError):
+    """An instruction a client of a secure sum must not follow; its reason goes back to the
+    server as the client's error."""
+
+
+# ---- what a client keeps of a session ---------------------------------------------------
+def _digest(*parts: object) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class Sessions:
+    """A client's secure-aggregation sessions on disk, one JSON file each, read and changed
+    under a lock (two processes may answer one client: a resent instruction)."""
+
+    def __init__(self, env: ClientEnv) -> None:
+        self.dir = env.state.dir / "secagg"
+
+    @contextmanager
+    def open(self, session: str, durable: bool = False) -> Iterator[dict[str, Any]]:
+        """The session's record, written back (atomically; `durable`: on disk) when the block
+        changed it."""
+        if not _SESSION.match(session):
+            raise SecAggRefused(f"secagg: {session!r} is not a session name")
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = self.dir / f"{session}.json"
+        with open(self.dir / "lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                state = json.loads(path.read_text()) if path.exists() else {}
+                before = json.dumps(state, sort_keys=True)
+                yield state
+                if json.dumps(state, sort_keys=True) != before:
+                    atomic_write_bytes(path, json.dumps(state).encode(), sync=durable)
+                    self._forget_old(int(session.split("-", 1)[0]))
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _forget_old(self, server_round: int) -> None:
+        for path in self.dir.glob("*.json"):
+            head = path.name.split("-", 1)[0]
+            if head.isdigit() and int(head) < server_round - KEEP_ROUNDS:
+                path.unlink(missing_ok=True)
+
+
+def _session(content: RecordDict) -> tuple[ConfigRecord, str]:
+    cfg = contract.config_of(content)
+    return cfg, str(cfg.get(contract.SESSION, ""))
+
+
+def _threshold(env: ClientEnv, k: int) -> int:
+    """t, from the run's setting (never from the message): a server cannot lower it."""
+    return graph.threshold(k, SecAggSettings.of(env.settings).threshold)
+
+
+def _reply(content: RecordDict, env: ClientEnv, items: Mapping[str, bytes]) -> RecordDict:
+    return protocol.reply(
+        content,
+        env.cid,
+        {protocol.NUM_EXAMPLES: 0},
+        **{contract.BYTES: contract.to_bytes_record(items)},
+    )
+
+
+def _incoming(content: RecordDict) -> dict[str, bytes]:
+    if contract.BYTES not in content:
+        return {}
+    return contract.byte_strings(protocol.arrays_of(content, contract.BYTES, copy=False))
+
+
+# ---- stage 1: keys ----------------------------------------------------------------------
+def advertise(content: RecordDict, env: ClientEnv) -> RecordDict:
+    """Two key pairs and a self-mask seed for the session (drawn once), answered as the public
+    keys and the seed's hash."""
+    cfg, session = _session(content)
+    neighbours = contract.ids(cfg.get(contract.NEIGHBOURS), "neighbours")
+    if not neighbours or env.cid in neighbours or len(set(neighbours)) != len(neighbours):
+        raise SecAggRefused("secagg: a neighbourhood must name other clients, each once")
+    with Sessions(env).open(session) as st:
+        if "c" in st and st["neighbours"] != sorted(neighbours):
+            raise SecAggRefused(f"secagg: session {session} was set up with other neighbours")
+        if "c" not in st:
+            st["neighbours"] = sorted(neighbours)
+            st["c"] = keys.private_bytes(keys.new_private_key()).hex()
+            st["s"] = keys.private_bytes(keys.new_private_key()).hex()
+            st["b"] = os.urandom(keys.SEED_BYTES).hex()
+        seed = bytes.fromhex(st["b"])
+        c = keys.private_key(bytes.fromhex(st["c"]))
+        s = keys.private_key(bytes.fromhex(st["s"]))
+    return _reply(
+        content,
+        env,
+        {
+            "c": keys.public_bytes(c),
+            "s": keys.public_bytes(s),
+            "b-hash": keys.seed_hash(session, seed),
+        },
+    )
+
+
+# ---- stage 2: shares --------------------------------------------------------------------
+def share(content: RecordDict, env: ClientEnv) -> RecordDict:
+    """The seed and the masking key split into k + 1 shares (t rebuild either), one sealed for
+    each neighbour whose keys the server forwarded; the same ciphertexts when asked again."""
+    _, session = _session(content)
+    public = _incoming(content)
+    with Sessions(env).open(session) as st:
+        if "c" not in st:
+            raise SecAggRefused(f"secagg: no keys were drawn for session {session}")
+        group = sorted({int(n.split("/", 1)[1]) for n in public})
+        request = _digest(sorted(public.items()))
+        if "sealed" in st:
+            if st["shares-request"] != request:
+                raise SecAggRefused(f"secagg: a second, different share request in {session}")
+            sealed = {int(j): bytes.fromhex(ct) for j, ct in st["sealed"].items()}
+            return _reply(content, env, {f"to/{j}": ct for j, ct in sorted(sealed.items())})
+        neighbourhood = sorted([*st["neighbours"], env.cid])
+        t = _threshold(env, len(st["neighbours"]))
+        if set(public) != {f"{side}/{j}" for j in group for side in ("c", "s")}:
+            raise SecAggRefused("secagg: the forwarded keys are not a c and an s key per client")
+        if not set(group) <= set(neighbourhood) or env.cid not in group:
+            raise SecAggRefused("secagg: keys forwarded for clients outside the neighbourhood")
+        if len(group) < t:
+            raise SecAggRefused(
+                f"secagg: {len(group)} clients left in the neighbourhood, {t} needed"
+            )
+        c = keys.private_key(bytes.fromhex(st["c"]))
+        s = keys.private_key(bytes.fromhex(st["s"]))
+        if public[f"c/{env.cid}"] != keys.public_bytes(c) or public[
+            f"s/{env.cid}"
+        ] != keys.public_bytes(s):
+            raise SecAggRefused("secagg: the server forwarded other keys as this client's")
+        if len(set(public.values())) != len(public):
+            raise SecAggRefused("secagg: two clients' forwarded keys are the same")
+        count = len(neighbourhood)
+        b_shares = keys.split(bytes.fromhex(st["b"]), t, count)
+        s_shares = keys.split(keys.private_bytes(s), t, count)
+        position = {j: i for i, j in enumerate(neighbourhood)}
+        sealed = {}
+        for j in group:
+            if j == env.cid:
+                continue
+            mine = keys.Shares(b_shares[position[j]], s_shares[position[j]])
+            sealed[j] = keys.seal(keys.agreed_key(c, public[f"c/{j}"]), env.cid, j, mine)
+        me = position[env.cid]
+        st.update(
+            {
+                "shares-request": request,
+                "sealed": {str(j): ct.hex() for j, ct in sealed.items()},
+                "own": {"b": b_shares[me].hex(), "s": s_shares[me].hex()},
+                "peers": {str(j): public[f"s/{j}"].hex() for j in group if j != env.cid},
+                "peer-c": {str(j): public[f"c/{j}"].hex() for j in group if j != env.cid},
+            }
+        )
+    return _reply(content, env, {f"to/{j}": ct for j, ct in sorted(sealed.items())})
+
+
+# ---- stage 3: the masked input ------------------------------------------------------------
+def is_masked(content: RecordDict) -> bool:
+    """Whether an instruction of the algorithm's own phase asks for a masked reply."""
+    return contract.CONFIG in content
+
+
+def masked(reply: RecordDict, instruction: RecordDict, env: ClientEnv) -> RecordDict:
+    """The handler's `reply` with the summed records replaced by their encoding plus this
+    client's self mask and its pairwise masks with the neighbours whose shares it received."""
+    summing = Summing.of(contract.config_of(instruction))
+    session = summing.session
+    inbox = _incoming(instruction)
+    with Sessions(env).open(session) as st:
+        if "sealed" not in st:
+            raise SecAggRefused(f"secagg: no shares were made in session {session}")
+        request = _digest(summing.to_config().items(), sorted(inbox.items()))
+        if st.get("masked-request", request) != request:
+            raise SecAggRefused(f"secagg: a second, different masked-input request in {session}")
+        c = keys.private_key(bytes.fromhex(st["c"]))
+        received: dict[str, dict[str, str]] = {}
+        for name, ciphertext in inbox.items():
+            j = int(name.removeprefix("from/"))
+            if str(j) not in st["peer-c"]:
+                raise SecAggRefused(f"secagg: shares forwarded from client {j}, not a neighbour")
+            got = keys.unseal(
+                keys.agreed_key(c, bytes.fromhex(st["peer-c"][str(j)])), j, env.cid, ciphertext
+            )
+            received[str(j)] = {"b": got.b.hex(), "s": got.s.hex()}
+        t = _threshold(env, len(st["neighbours"]))
+        if len(received) + 1 < t:
+            raise SecAggRefused(f"secagg: shares of {len(received)} neighbours, {t - 1} needed")
+        st["masked-request"] = request
+        st["received"] = received
+        seed = bytes.fromhex(st["b"])
+        s = keys.private_key(bytes.fromhex(st["s"]))
+        peers = {int(j): bytes.fromhex(st["peers"][j]) for j in received}
+    vector, clipped = _encoded(reply, instruction, summing, env)
+    enc = encoding.Encoding(summing.clip, summing.bits, summing.modulus_bits)
+    y = encoding.to_ring(vector, enc).astype(np.uint64)
+    y = encoding.add(y, masks.mask(masks.self_key(seed, session), y.size, enc.modulus_bits), enc)
+    for j, peer in sorted(peers.items()):
+        agreed = keys.agreed_key(s, peer)
+        pair = masks.mask(masks.pairwise_key(agreed, session), y.size, enc.modulus_bits)
+        if masks.pairwise_sign(env.cid, j) > 0:
+            y = encoding.add(y, pair, enc)
+        else:
+            y = encoding.subtract(y, pair, enc)
+    out = RecordDict(
+        {n: r for n, r in reply.items() if not isinstance(r, ArrayRecord)}  # metrics, envelope
+    )
+    protocol.metrics_of(out)[contract.CLIPPED] = clipped
+    out[contract.MASKED] = protocol.to_record({contract.Y: y.astype(enc.dtype)})
+    return out
+
+
+def _encoded(
+    reply: RecordDict, instruction: RecordDict, summing: Summing, env: ClientEnv
+) -> tuple[np.ndarray, float]:
+    """This client's contribution, encoded (secagg.encoding), with its share of distributed
+    DP's integer noise; and the share of values its range clipped."""
+    records = summing.records()
+    carried = [n for n, r in reply.items() if isinstance(r, ArrayRecord)]
+    if sorted(carried) != sorted(records):
+        raise SecAggRefused(
+            f"secagg: the reply carries records {sorted(carried)}, the sum is of {records}"
+        )
+    parts = {}
+    for record in records:
+        arrays = protocol.arrays_of(reply, record, copy=False)
+        base = summing.around.get(record)
+        if base is not None:
+            sent = protocol.arrays_of(instruction, base, copy=False)
+            arrays = {k: np.asarray(v, np.float64) - sent[k] for k, v in arrays.items()}
+        parts[record] = arrays
+    try:
+        vector = contract.flatten(parts, summing.layout)
+    except (ValueError, KeyError) as exc:
+        raise SecAggRefused(f"secagg: {exc}") from None
+    if summing.l2_clip > 0:
+        norm = float(np.linalg.norm(vector))
+        if norm > summing.l2_clip:
+            vector = vector * (summing.l2_clip / norm)
+    enc = encoding.Encoding(summing.clip, summing.bits, summing.modulus_bits)
+    weight = 1.0
+    if summing.weighted:
+        count = float(protocol.metrics_of(reply)[protocol.NUM_EXAMPLES])  # type: ignore[arg-type]
+        weight = count / summing.weight_scale if summing.weight_scale > 0 else 0.0
+    rnd = protocol.round_of(instruction)
+    phase = str(instruction[protocol.ENVELOPE][protocol.MESSAGE_TYPE])  # type: ignore[index]
+    rounding = np.random.default_rng(env.seed(rnd, f"secagg-rounding/{phase}"))
+    encoded, clipped = encoding.encode(vector, encoding.weight_units(weight, enc), enc, rounding)
+    if summing.noise_variance > 0:
+        private = np.random.default_rng(env.private_seed(rnd, f"secagg-noise/{phase}"))
+        encoded[:-1] += noise.skellam(summing.noise_variance, vector.size, private)
+    return encoded, clipped
+
+
+# ---- stage 4: unmask ------------------------------------------------------------------------
+def unmask(content: RecordDict, env: ClientEnv) -> RecordDict:
+    """The shares of the self-mask seeds of the neighbours in the sum (this client's own
+    included) and of the masking keys of those that dropped; refused when the lists overlap,
+    contradict an earlier answer, name clients it holds no shares of, leave it out, or hold
+    fewer than t clients of the sum."""
+    cfg, session = _session(content)
+    survivors = contract.ids(cfg.get(contract.SURVIVORS), "survivors")
+    dropped = contract.ids(cfg.get(contract.DROPPED), "dropped")
+    with Sessions(env).open(session, durable=True) as st:
+        if "received" not in st:
+            raise SecAggRefused(f"secagg: this client sent no masked input in session {session}")
+        held = {int(j) for j in st["received"]} | {env.cid}
+        both = sorted(set(survivors) & set(dropped))
+        if both:
+            raise SecAggRefused(f"secagg: asked for both shares of clients {both}; refused")
+        if not (set(survivors) | set(dropped)) <= held:
+            raise SecAggRefused("secagg: asked for shares this client does not hold")
+        if env.cid not in survivors or env.cid in dropped:
+            raise SecAggRefused("secagg: the unmasking leaves out this client's own input")
+        t = _threshold(env, len(st["neighbours"]))
+        if len(survivors) < t:
+            raise SecAggRefused(f"secagg: {len(survivors)} clients in the sum, {t} needed")
+        revealed_b = set(st.get("revealed-b", [])) | set(survivors)
+        revealed_s = set(st.get("revealed-s", [])) | set(dropped)
+        if revealed_b & revealed_s:
+            raise SecAggRefused(
+                f"secagg: clients {sorted(revealed_b & revealed_s)} were named alive and dropped "
+                "in this session; refused"
+            )
+        st["revealed-b"], st["revealed-s"] = sorted(revealed_b), sorted(revealed_s)
+        shares = {str(env.cid): st["own"], **st["received"]}
+    items = {f"b/{j}": bytes.fromhex(shares[str(j)]["b"]) for j in survivors}
+    items.update({f"s/{j}": bytes.fromhex(shares[str(j)]["s"]) for j in dropped})
+    return _reply(content, env, items)
+
+
+HANDLERS = {contract.KEYS: advertise, contract.SHARES: share, contract.UNMASK: unmask}

@@ -1,0 +1,442 @@
+"""The server's side of a secure sum (SecAgg+, Bell, Bonawitz, Gascón, Lepoint and Raykova,
+CCS 2020): one phase of an algorithm run as four exchanges, after which the server knows the
+sum of what the clients sent and each client's metrics, and nothing else of any reply
+(docs/security.md#secure-aggregation; the stages: pollen.core.contracts.secagg).
+
+Each stage is an ordinary `server.exchange.Phase`: sent packed to simulated nodes, sent again
+when unanswered (every stage is answered alike when asked twice: client.secagg), timed out,
+reported. A client lost at any stage is left out of the sum:
+
+  before its shares went out   it is simply not in the sum;
+  after, before its masked input arrived
+                               its neighbours added masks agreed with it, which the server
+                               removes by rebuilding its masking key from t of their shares;
+  after its masked input       it is in the sum; its self mask is rebuilt from t shares.
+
+The sum can be unmasked only while every client whose secret is needed keeps t shares among
+the clients that answer the unmasking; when a stage leaves a client's neighbourhood with
+fewer, the client is left out before anything of it is in the sum, and when the clients of
+the sum can no longer be unmasked the phase fails before any share is asked for: nothing is
+revealed. The unmasked sum is checked before the strategy sees it: a weight outside what the
+clients of the sum can carry means a client did not follow the protocol.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+from pollen.core import protocol
+from pollen.core.contracts import secagg as contract
+from pollen.core.contracts.secagg import Summing
+from pollen.core.protection import SecAggSettings
+from secagg import encoding, graph, keys, masks, noise
+from server.exchange import Host, Phase, PhaseFailed
+from strategies.base import InvalidReply, Secured, Summed
+
+log = logging.getLogger("flwr.pollen")
+
+
+class SecureHost(Host, Protocol):
+    """What a secure sum uses of the engine (server.engine.Engine)."""
+
+    def require(
+        self,
+        message_type: str,
+        valid: int,
+        asked: int,
+        failures: Mapping[int, str],
+        min_replies: int | None = None,
+    ) -> None: ...
+
+
+@dataclass(frozen=True)
+class Advertised:
+    """A client's answer to the keys stage."""
+
+    c: bytes  # public key that seals the shares sent to it
+    s: bytes  # public key that agrees its pairwise masks
+    b_hash: bytes  # SHA-256 of the session and its self-mask seed
+
+
+class SecureSum:
+    """One phase of `message_type` run as a secure sum of what `summed` names."""
+
+    def __init__(
+        self,
+        host: SecureHost,
+        message_type: str,
+        payloads: Mapping[int, RecordDict],
+        summed: Summed,
+        settings: SecAggSettings,
+        modulus_bits: int,
+        sizes: Mapping[int, int],
+        min_replies: int | None = None,
+    ) -> None:
+        self.host = host
+        self.message_type = message_type
+        self.payloads = payloads
+        self.summed = summed
+        self.settings = settings
+        self.min_replies = min_replies
+        self.cohort = sorted(payloads)
+        self.k = graph.degree(len(self.cohort), settings.degree)
+        self.t = graph.threshold(self.k, settings.threshold)
+        self.neighbours = graph.neighbours(self.cohort, self.k, np.random.default_rng())
+        self.session = f"{host.server_round}-{message_type}-{os.urandom(8).hex()}"
+        self.layout = contract.layout_of(summed.records)
+        self.size = contract.size_of(self.layout)
+        self.enc = encoding.Encoding(summed.clip or settings.clip, settings.bits, modulus_bits)
+        self.sizes = sizes
+        """Each client's training examples (its hello): the weights it will report."""
+        self.scale = max([sizes.get(c, 1) for c in self.cohort] + [1]) if summed.weighted else 1.0
+        """Examples per unit of weight: every client's weight in the vector is at most 1."""
+        self.failures: dict[int, str] = {}
+
+    # ---- the run ------------------------------------------------------------------------
+    def run(self) -> Secured:
+        if len(self.cohort) < 2:
+            raise PhaseFailed(
+                f"round {self.host.server_round}, phase {self.message_type}: secure aggregation "
+                f"needs 2 clients at least, {len(self.cohort)} asked (a sum of one is that "
+                "client's update)"
+            )
+        advertised = self._keys()
+        sealed = self._shares(advertised)
+        masked, replies = self._masked(sealed)
+        total = self._unmask(advertised, sealed, masked)
+        return self._decoded(total, replies, len(sealed))
+
+    def _stage(
+        self,
+        message_type: str,
+        payloads: Mapping[int, RecordDict],
+        validate: Callable[[int, RecordDict], None],
+        record_clients: bool = False,
+    ) -> dict[int, RecordDict]:
+        answered, failures = Phase(
+            self.host, message_type, payloads, validate, record_clients=record_clients
+        ).run()
+        self.failures.update(failures)
+        return {r.key: r.content for r in answered}
+
+    def _instruction(
+        self,
+        message_type: str,
+        config: Mapping[str, list[int]],
+        items: Mapping[str, bytes] | None = None,
+    ) -> RecordDict:
+        """A stage's instruction: the session and `config`, and byte strings `items`."""
+        content = protocol.instruction(self.host.server_round, message_type)
+        content[contract.CONFIG] = ConfigRecord(
+            {contract.SESSION: self.session, **config}  # type: ignore[dict-item]
+        )
+        if items is not None:
+            content[contract.BYTES] = protocol.to_record(contract.to_bytes_record(items))
+        return content
+
+    def _keep(self, alive: set[int], stage: str) -> set[int]:
+        """The clients of `alive` whose neighbourhood (themselves included) keeps t clients in
+        `alive`, found again until no more drop: the others could never be unmasked, so they
+        are left out now, each with the reason."""
+        alive = set(alive)
+        while True:
+            short = {c for c in alive if len((self.neighbours[c] | {c}) & alive) < self.t}
+            if not short:
+                return alive
+            for c in short:
+                self.failures.setdefault(
+                    c,
+                    f"secure aggregation: after the {stage} stage fewer than {self.t} of its "
+                    "neighbourhood remain to rebuild its secrets",
+                )
+            alive -= short
+
+    def _require(self, stage: str, alive: Collection[int]) -> None:
+        """PhaseFailed, with the reasons, unless enough clients remain for the sum."""
+        needed = max(2, self.t)
+        self.host.require(
+            f"{self.message_type} ({stage})",
+            len(alive),
+            len(self.cohort),
+            {c: r for c, r in self.failures.items() if c not in alive},
+            self.min_replies,
+        )
+        if len(alive) < needed:
+            reasons = "; ".join(f"client {c}: {r}" for c, r in sorted(self.failures.items()))
+            raise PhaseFailed(
+                f"round {self.host.server_round}, phase {self.message_type}: secure aggregation "
+                f"kept {len(alive)} of {len(self.cohort)} clients after the {stage} stage, at "
+                f"least {needed} needed" + (f" ({reasons})" if reasons else "")
+            )
+
+    # ---- stage 1: keys ------------------------------------------------------------------
+    def _keys(self) -> dict[int, Advertised]:
+        payloads = {
+            c: self._instruction(contract.KEYS, {contract.NEIGHBOURS: sorted(self.neighbours[c])})
+            for c in self.cohort
+        }
+        out: dict[int, Advertised] = {}
+
+        def validate(cid: int, content: RecordDict) -> None:
+            items = _byte_strings(content, {"c", "s", "b-hash"})
+            for name in ("c", "s"):
+                keys.public_key(items[name])
+            if len(items["b-hash"]) != 32:
+                raise InvalidReply("secagg: the seed's hash is not 32 bytes")
+            out[cid] = Advertised(items["c"], items["s"], items["b-hash"])
+
+        replies = self._stage(contract.KEYS, payloads, validate)
+        alive = self._keep(set(replies), "keys")
+        advertised = {c: out[c] for c in alive}
+        seen = [a.c for a in advertised.values()] + [a.s for a in advertised.values()]
+        if len(set(seen)) != len(seen):
+            raise PhaseFailed(
+                f"round {self.host.server_round}, phase {self.message_type}: two clients "
+                "advertised the same public key; secure aggregation stops"
+            )
+        self._require("keys", alive)
+        return advertised
+
+    # ---- stage 2: shares ----------------------------------------------------------------
+    def _shares(self, advertised: Mapping[int, Advertised]) -> dict[int, dict[int, bytes]]:
+        """Who sealed what for whom: sender -> {receiver: ciphertext}."""
+        alive = set(advertised)
+        payloads = {}
+        for c in sorted(alive):
+            group = sorted((self.neighbours[c] | {c}) & alive)
+            public = {f"c/{j}": advertised[j].c for j in group}
+            public.update({f"s/{j}": advertised[j].s for j in group})
+            payloads[c] = self._instruction(contract.SHARES, {}, public)
+        sealed: dict[int, dict[int, bytes]] = {}
+
+        def validate(cid: int, content: RecordDict) -> None:
+            wanted = {f"to/{j}" for j in self.neighbours[cid] & alive}
+            items = _byte_strings(content, wanted)
+            sealed[cid] = {int(name.removeprefix("to/")): ct for name, ct in items.items()}
+
+        replies = self._stage(contract.SHARES, payloads, validate)
+        kept = self._keep(set(replies), "shares")
+        self._require("shares", kept)
+        return {c: sealed[c] for c in kept}
+
+    # ---- stage 3: the masked phase ------------------------------------------------------
+    def _masked(
+        self, sealed: Mapping[int, Mapping[int, bytes]]
+    ) -> tuple[dict[int, np.ndarray], dict[int, RecordDict]]:
+        alive = set(sealed)
+        summing = Summing(
+            session=self.session,
+            layout=self.layout,
+            around=dict(self.summed.around),
+            weighted=self.summed.weighted,
+            weight_scale=self.scale,
+            clip=self.enc.clip,
+            bits=self.enc.bits,
+            modulus_bits=self.enc.modulus_bits,
+            l2_clip=self.summed.l2_clip,
+            noise_variance=self._noise_variance(len(alive)),
+        ).to_config()
+        payloads = {}
+        for c in sorted(alive):
+            inbox = {f"from/{j}": sealed[j][c] for j in sorted(self.neighbours[c] & alive)}
+            content = RecordDict(dict(self.payloads[c].items()))  # the strategy's, shared records
+            content[contract.BYTES] = protocol.to_record(contract.to_bytes_record(inbox))
+            content[contract.CONFIG] = summing
+            payloads[c] = content
+        vectors: dict[int, np.ndarray] = {}
+        modulus = self.enc.modulus
+
+        def validate(cid: int, content: RecordDict) -> None:
+            extra = [
+                n for n, r in content.items() if isinstance(r, ArrayRecord) and n != contract.MASKED
+            ]
+            if extra:
+                raise InvalidReply(f"secagg: a masked reply also carries records {extra}")
+            y = protocol.arrays_of(content, contract.MASKED, copy=False)
+            if set(y) != {contract.Y}:
+                raise InvalidReply("secagg: the masked record holds other arrays than 'y'")
+            v = y[contract.Y]
+            if v.dtype != self.enc.dtype or v.shape != (self.size + 1,):
+                raise InvalidReply(
+                    f"secagg: masked vector of {v.dtype} {v.shape}, expected {self.enc.dtype} "
+                    f"({self.size + 1},)"
+                )
+            if self.enc.modulus_bits < v.dtype.itemsize * 8 and int(v.max(initial=0)) >= modulus:
+                raise InvalidReply("secagg: a masked value is not below the modulus")
+            vectors[cid] = v
+
+        replies = self._stage(self.message_type, payloads, validate, record_clients=True)
+        in_sum = set(replies)
+        self._require("masked", in_sum)
+        # every secret to rebuild needs t shares among the clients in the sum: else stop now,
+        # before any share is asked for
+        for j in sorted(self._to_rebuild(alive, in_sum)):
+            holders = (self.neighbours[j] | {j}) & in_sum
+            if len(holders) < self.t:
+                kind = "self mask" if j in in_sum else "masks with its neighbours"
+                raise PhaseFailed(
+                    f"round {self.host.server_round}, phase {self.message_type}: secure "
+                    f"aggregation lost too many clients: client {j}'s {kind} needs {self.t} "
+                    f"shares and {len(holders)} of its neighbourhood remain; the sum is not "
+                    "unmasked and nothing of it is revealed"
+                )
+        return {c: vectors[c] for c in in_sum}, replies
+
+    def _to_rebuild(self, shared: set[int], in_sum: set[int]) -> set[int]:
+        """The clients whose secret the unmasking needs: the self-mask seed of each client in
+        the sum, the masking key of each client that shared but dropped, where a neighbour of
+        it in the sum added a mask agreed with it."""
+        return in_sum | {j for j in shared - in_sum if self.neighbours[j] & in_sum}
+
+    def _noise_variance(self, clients: int) -> float:
+        """Each client's share of the distributed noise, in encoded units."""
+        std = self.summed.noise_std
+        if std <= 0:
+            return 0.0
+        return (std * self.enc.scale) ** 2 / clients
+
+    # ---- stage 4: unmask ----------------------------------------------------------------
+    def _unmask(
+        self,
+        advertised: Mapping[int, Advertised],
+        sealed: Mapping[int, Mapping[int, bytes]],
+        masked: Mapping[int, np.ndarray],
+    ) -> np.ndarray:
+        shared = set(sealed)  # clients whose shares went out
+        in_sum = set(masked)
+        dropped = shared - in_sum
+        payloads = {
+            c: self._instruction(
+                contract.UNMASK,
+                {
+                    contract.SURVIVORS: sorted((self.neighbours[c] | {c}) & in_sum),
+                    contract.DROPPED: sorted(self.neighbours[c] & dropped),
+                },
+            )
+            for c in sorted(in_sum)
+        }
+        held: dict[int, list[bytes]] = {j: [] for j in shared}
+
+        def validate(cid: int, content: RecordDict) -> None:
+            survivors = (self.neighbours[cid] | {cid}) & in_sum
+            gone = self.neighbours[cid] & dropped
+            wanted = {f"b/{j}" for j in survivors} | {f"s/{j}" for j in gone}
+            items = _byte_strings(content, wanted)
+            for name, share in items.items():
+                held[int(name[2:])].append(share)
+
+        self._stage(contract.UNMASK, payloads, validate)
+        total = np.zeros(self.size + 1, dtype=np.uint64)
+        for v in masked.values():
+            total = encoding.add(total, v, self.enc)
+        for j in sorted(self._to_rebuild(shared, in_sum)):
+            if len(held[j]) < self.t:
+                raise PhaseFailed(
+                    f"round {self.host.server_round}, phase {self.message_type}: secure "
+                    f"aggregation cannot unmask the sum: {len(held[j])} shares of client {j}'s "
+                    f"secrets came back, {self.t} needed"
+                )
+            secret = keys.combine(held[j][: self.t])
+            if j in in_sum:
+                if keys.seed_hash(self.session, secret) != advertised[j].b_hash:
+                    raise PhaseFailed(self._bad_shares(j, "self-mask seed"))
+                own = masks.mask(masks.self_key(secret, self.session), self.size + 1,
+                                 self.enc.modulus_bits)  # fmt: skip
+                total = encoding.subtract(total, own, self.enc)
+            else:
+                try:
+                    key = keys.private_key(secret)
+                except keys.ShareError:
+                    raise PhaseFailed(self._bad_shares(j, "masking key")) from None
+                if keys.public_bytes(key) != advertised[j].s:
+                    raise PhaseFailed(self._bad_shares(j, "masking key"))
+                total = self._remove_pairwise(total, j, key, advertised, in_sum)
+        return total
+
+    def _remove_pairwise(
+        self,
+        total: np.ndarray,
+        gone: int,
+        key: keys.ec.EllipticCurvePrivateKey,
+        advertised: Mapping[int, Advertised],
+        in_sum: set[int],
+    ) -> np.ndarray:
+        """The sum without the masks a dropped client's neighbours in the sum added for it."""
+        for i in sorted(self.neighbours[gone] & in_sum):
+            agreed = keys.agreed_key(key, advertised[i].s)
+            pair = masks.mask(masks.pairwise_key(agreed, self.session), self.size + 1,
+                              self.enc.modulus_bits)  # fmt: skip
+            # client i added sign(i, gone) x the mask: take it away
+            if masks.pairwise_sign(i, gone) > 0:
+                total = encoding.subtract(total, pair, self.enc)
+            else:
+                total = encoding.add(total, pair, self.enc)
+        return total
+
+    def _bad_shares(self, client: int, what: str) -> str:
+        return (
+            f"round {self.host.server_round}, phase {self.message_type}: the shares of client "
+            f"{client}'s {what} do not rebuild what it advertised (a client sent wrong shares); "
+            "secure aggregation stops"
+        )
+
+    def _decoded(self, total: np.ndarray, replies: dict[int, RecordDict], shared: int) -> Secured:
+        """The unmasked sum decoded, once checked to be one the clients in it can have sent: a
+        weight in (0, count] and every value within count x clip (and the noise's range)."""
+        values, weight = encoding.decode(total, self.enc)
+        count = len(replies)
+        variance = self._noise_variance(shared) * count
+        bound = count * self.enc.clip + noise.tail(variance) * self.enc.step + self.enc.step
+        largest = float(np.abs(values).max(initial=0.0))
+        if not 0 < weight <= count * (1 + 1e-12) or largest > bound:
+            raise PhaseFailed(
+                f"round {self.host.server_round}, phase {self.message_type}: the unmasked sum "
+                f"of {count} clients carries a total weight of {weight:.6g} (at most {count}) "
+                f"and values up to {largest:.6g} (at most {bound:.6g}): a client did not "
+                "follow the protocol; the round stops"
+            )
+        release = None
+        if variance > 0:  # distributed DP: one client's encoded update is the sensitivity
+            l2 = encoding.rounded_l2_bound(self.summed.l2_clip, self.size, self.enc)
+            l1 = min(np.sqrt(self.size) * l2, self.size * (self.enc.unit + 1.0))
+            release = (float(variance), float(l1), float(l2))
+        sums = contract.unflatten(values * self.scale, self.layout)
+        if self.summed.weighted:  # each client's weight as it encodes its num-examples
+            weights = {
+                c: encoding.weight_units(self.sizes.get(c, 1) / self.scale, self.enc)
+                / self.enc.unit
+                * self.scale
+                for c in replies
+            }
+        else:
+            weights = dict.fromkeys(replies, 1.0)
+        carried = self.summed.noise_std * np.sqrt(count / shared) if shared else 0.0
+        return Secured(
+            replies={c: protocol.without_arrays(r) for c, r in sorted(replies.items())},
+            sums=sums,
+            weight=weight * self.scale,
+            weights=weights,
+            noise_std=float(carried),
+            release=release,
+        )
+
+
+def _byte_strings(content: RecordDict, wanted: set[str]) -> dict[str, bytes]:
+    """The reply's `secagg` byte strings, exactly the names `wanted`."""
+    if contract.BYTES not in content:
+        raise InvalidReply("secagg: the reply has no secagg record")
+    try:
+        items = contract.byte_strings(protocol.arrays_of(content, contract.BYTES, copy=False))
+    except ValueError as exc:
+        raise InvalidReply(f"secagg: {exc}") from None
+    if set(items) != wanted:
+        extra, missing = sorted(set(items) - wanted), sorted(wanted - set(items))
+        raise InvalidReply(f"secagg: the reply's entries differ (extra {extra}, missing {missing})")
+    return items
