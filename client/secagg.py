@@ -266,6 +266,7 @@ def _encoded(
     parts = {}
     for record in records:
         arrays = protocol.arrays_of(reply, record, copy=False)
+        arrays = {k: v for k, v in arrays.items() if contract.summed_array(v)}
         base = summing.around.get(record)
         if base is not None:
             sent = protocol.arrays_of(instruction, base, copy=False)

@@ -173,7 +173,8 @@ class SecureSum:
             raise PhaseFailed(
                 f"round {self.host.server_round}, phase {self.message_type}: secure aggregation "
                 f"kept {len(alive)} of {len(self.cohort)} clients after the {stage} stage, at "
-                f"least {needed} needed" + (f" ({reasons})" if reasons else "")
+                f"least {needed} needed; the sum is not unmasked and nothing of it is revealed"
+                + (f" ({reasons})" if reasons else "")
             )
 
     # ---- stage 1: keys ------------------------------------------------------------------

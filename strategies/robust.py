@@ -210,18 +210,20 @@ class Combiner:
         with the noise on the server; with it on the clients, already in the sum), every
         record of a client one update. Each array in its reference's dtype."""
         if self.dp is None:
-            return {
-                record: {
-                    k: _in_dtype(np.asarray(v, np.float64) + secured.mean(record)[k], v)
+            means = {}
+            for record, reference in references.items():
+                mean = secured.mean(record)
+                means[record] = {  # (an array not summed, an integer one, keeps its reference)
+                    k: _in_dtype(np.asarray(v, np.float64) + mean[k], v) if k in mean else v
                     for k, v in reference.items()
                 }
-                for record, reference in references.items()
-            }
+            return means
         joint = {f"{r}/{k}": v for r, arrays in references.items() for k, v in arrays.items()}
         total = client_dp.NoisySum(joint, self.dp_bound())
         if secured.replies:
             sums = {f"{r}/{k}": v for r, arrays in secured.sums.items() for k, v in arrays.items()}
-            total.add_sum(flatten(sums, list(joint)), len(secured.replies))
+            summed = {k: sums.get(k, np.zeros(np.shape(v))) for k, v in joint.items()}
+            total.add_sum(flatten(summed, list(joint)), len(secured.replies))
         if secured.release is not None:  # distributed DP: the noise came with the sum
             out = total.result(self.denominator, 0.0, np.random.default_rng())
             self._metrics[dp_contract.CLIP] = total.clip

@@ -194,17 +194,22 @@ class ScriptedFederation:
 
 
 def exact_sum(
-    payloads: Mapping[int, RecordDict], replies: Mapping[int, RecordDict], summed: Summed
+    payloads: Mapping[int, RecordDict],
+    replies: Mapping[int, RecordDict],
+    summed: Summed,
+    weights: Mapping[int, float] | None = None,
 ) -> Secured:
     """What a secure sum would give if its arithmetic were exact: the plain weighted sum of the
     replies' records (minus the instruction's `around` records), each client's vector clipped
-    to `summed.l2_clip` first; the oracle the real protocol is checked against."""
+    to `summed.l2_clip` first; `weights`: each client's (default: its num-examples when
+    weighted, else 1). The oracle the real protocol is checked against."""
     import numpy as np
 
     sums: dict[str, dict[str, Any]] = {
-        r: {k: np.zeros(np.shape(v)) for k, v in a.items()} for r, a in summed.records.items()
+        r: {k: np.zeros(np.shape(v)) for k, v in a.items() if np.asarray(v).dtype.kind == "f"}
+        for r, a in summed.records.items()
     }
-    weights = {}
+    used: dict[int, float] = {}
     for cid, reply in sorted(replies.items()):
         parts = {}
         for record in summed.records:
@@ -213,22 +218,25 @@ def exact_sum(
             if base is not None:
                 sent = protocol.arrays_of(payloads[cid], base)
                 arrays = {k: v.astype(np.float64) - sent[k] for k, v in arrays.items()}
-            parts[record] = {k: np.asarray(v, np.float64) for k, v in arrays.items()}
+            parts[record] = {
+                k: np.asarray(v, np.float64) for k, v in arrays.items() if k in sums[record]
+            }
         scale = 1.0
         if summed.l2_clip > 0:
             norm = float(np.sqrt(sum((v**2).sum() for a in parts.values() for v in a.values())))
             scale = min(1.0, summed.l2_clip / norm) if norm > 0 else 1.0
         count = protocol.as_int(protocol.metrics_of(reply)[protocol.NUM_EXAMPLES])
         w = float(count) if summed.weighted else 1.0
-        weights[cid] = w
+        w = float(weights[cid]) if weights is not None else w
+        used[cid] = w
         for record, arrays in parts.items():
             for k, v in arrays.items():
                 sums[record][k] += w * scale * v
     return Secured(
         replies={c: protocol.without_arrays(r) for c, r in sorted(replies.items())},
         sums=sums,
-        weight=float(sum(weights.values())),
-        weights=weights,
+        weight=float(sum(used.values())),
+        weights=used,
     )
 
 

@@ -220,3 +220,67 @@ def test_a_model_opacus_cannot_train_is_one_clear_error() -> None:
     with pytest.raises(ValueError, match=r"cannot train with DP-SGD \(Opacus\)") as info:
         dp_compatible(nn.Sequential(nn.Linear(3, 3), _WithBuffer()))
     assert "\n" not in str(info.value)
+
+
+# ---- distributed DP: the Skellam mechanism -----------------------------------------------------
+def test_skellam_rdp_is_the_gaussian_s_plus_a_vanishing_surcharge() -> None:
+    from models.privacy import skellam_rdp
+
+    l2 = 2.0**21
+    for z in (0.5, 1.0, 3.0):
+        variance = (z * l2) ** 2
+        for order in (2, 10, 100):
+            gaussian = order / (2 * z * z)
+            skellam = skellam_rdp(order, variance, math.sqrt(1e5) * l2, l2)
+            assert gaussian <= skellam <= gaussian * (1 + 1e-6)
+    # a small variance: the integer noise costs more than a Gaussian's of the same variance
+    assert skellam_rdp(2, 4.0, 3.0, 1.0) > 2 / (2 * 4.0)
+
+
+def test_the_subsampling_bound_is_never_below_the_exact_sampled_gaussian() -> None:
+    from opacus.accountants.analysis.rdp import compute_rdp
+
+    from models.privacy import poisson_subsampled_rdp
+
+    for z in (0.5, 1.0, 2.0, 4.0):
+
+        def gaussian(a: int, z: float = z) -> float:
+            return a / (2 * z * z)
+
+        for q in (0.01, 0.1, 0.5, 0.9):
+            for order in (2, 3, 8, 32, 128):
+                exact = float(compute_rdp(q=q, noise_multiplier=z, steps=1, orders=[order])[0])
+                bound = poisson_subsampled_rdp(order, q, gaussian)
+                assert bound >= exact * (1 - 1e-9)
+                assert bound <= order / (2 * z * z) + 1e-12  # never above the unsampled RDP
+    assert poisson_subsampled_rdp(5, 1.0, lambda a: 0.3 * a) == pytest.approx(1.5)
+    assert poisson_subsampled_rdp(5, 0.0, lambda a: 0.3 * a) == 0.0
+
+
+def test_distributed_epsilon_composes_and_counts_only_the_noise_released() -> None:
+    from models.privacy import distributed_epsilon
+
+    unit = 2.0**21
+    full = ((1.0 * unit) ** 2, math.sqrt(2) * unit, unit, 0.5, 1)
+    half = ((1.0 * unit) ** 2 / 2, math.sqrt(2) * unit, unit, 0.5, 1)  # half the clients dropped
+    one = distributed_epsilon([full], 1e-5)
+    assert 0 < one < distributed_epsilon([full, full], 1e-5)
+    assert distributed_epsilon([half], 1e-5) > one  # less noise, more epsilon
+    assert distributed_epsilon([(*full[:4], 5)], 1e-5) == pytest.approx(
+        distributed_epsilon([full] * 5, 1e-5)
+    )
+    # without amplification (against the server, which knows whom it sampled): more
+    assert distributed_epsilon([full], 1e-5, amplified=False) >= one
+    assert distributed_epsilon([], 1e-5) == 0.0
+    # a round the server noised itself composes as a Gaussian release
+    assert distributed_epsilon([full], 1e-5, [(1.0, 0.5, 1)]) > one
+
+
+def test_distributed_calibration_reaches_the_target_from_below() -> None:
+    from models.privacy import distributed_epsilon, distributed_noise_for_epsilon
+
+    unit = 2.0**21
+    for target in (2.0, 8.0):
+        z = distributed_noise_for_epsilon(target, 1e-5, 0.2, 30, unit)
+        spent = distributed_epsilon([((z * unit) ** 2, math.sqrt(2) * unit, unit, 0.2, 30)], 1e-5)
+        assert target - 0.01 <= spent <= target

@@ -238,16 +238,18 @@ def _small(name: str) -> dict[str, Any]:
     return {names[k]: v for k, v in ALGORITHMS[name].small.items() if k in names}
 
 
-def _own(name: str, tmp_path: Path, clients: int) -> tuple[PollenStrategy, ClientApp]:
-    """`name`'s strategy and client half with the user's data (digits, 8x8) and, where the
-    algorithm takes one, the user's model."""
+def _own(
+    name: str, tmp_path: Path, clients: int, **extra: Any
+) -> tuple[PollenStrategy, ClientApp]:
+    """`name`'s strategy (keyword arguments `extra` besides) and client half with the user's
+    data (digits, 8x8) and, where the algorithm takes one, the user's model."""
     cls = STRATEGIES[name]
     model: dict[str, Any] = {"model_fn": TinyNet} if cls.takes_model_fn else {}
     data: dict[str, Any] = {} if name in ("noop", "adept-pca") else {"data_fn": digits_share}
     small = _small(name)
     if name != "adept-pca":  # ADEPT-PCA's small run is its synthetic subspace data
         small.update(dataset="digits")
-    kwargs: dict[str, Any] = {"batch_size": 16, "lr": 0.1, **small}
+    kwargs: dict[str, Any] = {"batch_size": 16, "lr": 0.1, **small, **extra}
     strategy = cls(out_dir=str(tmp_path / name), num_clients=clients, **model, **kwargs)
     app = ClientApp()
     register(app, name, **model, **data)
@@ -313,3 +315,31 @@ def test_every_strategy_takes_every_robust_rule_or_refuses_it_in_one_line() -> N
             with pytest.raises(SettingsError) as refused:
                 cls(**kwargs)
             assert "\n" not in str(refused.value) and rule in str(refused.value), (name, rule)
+
+
+# ---- secure aggregation in a user's own app --------------------------------------------------
+SECURE = sorted(n for n, s in ALGORITHMS.items() if s.secagg)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SECURE)
+def test_every_secure_algorithm_runs_securely_with_the_users_data(
+    name: str, tmp_path: Path
+) -> None:
+    """`secagg_enabled=True` on the strategy: its client half, registered on the user's
+    ClientApp, answers the protocol's stages too, and the server sees only sums."""
+    strategy, app = _own(name, tmp_path, 3, secagg_enabled=True)
+    result = strategy.start(grid=LocalGrid(app, 3, {}), num_rounds=1)
+    summary = _summary(tmp_path / name)
+    assert summary.status == "completed"
+    assert summary.secure_aggregation is not None
+    assert set(result.train_metrics_clientapp) == {1}
+    phases = [p.phase for p in summary.last_round.phases] if summary.last_round else []
+    assert "query.secagg_unmask" in phases
+
+
+def test_flowers_own_loop_refuses_secure_aggregation_in_one_line(tmp_path: Path) -> None:
+    strategy, app = _own("fedavg", tmp_path, 3, secagg_enabled=True)
+    with pytest.raises(NotImplementedError, match=r"four exchanges for each sum.*use start"):
+        FlowerStrategy.start(strategy, grid=LocalGrid(app, 3, {}),
+                             initial_arrays=ArrayRecord(), num_rounds=1)  # fmt: skip

@@ -95,13 +95,22 @@ Layout = tuple[tuple[str, str, tuple[int, ...]], ...]
 """(record, array name, shape) of every array a client sums, in the order of its vector."""
 
 
+def summed_array(value: np.ndarray) -> bool:
+    """Whether an array is summed: floating-point ones. Integer arrays (BatchNorm's batch
+    counters) are bookkeeping, not learned, and their increments (batches a round) would fall
+    outside any range fitted to updates: they are left out, and the server keeps the value it
+    sent."""
+    return np.asarray(value).dtype.kind == "f"
+
+
 def layout_of(records: Mapping[str, Mapping[str, np.ndarray]]) -> Layout:
     """The vector layout of the summed records: records in the order given, each record's
-    arrays by name."""
+    floating-point arrays by name (`summed_array`)."""
     return tuple(
         (record, name, tuple(int(d) for d in np.shape(arrays[name])))
         for record, arrays in records.items()
         for name in sorted(arrays)
+        if summed_array(arrays[name])
     )
 
 

@@ -1,0 +1,425 @@
+"""Secure aggregation run by the real engine and ClientApp over an in-process grid: what the server
+receives, the unmasked sums against the plain ones for every algorithm, clients lost at every
+stage, too many lost, resent instructions and a resumed run (server.secagg, client.secagg)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, Message, RecordDict
+
+import client.secagg as client_secagg
+from client.app import app as client_app
+from pollen.core import protocol
+from pollen.core.contracts import secagg as contract
+from pollen.core.protection import SecAggSettings
+from pollen.core.registry import ALGORITHMS
+from pollen.core.rundir import read_jsonl
+from secagg import encoding
+from server.engine import Engine, PhaseFailed
+from server.results import ResultsWriter
+from strategies.base import Secured, Summed, strategy_class
+from tests.fakes import FakeClock, FakeGrid, exact_sum, settings_of
+
+SECURE = sorted(n for n, spec in ALGORITHMS.items() if spec.secagg)
+
+
+@dataclass
+class Record:
+    """What a secure run did: each secure sum the strategy asked for, each client's reply
+    before it was masked, and every reply the server received."""
+
+    sums: list[tuple[int, str, dict[int, RecordDict], Summed, Secured]] = field(
+        default_factory=list
+    )
+    clear: dict[tuple[int, int], RecordDict] = field(default_factory=dict)
+    """By (the index of the secure sum in `sums`, client id)."""
+    received: list[Message] = field(default_factory=list)
+
+
+class RecordingGrid(FakeGrid):
+    def __init__(self, record: Record, *args: Any) -> None:
+        super().__init__(*args)
+        self.record = record
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        pulled = list(super().pull_messages(message_ids))
+        self.record.received.extend(pulled)
+        return pulled
+
+
+class RecordingEngine(Engine):
+    record: Record
+
+    def secure_exchange(
+        self,
+        message_type: str,
+        payloads: Mapping[int, RecordDict],
+        summed: Summed,
+        min_replies: int | None = None,
+    ) -> Secured:
+        secured = super().secure_exchange(message_type, payloads, summed, min_replies)
+        self.record.sums.append((self.server_round, message_type, dict(payloads), summed, secured))
+        return secured
+
+
+@pytest.fixture
+def record(monkeypatch: pytest.MonkeyPatch) -> Iterator[Record]:
+    rec = Record()
+    masked = client_secagg.masked
+
+    def keep_clear(reply: RecordDict, instruction: RecordDict, env: Any) -> RecordDict:
+        rec.clear[(len(rec.sums), env.cid)] = copy.deepcopy(reply)  # the sum under way
+        return masked(reply, instruction, env)
+
+    monkeypatch.setattr(client_secagg, "masked", keep_clear)
+    yield rec
+
+
+def _run(
+    run_config: dict[str, Any],
+    record: Record,
+    algorithm: str = "fedavg",
+    clients: int = 5,
+    faults: Iterable[Any] = (),
+    settings: Mapping[str, Any] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    spec = ALGORITHMS[algorithm]
+    cfg = settings_of({
+        **run_config, "algorithm": algorithm, **spec.small, "num-clients": clients,
+        "num-rounds": 1, "secagg.enabled": True, "final-eval": False, "server-eval": False,
+        "resend-limit": 0, **(settings or {}),
+    })  # fmt: skip
+    grid = RecordingGrid(record, client_app, clients, cfg)
+    grid.faults.extend(faults)
+    clock = FakeClock()
+    engine = RecordingEngine(grid, cfg, strategy_class(spec)(cfg), ResultsWriter(cfg["out-dir"]),
+                             clock=clock, sleep=clock.sleep)  # fmt: skip
+    engine.record = record
+    try:
+        summary = engine.run()
+    except PhaseFailed:
+        summary = json.loads((Path(cfg["out-dir"]) / "summary.json").read_text())
+    return summary, cfg
+
+
+def _check_sums(record: Record, cfg: Mapping[str, Any]) -> int:
+    """Every secure sum of the run against the exact sum of the same clients' clear replies
+    (weighted as they encoded their weights): within count x step x scale on every value."""
+    secagg = SecAggSettings.of(cfg)
+    checked = 0
+    for index, (_, phase, payloads, summed, secured) in enumerate(record.sums):
+        clients = secured.clients
+        replies = {c: record.clear[(index, c)] for c in clients}
+        for reply in secured.replies.values():  # nothing was clipped: the bound is the rounding's
+            assert protocol.metrics_of(reply)[contract.CLIPPED] == 0.0
+        oracle = exact_sum(payloads, replies, summed, secured.weights)
+        scale = max(secured.weights.values()) if summed.weighted else 1.0
+        step = (summed.clip or secagg.clip) / 2 ** (secagg.bits - 1)
+        bound = len(clients) * step * max(scale, 1.0) * (1 + 1e-9)
+        assert secured.weight == pytest.approx(oracle.weight, rel=1e-12)
+        for name, arrays in oracle.sums.items():
+            assert set(secured.sums[name]) == set(arrays)  # the floating-point arrays
+            for key in arrays:
+                error = np.abs(secured.sums[name][key] - oracle.sums[name][key]).max()
+                assert error <= bound, (phase, name, key, error, bound)
+        checked += 1
+    return checked
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", SECURE)
+def test_every_algorithm_s_unmasked_sums_are_the_plain_sums_within_the_bound(
+    run_config: dict[str, Any], record: Record, algorithm: str
+) -> None:
+    summary, cfg = _run(run_config, record, algorithm, clients=3)
+    assert summary["status"] == "completed", summary.get("reason")
+    phases = {p for _, p, *_ in record.sums}
+    assert phases >= set(ALGORITHMS[algorithm].round_phases()) - {"evaluate"}
+    assert _check_sums(record, cfg) == len(record.sums) > 0
+
+
+def test_the_server_receives_no_update_and_masked_inputs_look_uniform(
+    run_config: dict[str, Any], record: Record
+) -> None:
+    summary, cfg = _run(run_config, record)
+    assert summary["status"] == "completed"
+    modulus_bits = contract.modulus_bits(cfg)
+    train = [m for m in record.received if m.metadata.message_type == "train"]
+    assert len(train) == 5
+    ((_, _, payloads, _, _),) = record.sums
+    for msg in record.received:
+        arrays = [n for n, r in msg.content.items() if isinstance(r, ArrayRecord)]
+        assert protocol.ARRAYS not in arrays  # no model, no update, in any reply
+    for msg in train:
+        cid = protocol.as_int(msg.content[protocol.ENVELOPE][protocol.CLIENT_ID])  # type: ignore[index]
+        y = protocol.arrays_of(msg.content, contract.MASKED)[contract.Y].astype(np.float64)
+        assert y.max() < 2**modulus_bits
+        # uniform over the modulus: 16 bins of the range, chi-square at p = 1e-6
+        counts = np.bincount((y // 2 ** (modulus_bits - 4)).astype(int), minlength=16)
+        expected = y.size / 16
+        assert ((counts - expected) ** 2 / expected).sum() < 52.0
+        # and unrelated to the client's update (its model minus the model it was sent)
+        clear = record.clear[(0, cid)]
+        sent = protocol.arrays_of(payloads[cid])
+        update = np.concatenate([
+            (protocol.arrays_of(clear)[k].astype(np.float64) - sent[k]).ravel()
+            for k in sorted(sent)
+        ])  # fmt: skip
+        r = np.corrcoef(update, y[:-1])[0, 1]
+        assert abs(r) < 5 / np.sqrt(update.size)
+
+
+def _drop(stage: str, clients: set[int], first: int = 100) -> Any:
+    """A fault: the nodes of `clients` never answer `stage` in round 1."""
+
+    def fault(node: int, msg: Message, _: Any) -> str | None:
+        if (
+            msg.metadata.message_type == stage
+            and msg.metadata.group_id == "1"
+            and node - first in clients
+        ):
+            return "drop"
+        return None
+
+    return fault
+
+
+@pytest.mark.parametrize(
+    ("stage", "in_sum"),
+    [(contract.KEYS, 4), (contract.SHARES, 4), ("train", 4), (contract.UNMASK, 5)],
+)
+def test_a_client_lost_at_any_stage_leaves_a_sum_of_the_others(
+    run_config: dict[str, Any], record: Record, stage: str, in_sum: int
+) -> None:
+    summary, cfg = _run(
+        run_config, record, faults=[_drop(stage, {1})], settings={"phase-timeout": 5.0}
+    )
+    assert summary["status"] == "completed", summary.get("reason")
+    ((_, _, _, _, secured),) = record.sums
+    assert len(secured.clients) == in_sum and (1 in secured.clients) == (in_sum == 5)
+    assert _check_sums(record, cfg) == 1
+    row = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")[0]
+    lost = [p for p in row["phases"] if p["phase"] == stage]
+    assert lost and lost[0]["failed"] == {"1": "no reply within 5 s"}
+
+
+def test_too_few_survivors_stop_the_round_before_anything_is_unmasked(
+    run_config: dict[str, Any], record: Record
+) -> None:
+    # 5 clients, a complete graph, t = 3: three lost after sharing their keys leave two
+    summary, _ = _run(run_config, record, faults=[_drop("train", {0, 2, 4})],
+                      settings={"phase-timeout": 5.0})  # fmt: skip
+    assert summary["status"] == "failed"
+    assert "nothing of it is revealed" in summary["reason"]
+    assert not [m for m in record.received if m.metadata.message_type == contract.UNMASK]
+    assert record.sums == []
+
+
+def test_lost_replies_are_asked_again_and_answered_alike(
+    run_config: dict[str, Any], record: Record
+) -> None:
+    lost: set[tuple[int, str]] = set()
+
+    def lose_once(node: int, msg: Message, _: Any) -> str | None:
+        key = (node, msg.metadata.message_type)
+        if node == 102 and key not in lost:
+            lost.add(key)
+            return "lost"  # answered, the reply lost: the client ran the stage
+        return None
+
+    summary, cfg = _run(run_config, record, faults=[lose_once], settings={"resend-limit": 2})
+    assert summary["status"] == "completed", summary.get("reason")
+    assert {t for _, t in lost} == {"query.hello", *contract.STAGES, "train"}
+    row = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")[0]
+    assert all(p["resent"] == {"2": 1} for p in row["phases"])
+    ((_, _, _, _, secured),) = record.sums
+    assert len(secured.clients) == 5
+    assert _check_sums(record, cfg) == 1
+
+
+def test_a_resumed_run_goes_on_with_new_sessions(
+    run_config: dict[str, Any], record: Record
+) -> None:
+    summary, cfg = _run(run_config, record, settings={"num-rounds": 2})
+    assert summary["status"] == "completed"
+    summary, cfg = _run(run_config, record, settings={"num-rounds": 3, "resume": True})
+    assert summary["status"] == "completed"
+    rows = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    sessions = {
+        m.metadata.group_id for m in record.received if m.metadata.message_type == contract.KEYS
+    }
+    assert sessions == {"1", "2", "3"}
+
+
+def test_no_individual_update_reaches_a_results_file_or_the_log(
+    run_config: dict[str, Any], record: Record, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("DEBUG")
+    summary, cfg = _run(run_config, record, settings={"num-rounds": 2, "final-eval": True})
+    assert summary["status"] == "completed"
+    out = Path(cfg["out-dir"])
+    clear = [protocol.arrays_of(r) for r in record.clear.values()]
+    rows = [np.concatenate([np.ravel(a[k]) for k in sorted(a)]) for a in clear]
+    texts = [caplog.text]
+    arrays: list[np.ndarray] = []
+    for path in out.rglob("*"):
+        if not path.is_file() or "client-state" in path.parts:  # the clients' own storage
+            continue
+        if path.suffix == ".npz":
+            with np.load(path) as npz:
+                arrays += [npz[k].ravel() for k in npz.files]
+        else:
+            texts.append(path.read_text(errors="replace"))
+    found = [r for r in rows for a in arrays if a.size == r.size and np.allclose(a, r)]
+    assert arrays and not found  # the checkpoint and final model hold the aggregate only
+    text = "\n".join(texts)
+    for row in rows:  # the leading values of each client's model, written any way
+        for value in row[:3]:
+            assert repr(float(value)) not in text and f"{value:.6g}" not in text
+
+
+@pytest.mark.parametrize("outside", [False, True])
+def test_a_masked_input_off_the_protocol_is_caught(
+    run_config: dict[str, Any], record: Record, outside: bool
+) -> None:
+    """A value at or above the modulus makes the reply invalid (the client is left out, as
+    lost); a value within it can be anything, and only the unmasked sum can show it: a weight
+    beyond what the clients of the sum can carry stops the round."""
+    bits = 25  # the modulus of a sum of 5 clients of 22-bit values
+
+    def tamper(node: int, msg: Message, _: Any) -> Any:
+        if node != 101 or msg.metadata.message_type != "train":
+            return None
+
+        def change(content: RecordDict) -> RecordDict:
+            y = protocol.arrays_of(content, contract.MASKED)[contract.Y]
+            if outside:
+                y[-1] = np.uint32(2**bits)
+            else:  # 4 weights more on the weight coordinate
+                y[-1] = (int(y[-1]) + 2**23) % 2**bits
+            content[contract.MASKED] = protocol.to_record({contract.Y: y})
+            return content
+
+        return change
+
+    summary, cfg = _run(run_config, record, faults=[tamper])
+    assert contract.modulus_bits(cfg) == bits
+    if outside:
+        assert summary["status"] == "completed"
+        ((_, _, _, _, secured),) = record.sums
+        assert 1 not in secured.clients and len(secured.clients) == 4
+        assert _check_sums(record, cfg) == 1
+    else:
+        assert summary["status"] == "failed"
+        assert "did not follow the protocol" in summary["reason"]
+
+
+def test_the_encoding_bound_the_tests_use_is_the_documented_one() -> None:
+    enc = encoding.Encoding(8.0, 22, 32)
+    assert enc.step == 8.0 / 2**21
+    assert encoding.mean_error_bound(5, 5.0, enc) == enc.step
+
+
+def _final_state(cfg: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    with np.load(Path(cfg["out-dir"]) / "checkpoint" / "state.npz") as npz:
+        return {k: npz[k] for k in npz.files}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", SECURE)
+def test_every_algorithm_s_secure_round_ends_where_its_plain_round_does(
+    run_config: dict[str, Any], record: Record, algorithm: str
+) -> None:
+    """The same round with and without secure aggregation, its sums encoded finely enough
+    (40 bits) that rounding is negligible: the strategy ends in the same state, so it uses the
+    sums as the plain round uses the replies (FedSC's clients compute Rbar_{-j} from the sum,
+    FeDLRT's and FedLin's their corrections from the mean gradient: the server's matrices). At
+    the default 22 bits local training amplifies the rounding (FedLin: 1e-3 in a model), which
+    the bound on the sums covers (the test above). Integer arrays are not summed: the server
+    keeps the value it sent (BatchNorm's counters)."""
+    plain = {**run_config, "out-dir": f"{run_config['out-dir']}-plain"}
+    summary, cfg = _run(plain, record, algorithm, clients=3, settings={"secagg.enabled": False})
+    assert summary["status"] == "completed"
+    summary, secure_cfg = _run(
+        run_config, record, algorithm, clients=3, settings={"secagg.bits": 40}
+    )
+    assert summary["status"] == "completed"
+    assert contract.modulus_bits(secure_cfg) > 32  # the 64-bit wire
+    before, after = _final_state(cfg), _final_state(secure_cfg)
+    # FedSC's server keeps each client's matrix in the clear, under secure aggregation their sum
+    assert set(before) ^ set(after) <= {f"fedsc-correlation/{c}" for c in range(3)} | {
+        "fedsc-shared-sum"
+    }
+    for key in set(before) & set(after):
+        if before[key].dtype.kind == "f":
+            np.testing.assert_allclose(after[key], before[key], atol=1e-6, rtol=1e-6,
+                                       err_msg=key)  # fmt: skip
+
+
+def test_fedlrt_starts_its_round_again_with_the_clients_left_in_every_sum(
+    run_config: dict[str, Any], record: Record
+) -> None:
+    """A client lost in the train phase leaves the corrections of the others built from a
+    mean over it: the round starts again from the basis phase with the clients in the train
+    phase's sum, as the plain round restarts with the clients that answered."""
+    train = "train.fedlrt_coef"
+    summary, cfg = _run(run_config, record, "fedlrt", clients=4,
+                        faults=[_drop(train, {1})], settings={"phase-timeout": 5.0})  # fmt: skip
+    assert summary["status"] == "completed", summary.get("reason")
+    row = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")[0]
+    assert row["train"]["restarts"] == 1.0
+    phases = [p for _, p, *_ in record.sums]
+    assert phases == ["query.fedlrt_basis", "query.fedlrt_coef_grad", train] * 2
+    clients = [sorted(s.clients) for *_, s in record.sums]
+    assert clients[:2] == [[0, 1, 2, 3]] * 2 and clients[2:] == [[0, 2, 3]] * 4
+    assert _check_sums(record, cfg) == 6
+
+
+DISTRIBUTED = {
+    "client-dp.noise-multiplier": 0.5, "client-dp.clip": 1.0, "client-dp.noise-at": "client",
+    "client-dp.reproducible": True,
+}  # fmt: skip
+
+
+def test_distributed_noise_is_the_central_noise_and_only_the_survivors_are_accounted(
+    run_config: dict[str, Any], record: Record
+) -> None:
+    """Five clients share out the noise of z = 0.5 at clip 1; one is lost after sharing its
+    keys: the sum carries 4/5 of the variance, and the ledger accounts just that (the Skellam
+    mechanism of the survivors' noise; models.privacy.distributed_epsilon)."""
+    from models.privacy import distributed_epsilon
+
+    summary, cfg = _run(run_config, record, faults=[_drop("train", {3})],
+                        settings={**DISTRIBUTED, "phase-timeout": 5.0})  # fmt: skip
+    assert summary["status"] == "completed", summary.get("reason")
+    ((_, _, payloads, summed, secured),) = record.sums
+    assert summed.l2_clip == summed.clip == 1.0 and not summed.weighted
+    assert summed.noise_std == 0.5 and len(secured.clients) == 4
+    assert secured.noise_std == pytest.approx(0.5 * np.sqrt(4 / 5))
+    # the noise in the sum: the unmasked sum minus the exact sum of the clipped updates
+    replies = {c: record.clear[(0, c)] for c in secured.clients}
+    oracle = exact_sum(payloads, replies, summed)
+    noise = np.concatenate([
+        (secured.sums["arrays"][k] - oracle.sums["arrays"][k]).ravel()
+        for k in oracle.sums["arrays"]
+    ])  # fmt: skip
+    assert abs(float(noise.mean())) < 5 * 0.5 / np.sqrt(noise.size)
+    assert float(noise.std()) == pytest.approx(secured.noise_std, rel=0.03)
+    # the ledger: one release of the survivors' variance, in encoded units (2^21 per unit)
+    variance, l1, l2 = secured.release  # type: ignore[misc]
+    assert variance == pytest.approx((0.5 * 2**21) ** 2 * 4 / 5)
+    assert l2 == pytest.approx(2**21 + np.sqrt(noise.size), rel=1e-9)
+    row = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")[0]
+    want = distributed_epsilon([(variance, l1, l2, 1.0, 1)], 1e-5)
+    assert row["train"]["client-epsilon"] == pytest.approx(want)
+    assert row["train"]["client-dp-noise-std"] == pytest.approx(secured.noise_std / 5)
+    assert summary["privacy"]["client-level"]["mechanism"] == "distributed Skellam"
