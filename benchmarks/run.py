@@ -31,6 +31,9 @@ Parts (each writes benchmarks/results/<part>.json):
               with --parallel 1 and 2 (--loop-parallel) and their ratios to the loop, and where
               a simulated client's time goes (client-timing); `--loop-devices cpu,cuda` also on
               one GPU, with its utilisation
+  secagg      FedAvg on mnist-5k without and with secure aggregation, deployed (5 and 16
+              SuperNodes) and simulated (100 and 1,000 clients): exchanges, bytes per client
+              and seconds a round
   nodes       `pollen deploy` of FedAvg on digits with 2, 4, 8, 16, 32 SuperNodes on this machine
               (--node-counts), back to back: seconds per warm round, peak memory of the process
               tree (resident and proportional) and per node, memory by role, resent
@@ -852,6 +855,50 @@ def _profile(run: dict[str, Any], clients: int) -> dict[str, Any]:
     return {"per-client-ms": per_client, "per-round-seconds": per_round}
 
 
+def _secure_figures(run: dict[str, Any]) -> dict[str, Any]:
+    """A run's cost a round: exchanges, bytes per client (to it and from it, every phase),
+    seconds (the round, and each of secure aggregation's stages)."""
+    if "error" in run:
+        return {"error": run["error"]}
+    phases = run["phases"]
+    both = {name: p["bytes-to-client"] + p["bytes-from-client"] for name, p in phases.items()}
+    return {
+        "exchanges": len(phases),
+        "bytes-per-client": sum(both.values()),
+        "bytes-per-client-secagg-stages": sum(
+            b for name, b in both.items() if name.startswith("query.secagg")
+        ),
+        "round-seconds": run["round-seconds"],
+        "round-seconds-first": run["round-seconds-first"],
+        "phase-seconds": {name: p["seconds"] for name, p in phases.items()},
+        "final-test-accuracy": run.get("final-test-accuracy"),
+        "tree-peak-rss-mb": run.get("tree-peak-rss-mb"),
+    }
+
+
+def part_secagg(args: argparse.Namespace, work: Path, cache: Path) -> dict[str, Any]:
+    """Secure aggregation's cost a round, FedAvg on mnist-5k: deployed (`--secagg-deploy`
+    SuperNodes) and simulated (`--secagg-simulate` clients), each run without and with it in
+    turn; exchanges, bytes per client and seconds a round (docs/security.md)."""
+    rows = []
+    cases = [("deploy", n) for n in args.secagg_deploy]
+    cases += [("simulate", n) for n in args.secagg_simulate]
+    for mode, clients in cases:
+        row: dict[str, Any] = {"mode": mode, "clients": clients}
+        for tag, extra in (("plain", []), ("secagg", ["--set", "secagg.enabled=true"])):
+            run = pollen_run(mode, "fedavg", clients, args.rounds,
+                             work / f"secagg-{mode}-{clients}-{tag}", cache,
+                             ["--set", "final-eval=true", *extra])  # fmt: skip
+            row[tag] = _secure_figures(run)
+            shown = row[tag]
+            _say(f"secagg    {mode:9s} {clients:>5} clients {tag:7s}: "
+                 f"{shown.get('round-seconds', shown.get('error'))} s/round, "
+                 f"{shown.get('bytes-per-client')} bytes/client, "
+                 f"{shown.get('exchanges')} exchanges")  # fmt: skip
+        rows.append(row)
+    return {"rows": rows}
+
+
 PARTS: dict[str, Callable[[argparse.Namespace, Path, Path], dict[str, Any]]] = {
     "startup": part_startup,
     "algorithms": part_algorithms,
@@ -862,6 +909,7 @@ PARTS: dict[str, Callable[[argparse.Namespace, Path, Path], dict[str, Any]]] = {
     "robust": part_robust,
     "nodes": part_nodes,
     "loop": part_loop,
+    "secagg": part_secagg,
 }
 
 
@@ -933,6 +981,14 @@ def main() -> int:
     parser.add_argument(
         "--loop-profile", type=int, default=1, help="loop: 0 leaves the profiled run out"
     )
+    parser.add_argument(
+        "--secagg-deploy", type=_ints, default=_ints("5,16"),
+        help="secagg: deployed SuperNodes of each pair of runs",
+    )  # fmt: skip
+    parser.add_argument(
+        "--secagg-simulate", type=_ints, default=_ints("100,1000"),
+        help="secagg: simulated clients of each pair of runs",
+    )  # fmt: skip
     parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--tag", default="", help="suffix of the JSON file names")
     args = parser.parse_args()

@@ -3,9 +3,10 @@ the spectral contrastive objective against the other clients' matrix, and report
 
 * `query.correlation`: DP-CalR at the received model. Clipping bound, noise and views come from
   the run's settings, never from the message; the noise is drawn from a generator seeded by
-  the operating system, which nobody else knows. The client keeps its own privacy ledger (number
-  of releases, epsilon) in its state store and refuses a release that would exceed
-  `fedsc.epsilon-budget`.
+  the client's secret, which nobody else knows (a release asked twice is the same release). The
+  client keeps its own privacy ledger (number of releases, epsilon) in its state store and
+  refuses a release that would exceed `fedsc.epsilon-budget`; with `fedsc.noise-at=sum` the
+  noise is the secure sum's (client.secagg) and the budget the server's.
 * `train`: local epochs of the objective with the received Rbar_{-j} fixed (none: plain spectral
   contrastive loss). The reply's kNN accuracy describes the received model: the client's test
   split classified against its training split as memory bank (labels used only here).
@@ -26,7 +27,6 @@ of float32 representations (docs/deployment.md#gpu).
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from functools import partial
 
@@ -106,34 +106,42 @@ def knn_metrics(
 
 
 def correlation(content: RecordDict, env: ClientEnv) -> RecordDict:
+    """A DP-CalR release of the received model's correlation matrix, its noise drawn from the
+    client's secret; with `fedsc.noise-at=sum` the release is clipped but not noised here: the
+    secure sum it goes into adds this client's share of the noise (client.secagg), and the
+    budget, which depends on what the sum carried, is the server's to keep."""
     rnd = protocol.round_of(content)
     fedsc = FedSCSettings.of(env.settings)
+    shared = fedsc.noise_at == "sum"
     model = _received(content, env, fedsc, predictor=False)
     saved = env.state.load(before_round=rnd)
     releases = int(saved[1].get("releases", 0)) if saved else 0
     n = len(env.data.train)
     budget = fedsc.epsilon_budget
-    epsilon = release_epsilon(
-        releases + 1,
-        n,
-        mu=fedsc.mu,
-        noise_std=fedsc.noise_std,
-        delta=fedsc.delta,
-        convention=fedsc.sensitivity,
-    )
-    if budget > 0 and epsilon > budget:
-        raise RuntimeError(
-            f"privacy budget: release {releases + 1} would reach epsilon {epsilon:.3f} > "
-            f"{budget}; refused"
+    ledger: dict[str, float] = {}
+    if not shared:
+        epsilon = release_epsilon(
+            releases + 1,
+            n,
+            mu=fedsc.mu,
+            noise_std=fedsc.noise_std,
+            delta=fedsc.delta,
+            convention=fedsc.sensitivity,
         )
+        if budget > 0 and epsilon > budget:
+            raise RuntimeError(
+                f"privacy budget: release {releases + 1} would reach epsilon {epsilon:.3f} > "
+                f"{budget}; refused"
+            )
+        ledger["epsilon"] = epsilon if math.isfinite(epsilon) else -1.0  # -1: none (sigma 0)
     model.eval()
-    private = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+    private = torch.Generator().manual_seed(env.private_seed(rnd, "correlation-noise"))
     r, clipped = dp_correlation(
         model,
         tensors(env.data.train, env.device).x,
         _augmenter(env),
         fedsc.mu,
-        fedsc.noise_std,
+        0.0 if shared else fedsc.noise_std,
         views=generator(env, rnd, "correlation-views"),
         noise=private,
         passes=fedsc.passes,
@@ -143,11 +151,11 @@ def correlation(content: RecordDict, env: ClientEnv) -> RecordDict:
     r32 = r.cpu().numpy().astype(np.float32)
     # the release is kept: under secure aggregation the client computes Rbar_{-j} itself from
     # the sum of the releases, less its own (`_others`)
-    env.state.save(rnd, {R: r32}, {"round": rnd, "releases": releases + 1, "epsilon": epsilon})
+    env.state.save(rnd, {R: r32}, {"round": rnd, "releases": releases + 1, **ledger})
     metrics = {
         protocol.NUM_EXAMPLES: n,
         "releases": releases + 1,
-        "epsilon": epsilon if math.isfinite(epsilon) else -1.0,  # -1: no guarantee (sigma = 0)
+        **ledger,
         CLIPPED_FRACTION: clipped,
     }
     return protocol.reply(content, env.cid, metrics, **{CORRELATION: {R: r32}})

@@ -1,8 +1,11 @@
 """Accuracy against epsilon under differential privacy (docs/results/privacy.md): client-level
 DP (DP-FedAvg, noise on the server) for FedAvg and FedEM, beside example-level DP-SGD for
-FedAvg, on `mnist-5k` with 100 simulated clients, several noise levels, three seeds.
+FedAvg, on `mnist-5k` with 100 simulated clients, several noise levels, three seeds; and, at
+the epsilons the noise on the server reaches, client-level DP with the noise on the clients:
+shared out under secure aggregation ('distributed') and each client's own ('local').
 
     python -m experiments.client_dp run --out DIR [--algorithms fedavg,fedem] [--seeds 0,1,2]
+        [--levels client,adaptive,example,distributed,local]
     python -m experiments.client_dp tabulate DIR
 
 Every run is one federation through the real ServerApp and ClientApp in one process
@@ -46,10 +49,16 @@ LEVELS: dict[str, tuple[float, ...]] = {
     "client": (0.5, 1.0, 2.0, 4.0, 8.0),
     "adaptive": (0.5, 1.0, 2.0, 4.0),
     "example": (0.5, 1.0, 2.0),
+    "distributed": (51.0, 16.6, 6.23),
+    "local": (51.0, 16.6, 6.23),
 }
 """Noise multipliers: client-level DP's z (fixed clipping at CLIP; adaptive clipping from CLIP
 towards the median update norm, whose count noise m / 20 = 2.5 admits z < 5), DP-SGD's
-(example-level)."""
+(example-level). For 'distributed' and 'local', target epsilons instead: those the noise on
+the server reaches at z = 0.5, 1 and 2, each mode's noise calibrated to them for its own
+accounting (`client-dp.target-epsilon`)."""
+TARGETED = ("distributed", "local")
+"""The levels whose `noise` is a target epsilon."""
 DELTA = 1e-5
 
 
@@ -62,7 +71,8 @@ class Case:
 
     @property
     def name(self) -> str:
-        noise = f"-z{self.noise:g}" if self.level != "none" else ""
+        letter = "e" if self.level in TARGETED else "z"
+        noise = f"-{letter}{self.noise:g}" if self.level != "none" else ""
         return f"{self.algorithm}-{self.level}{noise}-s{self.seed}"
 
     def settings(self, out: Path, cache: Path) -> dict[str, Any]:
@@ -72,6 +82,11 @@ class Case:
                         "client-dp.delta": DELTA, "client-dp.reproducible": True})  # fmt: skip
             if self.level == "adaptive":
                 cfg["client-dp.target-quantile"] = 0.5
+        elif self.level in TARGETED:
+            cfg.update({"client-dp.target-epsilon": self.noise, "client-dp.clip": CLIP,
+                        "client-dp.noise-at": "client", "client-dp.delta": DELTA,
+                        "client-dp.reproducible": True,
+                        "secagg.enabled": self.level == "distributed"})  # fmt: skip
         elif self.level == "example":
             cfg.update({"dp.noise-multiplier": self.noise, "dp.max-grad-norm": CLIP,
                         "dp.delta": DELTA, "dp.reproducible": True})  # fmt: skip
@@ -100,15 +115,21 @@ def cases(algorithms: Iterable[str], levels: Iterable[str], seeds: Iterable[int]
     return out
 
 
-def epsilon_of(out: Path, name: str, level: str) -> float | None:
-    """The epsilon a run's summary states for its guarantee (client-level, or DP-SGD's)."""
+def guarantee_of(out: Path, name: str, level: str, key: str = "epsilon") -> float | None:
+    """A figure (`key`: its epsilon, its noise multiplier) of the guarantee a run's summary
+    states (client-level, or DP-SGD's)."""
     summary = rundir.read_summary(out / "runs" / name)
     if level == "none" or summary is None:
         return None
     privacy = summary.privacy or {}
     entry = privacy.get("example-level" if level == "example" else "client-level", {})
-    eps = entry.get("epsilon")
-    return float(eps) if isinstance(eps, int | float) else None
+    value = entry.get(key)
+    return float(value) if isinstance(value, int | float) else None
+
+
+def epsilon_of(out: Path, name: str, level: str) -> float | None:
+    """The epsilon a run's summary states for its guarantee (client-level, or DP-SGD's)."""
+    return guarantee_of(out, name, level)
 
 
 def summarise(out: Path, results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -122,6 +143,11 @@ def summarise(out: Path, results: list[dict[str, Any]]) -> dict[str, Any]:
         ok = r.get("status") == "completed" and r.get("accuracy") is not None
         cell["accuracies"].append(float(r["accuracy"]) if ok else 0.0)
         cell["epsilon"] = epsilon_of(out, r["name"], c["level"]) or cell["epsilon"]
+        if c["level"] in TARGETED:  # the noise the target called for, and against the server
+            z = guarantee_of(out, r["name"], c["level"], "noise-multiplier")
+            cell["noise-multiplier"] = z if z is not None else cell.get("noise-multiplier")
+            vs = guarantee_of(out, r["name"], c["level"], "epsilon-vs-server")
+            cell["epsilon-vs-server"] = vs if vs is not None else cell.get("epsilon-vs-server")
     for cell in by.values():
         accs = cell["accuracies"]
         mean = sum(accs) / len(accs)
@@ -137,6 +163,8 @@ LABELS = {
     ("fedem", "client"): "FedEM, client-level DP, clip 1",
     ("fedem", "adaptive"): "FedEM, client-level DP, adaptive clipping",
     ("fedavg", "example"): "FedAvg, example-level DP-SGD",
+    ("fedavg", "distributed"): "FedAvg, client-level DP, noise shared out (secure aggregation)",
+    ("fedavg", "local"): "FedAvg, client-level DP, noise on each client",
 }
 
 
@@ -151,9 +179,12 @@ def markdown(table: Mapping[str, Any]) -> str:
         eps = cell["epsilon"]
         shown = "-" if eps is None else ("none (no noise)" if eps < 0 else f"{eps:.2f}")
         guarantee = {"none": "none", "client": "client-level", "adaptive": "client-level, adaptive",
-                     "example": "example-level"}[level]  # fmt: skip
+                     "example": "example-level", "distributed": "client-level, distributed",
+                     "local": "client-level, on each client"}[level]  # fmt: skip
+        z = cell.get("noise-multiplier") if level in TARGETED else noise
+        z_shown = "-" if level == "none" or z is None else f"{float(z):.3g}"
         lines.append(
-            f"| {alg} | {guarantee} | {noise if level != 'none' else '-'} | {shown} | "
+            f"| {alg} | {guarantee} | {z_shown} | {shown} | "
             f"{cell['mean']:.3f} ± {cell['std']:.3f} | {cell['seeds']} |"
         )
     return "\n".join(lines) + "\n"
@@ -178,7 +209,8 @@ def figure(table: Mapping[str, Any], path: Path) -> None:
         if not points:
             continue
         xs, ys, sd = zip(*points, strict=True)
-        style = {"client": "-o", "adaptive": "-.^", "example": ":s"}[level]
+        style = {"client": "-o", "adaptive": "-.^", "example": ":s", "distributed": "--D",
+                 "local": ":x"}[level]  # fmt: skip
         ax.errorbar(xs, ys, yerr=sd, fmt=style, color=colours[alg], label=label, capsize=3)
     for alg, colour in colours.items():
         clean = table.get(f"{alg}/none/0")

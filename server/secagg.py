@@ -424,6 +424,7 @@ class SecureSum:
             sums=sums,
             weight=weight * self.scale,
             weights=weights,
+            weight_scale=self.scale,
             noise_std=float(carried),
             release=release,
         )

@@ -99,6 +99,9 @@ class Secured:
     """The sum of their weights: their num-examples when weighted, else their number."""
     weights: dict[int, float] = field(default_factory=dict)
     """The weight each client of the sum carries in it (as the client encodes it)."""
+    weight_scale: float = 1.0
+    """The weight a client's values are encoded at 1 for (weighted: the largest num-examples of
+    the sum's clients; else 1): its values' share of the sum is weights[c] / weight_scale."""
     noise_std: float = 0.0
     """The standard deviation of the noise the sum carries (distributed DP: the share of the
     clients in the sum)."""

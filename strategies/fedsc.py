@@ -31,6 +31,12 @@ plain mean the round is bitwise today's. With a robust rule:
                 stored (`_attacked`): exactly what a real attacker could get past
                 `validate_correlation`; it then counts, stale, like any stored matrix.
 
+Secure aggregation (`secagg.*`, docs/security.md#secure-aggregation): the model's update is
+summed like FedAvg's, and a sharing round's matrices are summed too, each weighted by q_j; the
+server keeps only that sum (`SharedSum`: its weight and each client's q_j in it), and each client
+computes its Rbar_{-j} from it less its own release (models.spectral.others_from_sum). The sum
+holds that round's releases: a client that did not release counts with no matrix.
+
 `fedavg-sc` is the same server with alpha = 1 and nothing shared (FedAvg + spectral contrastive,
 FedAvgSC); `fedavg-simclr` runs it with clients that train SimCLR's loss instead, `fedavg-byol`
 (FedAvgBYOL) with clients that train BYOL's, whose predictor is part of the averaged model.
@@ -38,6 +44,7 @@ FedAvgSC); `fedavg-simclr` runs it with clients that train SimCLR's loss instead
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Mapping
@@ -72,15 +79,18 @@ from pollen.core.contracts.fedsc import (
 )
 from pollen.core.dataspec import data_spec, model_input
 from pollen.core.paths import cache_dir
+from pollen.core.protection import SecAggSettings
 from pollen.core.settings import RunSettings
+from secagg import graph
 from strategies.aggregate import (
     aggregate_metrics,
     expect_arrays,
     final_evaluation,
     num_examples,
 )
-from strategies.base import ClientInfo, Federation, InvalidReply
+from strategies.base import ClientInfo, Federation, InvalidReply, Secured
 from strategies.global_model import GlobalModelStrategy
+from strategies.privacy import SharedNoiseLedger
 from strategies.schedule import learning_rate
 
 log = logging.getLogger("flwr.pollen")
@@ -112,6 +122,8 @@ class FedSC(GlobalModelStrategy):
         self.shared: SharedSum | None = None
         """Under secure aggregation, the newest sum of released matrices (the server never
         holds one client's)."""
+        self.shared_noise = SharedNoiseLedger(self.fedsc.delta)
+        """`fedsc.noise-at=sum`: each client's releases with the noise the sums carried."""
         self._evaluator = RepresentationEvaluator(settings, self.predictor)
 
     @property
@@ -137,6 +149,8 @@ class FedSC(GlobalModelStrategy):
         return {c.cid: float(max(c.num_train, 1)) for c in pool}
 
     def epsilon(self, cid: int, releases: int | None = None) -> float:
+        if self.fedsc.noise_at == "sum":
+            return self.shared_noise.epsilon(cid)
         count = self.releases.get(cid, 0) if releases is None else releases
         f = self.fedsc
         return release_epsilon(
@@ -148,9 +162,46 @@ class FedSC(GlobalModelStrategy):
             convention=f.sensitivity,
         )
 
-    def _within_budget(self, cid: int) -> bool:
+    def _within_budget(self, cid: int, asked: int) -> bool:
+        """Whether client `cid`'s next release stays within `fedsc.epsilon-budget` (noise
+        shared out: in a sum of `asked` clients that keeps only the protocol's fewest)."""
         budget = self.fedsc.epsilon_budget
-        return budget <= 0 or self.epsilon(cid, self.releases.get(cid, 0) + 1) <= budget
+        if budget <= 0:
+            return True
+        if self.fedsc.noise_at == "sum":
+            return self.shared_noise.epsilon(cid, self._fewest_noise(cid, asked)) <= budget
+        return self.epsilon(cid, self.releases.get(cid, 0) + 1) <= budget
+
+    def _release(
+        self, cid: int, others: float, a: float
+    ) -> tuple[float, float, float, float, int]:
+        """One shared-noise release of client `cid` weighted a, the others' noise of variance
+        `others` (encoded units: the range mu + 10 sigma of `_share_securely` at
+        secagg.bits): the sensitivity of its term a W_j, plus the rounding (H values)."""
+        f, bits = self.fedsc, SecAggSettings.of(self.settings).bits
+        scale = 2.0 ** (bits - 1) / (f.mu + 10 * f.noise_std)
+        w = sensitivity(f.mu, max(self.sizes.get(cid, 1), 1), f.sensitivity)
+        l2 = a * w * scale + self.dim
+        return (others, self.dim * l2, l2, 1.0, 1)
+
+    def _fewest_noise(self, cid: int, asked: int) -> tuple[float, float, float, float, int]:
+        """The release of client `cid` in the smallest sum of `asked` clients the protocol
+        unmasks (the threshold t of its graph), at weight 1: the others' noise is t - 1 shares."""
+        s = SecAggSettings.of(self.settings)
+        t = graph.threshold(graph.degree(asked, s.degree), s.threshold)
+        f = self.fedsc
+        per = (f.noise_std * 2.0 ** (s.bits - 1) / (f.mu + 10 * f.noise_std)) ** 2 / asked
+        return self._release(cid, per * (max(t, 2) - 1), 1.0)
+
+    def _charge_shared(self, secured: Secured) -> None:
+        """The sum's release of each client in it: the other clients' shares of the noise."""
+        if secured.release is None:
+            return
+        count = len(secured.clients)
+        per = secured.release[0] / count
+        for cid in secured.clients:
+            a = secured.weights[cid] / secured.weight_scale
+            self.shared_noise.charge(cid, *self._release(cid, per * (count - 1), a)[:3])
 
     # ---- a round -----------------------------------------------------------------------------
     def run_round(self, fed: Federation) -> dict[str, float]:
@@ -242,9 +293,13 @@ class FedSC(GlobalModelStrategy):
             weighted=self.fedsc.weighting != "uniform",
             clip=bound,
         )
+        if self.fedsc.noise_at == "sum":  # the clients' shares of DP-CalR's noise, as integers
+            summed = dataclasses.replace(summed, noise_std=self.fedsc.noise_std)
         secured = fed.secure_exchange(CORRELATION_PHASE, payloads, summed)
+        self._charge_shared(secured)
+        total = secured.sums[CORRELATION][R]
         self.shared = SharedSum(
-            total=secured.sums[CORRELATION][R],
+            total=(total + total.T) / 2,  # (the noise is drawn per entry: post-processing)
             weight=secured.weight,
             weights=dict(secured.weights),
             server_round=fed.server_round,
@@ -252,7 +307,7 @@ class FedSC(GlobalModelStrategy):
         return {"shared": float(len(secured.replies))}, secured.replies
 
     def _share(self, fed: Federation, asked: list[ClientInfo]) -> dict[str, float]:
-        asked = [c for c in asked if self._within_budget(c.cid)]
+        asked = [c for c in asked if self._within_budget(c.cid, len(asked))]
         if not asked:
             return {"shared": 0.0}
         model = protocol.to_record(self.weights)
@@ -303,6 +358,9 @@ class FedSC(GlobalModelStrategy):
         if not self.releases:
             return {"epsilon": 0.0, "releases-max": 0.0}
         f = self.fedsc
+        if f.noise_at == "sum":
+            eps = [self.epsilon(c) for c in self.releases]
+            return {"epsilon": max(eps), "releases-max": float(max(self.releases.values()))}
         closed = [
             closed_form_epsilon(
                 n,
@@ -328,7 +386,9 @@ class FedSC(GlobalModelStrategy):
             "correlations": {
                 "epsilon": self._ledger()["epsilon"],
                 "delta": self.fedsc.delta,
-                "mechanism": "DP-CalR",
+                "mechanism": "DP-CalR"
+                + (", its noise shared out in the secure sum (Skellam)"
+                   if self.fedsc.noise_at == "sum" else ""),
                 "protects": "one image of a client, in the correlation matrices it releases "
                 "(the model weights travel in the clear)",
             }
@@ -376,6 +436,8 @@ class FedSC(GlobalModelStrategy):
         if self.shared is not None:
             arrays[_SHARED] = self.shared.total
             meta[_SHARED] = self.shared.meta()
+        if self.shared_noise.entries:
+            meta["shared-noise"] = self.shared_noise.state()
         return arrays, meta | self.privacy.state() | self.combiner.state()
 
     def load_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
@@ -384,6 +446,7 @@ class FedSC(GlobalModelStrategy):
         }
         shared = meta.get(_SHARED)
         self.shared = None if shared is None else SharedSum.load(arrays[_SHARED], shared)
+        self.shared_noise.load_state(meta.get("shared-noise", {}))
         self.latest = {
             int(k.removeprefix(_STORE)): np.asarray(v, dtype=np.float64)
             for k, v in arrays.items()

@@ -195,3 +195,41 @@ class PrivacyLedger:
                 f"epsilon {worst:.3g} (delta {mech.delta:g}), above the budget "
                 f"client-dp.max-epsilon={budget:g}; resume with fewer rounds or more noise"
             )
+
+
+class SharedNoiseLedger:
+    """FedSC's DP-CalR with its noise shared out in secure sums (`fedsc.noise-at=sum`,
+    docs/privacy.md): per client, the Skellam mechanism on its weighted matrix in each sum it was
+    in, whose noise protecting it is the other clients' shares (a client of the sum knows its own
+    share and could take it out), at sample rate 1 (the server knows whom it asked); epsilon by
+    models.privacy.distributed_epsilon."""
+
+    def __init__(self, delta: float) -> None:
+        self.delta = delta
+        self.entries: dict[int, list[Release]] = {}
+
+    def charge(self, cid: int, variance: float, l1: float, l2: float) -> None:
+        """One release of client `cid`: noise of `variance` on its term of sensitivities l1, l2
+        (encoded units)."""
+        entries = self.entries.setdefault(cid, [])
+        for i, old in enumerate(entries):
+            if tuple(old[:3]) == (variance, l1, l2):
+                entries[i] = (variance, l1, l2, 1.0, int(old[4]) + 1)
+                return
+        entries.append((variance, l1, l2, 1.0, 1))
+
+    def epsilon(self, cid: int, planned: Release | None = None) -> float:
+        """Client `cid`'s epsilon so far (and after a `planned` release)."""
+        from models.privacy import distributed_epsilon  # lazy: torch (models), opacus
+
+        entries = [*self.entries.get(cid, []), *([planned] if planned else [])]
+        return distributed_epsilon(entries, self.delta, amplified=False)
+
+    def state(self) -> dict[str, Any]:
+        return {str(k): [list(e) for e in v] for k, v in self.entries.items()}
+
+    def load_state(self, saved: Mapping[str, Any]) -> None:
+        self.entries = {
+            int(k): [(float(v), float(a), float(b), float(q), int(n)) for v, a, b, q, n in rows]
+            for k, rows in saved.items()
+        }

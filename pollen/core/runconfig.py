@@ -11,6 +11,7 @@ from typing import Any
 
 from pollen.core.contracts.adept import AdeptAESettings
 from pollen.core.contracts.fedlrt import FeDLRTSettings
+from pollen.core.contracts.fedsc import FedSCSettings
 from pollen.core.protection import (
     AttackSettings,
     ClientDPSettings,
@@ -106,6 +107,7 @@ def _check_consistency(cfg: Mapping[str, Scalar]) -> None:
             f"local-epochs only; local-steps is for {supported}"
         )
     _check_true_decoder(cfg)
+    _check_fedsc_noise(cfg, spec)
     if float(cfg["val-fraction"]) + float(cfg["test-fraction"]) >= 0.95:
         raise SettingsError("val-fraction + test-fraction must leave data to train on (< 0.95)")
     if int(cfg["min-replies"]) > int(cfg["num-clients"]):
@@ -349,6 +351,24 @@ def _check_robust(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
     if spec.robust_rules == ("mean",):
         raise SettingsError(
             f"attack.clients: {spec.name} has nothing to attack ({spec.robust_note})"
+        )
+
+
+def _check_fedsc_noise(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
+    """DP-CalR's noise shared out in a sum needs the secure sum, and noise to share."""
+    fedsc = FedSCSettings.of(cfg)
+    if "fedsc" not in spec.setting_groups() or fedsc.noise_at != "sum":
+        return
+    if not SecAggSettings.of(cfg).enabled:
+        raise SettingsError(
+            "fedsc.noise-at=sum shares DP-CalR's noise out in the secure sum of the matrices: "
+            "give secagg.enabled=true (without it, each release carries its own noise: "
+            "fedsc.noise-at=client)"
+        )
+    if fedsc.noise_std <= 0:
+        raise SettingsError(
+            "fedsc.noise-at=sum shares out fedsc.noise-std, which is 0: give the noise the sum "
+            "of a sharing round's matrices is to carry"
         )
 
 

@@ -214,9 +214,12 @@ def test_each_run_gets_a_fresh_results_directory_unless_one_is_named(tmp_path: P
     assert first.out.startswith("/results/fedem-digits-") and not first.resume
     time.sleep(1.1)
     assert _pollen_accepts(run_script(run, tmp_path)[1:]).out != first.out
-    named = load(COMPOSE, {"POLLEN_RUN": "exp1", "POLLEN_RESUME": "1", "POLLEN_ROUNDS": "9"})
-    again = _pollen_accepts(run_script(named["services"]["run"], tmp_path)[1:])
+    named = load(COMPOSE, {"POLLEN_RUN": "exp1", "POLLEN_RESUME": "1", "POLLEN_ROUNDS": "9",
+                           "POLLEN_SET": "secagg.enabled=true lr=0.05"})  # fmt: skip
+    words = run_script(named["services"]["run"], tmp_path)
+    again = _pollen_accepts(words[1:])
     assert again.out == "/results/exp1" and again.resume and again.rounds == 9
+    assert again.set == ["secagg.enabled=true", "lr=0.05"]
     bad = load(COMPOSE, {"POLLEN_RESUME": "1"})["services"]["run"]
     done = subprocess.run(["bash", str(ROOT / "docker" / "run.sh"), "/r"], capture_output=True,
                           text=True, check=False,
@@ -230,7 +233,8 @@ def test_a_runs_settings_reach_only_the_run_service() -> None:
     the SuperLink and the SuperNodes under it (the next run then sends to nodes that are gone)."""
     one = {"POLLEN_ALGORITHM": "fedavg", "POLLEN_DATASET": "digits", "POLLEN_ROUNDS": "2"}
     other = {"POLLEN_ALGORITHM": "fedem", "POLLEN_DATASET": "mnist-5k", "POLLEN_ROUNDS": "9",
-             "POLLEN_RUN": "exp1", "POLLEN_RESUME": "1"}  # fmt: skip
+             "POLLEN_RUN": "exp1", "POLLEN_RESUME": "1",
+             "POLLEN_SET": "secagg.enabled=true"}  # fmt: skip
     for files in VARIANTS.values():
         first, second = merged(*files, env=one), merged(*files, env=other)
         changed = [name for name in first["services"]

@@ -15,7 +15,8 @@ from pollen.core.runconfig import resolve
 
 def test_the_grid_has_dp_sgd_for_fedavg_only_and_a_clean_run_per_seed() -> None:
     grid = cases(["fedavg", "fedem"], ["client", "adaptive", "example"], [0, 1])
-    per_seed = {"fedavg": 1 + sum(map(len, LEVELS.values())),
+    levels = ("client", "adaptive", "example")
+    per_seed = {"fedavg": 1 + sum(len(LEVELS[k]) for k in levels),
                 "fedem": 1 + len(LEVELS["client"]) + len(LEVELS["adaptive"])}  # fmt: skip
     assert len(grid) == 2 * sum(per_seed.values())
     assert not [c for c in grid if c.algorithm == "fedem" and c.level == "example"]
@@ -54,3 +55,15 @@ def test_a_cell_averages_its_seeds_and_reads_the_epsilon_of_its_guarantee(tmp_pa
     assert table["fedavg/none/0"]["mean"] == 0.0 and table["fedavg/none/0"]["epsilon"] is None
     text = markdown(table)
     assert "| fedavg | client-level | 2 | 6.50 | 0.600 ± 0.100 | 2 |" in text
+
+
+@pytest.mark.parametrize("level", ["distributed", "local"])
+def test_noise_on_the_clients_is_calibrated_to_the_server_noise_s_epsilons(
+    tmp_path: Path, level: str
+) -> None:
+    case = Case("fedavg", level, 16.6, 0)
+    assert case.name == f"fedavg-{level}-e16.6-s0"
+    cfg = resolve(case.settings(tmp_path, tmp_path))
+    assert cfg["client-dp.target-epsilon"] == 16.6 and cfg["client-dp.noise-at"] == "client"
+    assert cfg["secagg.enabled"] == (level == "distributed")
+    assert LEVELS[level] == (51.0, 16.6, 6.23)

@@ -60,6 +60,9 @@ def test_each_algorithm_takes_secure_aggregation_or_says_why_not() -> None:
         ),
         ({"num-clients": 1000, "secagg.modulus-bits": 30}, "could wrap modulo 2\\^30; give at"),
         ({"num-clients": 100000, "secagg.bits": 48}, "above 64; lower secagg.bits"),
+        ({"algorithm": "fedsc", "fedsc.noise-at": "sum", "fedsc.noise-std": 0.1,
+          "secagg.enabled": False}, "give secagg.enabled=true"),
+        ({"algorithm": "fedsc", "fedsc.noise-at": "sum"}, "fedsc.noise-std, which is 0"),
     ],
 )
 def test_what_secure_aggregation_cannot_honour_is_refused_in_one_line(
@@ -77,6 +80,7 @@ def test_what_it_can_honour_starts() -> None:
     resolve({**ON, "client-dp.noise-multiplier": 1.0, "client-dp.noise-at": "client"})
     resolve({**ON, "dp.noise-multiplier": 1.0})  # DP-SGD is the clients' own
     resolve({**ON, "num-clients": 1000, "secagg.modulus-bits": 32})
+    resolve({**ON, "algorithm": "fedsc", "fedsc.noise-at": "sum", "fedsc.noise-std": 0.1})
 
 
 def test_the_modulus_holds_every_client_and_distributed_noise() -> None:

@@ -423,3 +423,41 @@ def test_distributed_noise_is_the_central_noise_and_only_the_survivors_are_accou
     assert row["train"]["client-epsilon"] == pytest.approx(want)
     assert row["train"]["client-dp-noise-std"] == pytest.approx(secured.noise_std / 5)
     assert summary["privacy"]["client-level"]["mechanism"] == "distributed Skellam"
+
+
+def test_fedsc_shares_dp_calr_s_noise_out_and_accounts_the_others_shares(
+    run_config: dict[str, Any], record: Record
+) -> None:
+    """fedsc.noise-at=sum: the clients release their matrices un-noised into the secure sum,
+    which carries sigma once (as integers shared out among them); each client's release is
+    accounted with the noise of the others' shares."""
+    from models.privacy import distributed_epsilon
+
+    sigma = 0.05
+    settings = {"fedsc.noise-std": sigma, "fedsc.noise-at": "sum", "fedsc.delta": 1e-3}
+    summary, cfg = _run(run_config, record, "fedsc", clients=4, settings=settings)
+    assert summary["status"] == "completed", summary.get("reason")
+    correlation = [s for s in record.sums if s[1] == "query.correlation"]
+    ((_, _, payloads, summed, secured),) = correlation
+    assert summed.noise_std == sigma and secured.release is not None
+    index = record.sums.index(correlation[0])
+    replies = {c: record.clear[(index, c)] for c in secured.clients}
+    assert all("epsilon" not in protocol.metrics_of(r) for r in replies.values())
+    oracle = exact_sum(payloads, replies, summed, secured.weights)
+    noise = (secured.sums["correlation"]["r"] - oracle.sums["correlation"]["r"]).ravel()
+    assert float(noise.std()) == pytest.approx(sigma * secured.weight_scale, rel=0.2)
+    # the ledger: each client protected by the three others' shares of the variance
+    variance = secured.release[0]
+    row = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")[0]
+    from strategies.fedsc import FedSC
+
+    server = FedSC(cfg)  # its accounting, on the sizes the clients reported
+    server.sizes = {c: protocol.as_int(protocol.metrics_of(r)["num-examples"])
+                    for c, r in replies.items()}  # fmt: skip
+    epsilons = []
+    for cid in secured.clients:
+        a = secured.weights[cid] / secured.weight_scale
+        entry = server._release(cid, variance / 4 * 3, a)
+        epsilons.append(distributed_epsilon([entry], 1e-3, amplified=False))
+    assert row["train"]["epsilon"] == pytest.approx(max(epsilons), rel=1e-6)
+    assert "DP-CalR, its noise shared out" in summary["privacy"]["correlations"]["mechanism"]

@@ -66,6 +66,13 @@ class FedSCSettings(SettingsGroup):
         "DP noise std sigma on every correlation entry (0: no DP)",
         minimum=0.0,
     )
+    noise_at: str = setting(
+        "client",
+        "where DP-CalR's noise is added: 'client' (each release carries sigma), 'sum' (with "
+        "secagg.enabled: shared out as integers among the clients of a sharing round, whose "
+        "secure sum carries sigma once)",
+        choices=("client", "sum"),
+    )
     delta: float = setting(
         1e-5, "delta of the reported (epsilon, delta)", minimum=1e-12, maximum=1.0
     )
