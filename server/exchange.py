@@ -81,6 +81,15 @@ class Host(Protocol):
 
     def call(self, what: str, call: Callable[[], _T]) -> _T: ...
 
+    def require(
+        self,
+        message_type: str,
+        valid: int,
+        asked: int,
+        failures: Mapping[int, str],
+        min_replies: int | None = None,
+    ) -> None: ...
+
     def screen(
         self,
         content: RecordDict,

@@ -27,7 +27,6 @@ import logging
 import os
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
@@ -41,19 +40,6 @@ from server.exchange import Host, Phase, PhaseFailed
 from strategies.base import InvalidReply, Secured, Summed
 
 log = logging.getLogger("flwr.pollen")
-
-
-class SecureHost(Host, Protocol):
-    """What a secure sum uses of the engine (server.engine.Engine)."""
-
-    def require(
-        self,
-        message_type: str,
-        valid: int,
-        asked: int,
-        failures: Mapping[int, str],
-        min_replies: int | None = None,
-    ) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -70,7 +56,7 @@ class SecureSum:
 
     def __init__(
         self,
-        host: SecureHost,
+        host: Host,
         message_type: str,
         payloads: Mapping[int, RecordDict],
         summed: Summed,

@@ -91,7 +91,7 @@ def _check_consistency(cfg: Mapping[str, Scalar]) -> None:
         )
     spec = ALGORITHMS[str(cfg["algorithm"])]
     if cfg["amp"] and not spec.amp:
-        supported = ", ".join(sorted(n for n, a in ALGORITHMS.items() if a.amp))
+        supported = _takers("amp")
         raise SettingsError(
             f"amp=true: {spec.name} trains in float32 only (docs/deployment.md#gpu); "
             f"mixed precision is for {supported}"
@@ -101,7 +101,7 @@ def _check_consistency(cfg: Mapping[str, Scalar]) -> None:
     _check_client_dp(cfg, spec)
     _check_secagg(cfg, spec)
     if int(cfg["local-steps"]) > 0 and not spec.local_steps:
-        supported = ", ".join(sorted(n for n, a in ALGORITHMS.items() if a.local_steps))
+        supported = _takers("local_steps")
         raise SettingsError(
             f"local-steps={cfg['local-steps']}: {spec.name} counts its local work in "
             f"local-epochs only; local-steps is for {supported}"
@@ -121,6 +121,11 @@ def _check_consistency(cfg: Mapping[str, Scalar]) -> None:
         )
 
 
+def _takers(flag: str) -> str:
+    """The algorithms whose registry entry has `flag` (amp, dp, client_dp, ...), named."""
+    return ", ".join(sorted(n for n, a in ALGORITHMS.items() if getattr(a, flag)))
+
+
 def _check_dp(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
     """DP-SGD only where the clients' training supports it, one way of setting its noise, and
     not with mixed precision."""
@@ -128,7 +133,7 @@ def _check_dp(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
     if not dp.enabled:
         return
     if not spec.dp:
-        supported = ", ".join(sorted(n for n, a in ALGORITHMS.items() if a.dp))
+        supported = _takers("dp")
         raise SettingsError(
             f"dp.noise-multiplier / dp.target-epsilon: {spec.name} has no DP-SGD training "
             f"(docs/privacy.md); DP-SGD is for {supported}"
@@ -165,7 +170,7 @@ def _check_client_dp(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
     if not dp.enabled:
         return
     if not spec.client_dp:
-        supported = ", ".join(sorted(n for n, a in ALGORITHMS.items() if a.client_dp))
+        supported = _takers("client_dp")
         raise SettingsError(
             f"client-dp: {spec.name} refuses client-level DP ({spec.client_dp_note}); it is for "
             f"{supported}"
@@ -250,7 +255,7 @@ def _check_secagg(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
     if not SecAggSettings.of(cfg).enabled:
         return
     if not spec.secagg:
-        supported = ", ".join(sorted(n for n, a in ALGORITHMS.items() if a.secagg))
+        supported = _takers("secagg")
         raise SettingsError(
             f"secagg.enabled=true: {spec.name} refuses secure aggregation ({spec.secagg_note}); "
             f"it is for {supported}"

@@ -461,3 +461,13 @@ def test_fedsc_shares_dp_calr_s_noise_out_and_accounts_the_others_shares(
         epsilons.append(distributed_epsilon([entry], 1e-3, amplified=False))
     assert row["train"]["epsilon"] == pytest.approx(max(epsilons), rel=1e-6)
     assert "DP-CalR, its noise shared out" in summary["privacy"]["correlations"]["mechanism"]
+
+
+def test_a_sampled_round_sums_its_sample(run_config: dict[str, Any], record: Record) -> None:
+    summary, cfg = _run(run_config, record, settings={"fraction-train": 0.6, "num-rounds": 2})
+    assert summary["status"] == "completed", summary.get("reason")
+    for *_, secured in record.sums:
+        assert len(secured.clients) == 3  # ceil(0.6 x 5)
+    keys = [m for m in record.received if m.metadata.message_type == contract.KEYS]
+    assert len(keys) == 6
+    assert _check_sums(record, cfg) == 2
