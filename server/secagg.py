@@ -23,7 +23,6 @@ clients of the sum can carry means a client did not follow the protocol.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -38,8 +37,6 @@ from pollen.core.protection import SecAggSettings
 from secagg import encoding, graph, keys, masks, noise
 from server.exchange import Host, Phase, PhaseFailed
 from strategies.base import InvalidReply, Secured, Summed
-
-log = logging.getLogger("flwr.pollen")
 
 
 @dataclass(frozen=True)
@@ -96,7 +93,7 @@ class SecureSum:
         advertised = self._keys()
         sealed = self._shares(advertised)
         masked, replies = self._masked(sealed)
-        total = self._unmask(advertised, sealed, masked)
+        total = self._unmask(advertised, sealed, masked, set(replies))
         return self._decoded(total, replies, len(sealed))
 
     def _stage(
@@ -105,9 +102,10 @@ class SecureSum:
         payloads: Mapping[int, RecordDict],
         validate: Callable[[int, RecordDict], None],
         record_clients: bool = False,
+        fold: Callable[[int, RecordDict], None] | None = None,
     ) -> dict[int, RecordDict]:
         answered, failures = Phase(
-            self.host, message_type, payloads, validate, record_clients=record_clients
+            self.host, message_type, payloads, validate, record_clients=record_clients, fold=fold
         ).run()
         self.failures.update(failures)
         return {r.key: r.content for r in answered}
@@ -216,7 +214,10 @@ class SecureSum:
     # ---- stage 3: the masked phase ------------------------------------------------------
     def _masked(
         self, sealed: Mapping[int, Mapping[int, bytes]]
-    ) -> tuple[dict[int, np.ndarray], dict[int, RecordDict]]:
+    ) -> tuple[np.ndarray, dict[int, RecordDict]]:
+        """The algorithm's phase with masked replies: their sum (each folded into it as it
+        comes, in client order: the server holds one vector, not every client's) and the
+        replies of the clients in it, without their arrays."""
         alive = set(sealed)
         summing = Summing(
             session=self.session,
@@ -237,7 +238,7 @@ class SecureSum:
             content[contract.BYTES] = protocol.to_record(contract.to_bytes_record(inbox))
             content[contract.CONFIG] = summing
             payloads[c] = content
-        vectors: dict[int, np.ndarray] = {}
+        total = np.zeros(self.size + 1, dtype=np.uint64)
         modulus = self.enc.modulus
 
         def validate(cid: int, content: RecordDict) -> None:
@@ -257,9 +258,15 @@ class SecureSum:
                 )
             if self.enc.modulus_bits < v.dtype.itemsize * 8 and int(v.max(initial=0)) >= modulus:
                 raise InvalidReply("secagg: a masked value is not below the modulus")
-            vectors[cid] = v
 
-        replies = self._stage(self.message_type, payloads, validate, record_clients=True)
+        def fold(_cid: int, content: RecordDict) -> None:
+            nonlocal total
+            v = protocol.arrays_of(content, contract.MASKED, copy=False)[contract.Y]
+            total = encoding.add(total, v, self.enc)
+
+        replies = self._stage(
+            self.message_type, payloads, validate, record_clients=True, fold=fold
+        )
         in_sum = set(replies)
         self._require("masked", in_sum)
         # every secret to rebuild needs t shares among the clients in the sum: else stop now,
@@ -274,7 +281,7 @@ class SecureSum:
                     f"shares and {len(holders)} of its neighbourhood remain; the sum is not "
                     "unmasked and nothing of it is revealed"
                 )
-        return {c: vectors[c] for c in in_sum}, replies
+        return total, replies
 
     def _to_rebuild(self, shared: set[int], in_sum: set[int]) -> set[int]:
         """The clients whose secret the unmasking needs: the self-mask seed of each client in
@@ -294,10 +301,13 @@ class SecureSum:
         self,
         advertised: Mapping[int, Advertised],
         sealed: Mapping[int, Mapping[int, bytes]],
-        masked: Mapping[int, np.ndarray],
+        total: np.ndarray,
+        in_sum: set[int],
     ) -> np.ndarray:
+        """The masked sum `total` of the clients `in_sum` without their masks: the shares the
+        survivors reveal rebuild the self-mask seeds of the clients in it and the masking keys of
+        those that shared but dropped."""
         shared = set(sealed)  # clients whose shares went out
-        in_sum = set(masked)
         dropped = shared - in_sum
         payloads = {
             c: self._instruction(
@@ -320,9 +330,6 @@ class SecureSum:
                 held[int(name[2:])].append(share)
 
         self._stage(contract.UNMASK, payloads, validate)
-        total = np.zeros(self.size + 1, dtype=np.uint64)
-        for v in masked.values():
-            total = encoding.add(total, v, self.enc)
         for j in sorted(self._to_rebuild(shared, in_sum)):
             if len(held[j]) < self.t:
                 raise PhaseFailed(
