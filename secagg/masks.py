@@ -3,8 +3,9 @@ ChaCha20 (`cryptography`'s), the stream cipher run over zeros.
 
 The key of a mask is derived with HKDF-SHA256 from its secret material (a pairwise key agreed
 between two clients, or a client's self-mask seed) and the session it masks in, so that the
-same material never masks two sessions alike. Every 64 bits of key stream give one integer,
-reduced modulo R by keeping its low b bits: uniform over [0, R) since R divides 2^64. (Flower's
+same material never masks two sessions alike. Every 32 bits of key stream give one integer
+(64 bits for a modulus above 2^32), reduced modulo R by keeping its low b bits: uniform over
+[0, R) since R divides 2^32 (2^64). (Flower's
 `pseudo_rand_gen` folds the seed to 32 bits and draws from NumPy's Mersenne Twister: a server
 could try every seed.)
 """
@@ -54,13 +55,14 @@ def mask(key: bytes, size: int, modulus_bits: int) -> np.ndarray:
     if not 1 <= modulus_bits <= 64:
         raise ValueError(f"modulus bits must be in [1, 64], got {modulus_bits}")
     encryptor = Cipher(algorithms.ChaCha20(key, _NONCE), mode=None).encryptor()
-    out = np.empty(size, dtype="<u8")  # little-endian on every machine
+    width = 4 if modulus_bits <= 32 else 8  # key-stream bytes a value: as few as the modulus needs
+    out = np.empty(size, dtype=f"<u{width}")  # little-endian on every machine
     view = out.view(np.uint8)
     for start in range(0, size, _CHUNK):
         stop = min(size, start + _CHUNK)
-        zeros = bytes(8 * (stop - start))
-        view[8 * start : 8 * stop] = np.frombuffer(encryptor.update(zeros), dtype=np.uint8)
-    values = out.astype(np.uint64, copy=False)
+        zeros = bytes(width * (stop - start))
+        view[width * start : width * stop] = np.frombuffer(encryptor.update(zeros), np.uint8)
+    values = out.astype(np.uint64)
     if modulus_bits < 64:
         values &= np.uint64((1 << modulus_bits) - 1)
     return values
