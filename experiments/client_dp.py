@@ -51,12 +51,14 @@ LEVELS: dict[str, tuple[float, ...]] = {
     "example": (0.5, 1.0, 2.0),
     "distributed": (51.0, 16.6, 6.23),
     "local": (51.0, 16.6, 6.23),
+    "distributed-z": (2.0,),
 }
 """Noise multipliers: client-level DP's z (fixed clipping at CLIP; adaptive clipping from CLIP
 towards the median update norm, whose count noise m / 20 = 2.5 admits z < 5), DP-SGD's
 (example-level). For 'distributed' and 'local', target epsilons instead: those the noise on
 the server reaches at z = 0.5, 1 and 2, each mode's noise calibrated to them for its own
-accounting (`client-dp.target-epsilon`)."""
+accounting (`client-dp.target-epsilon`). 'distributed-z': the noise shared out at the server
+noise's z (the same noise in the sum; its own, larger, epsilon)."""
 TARGETED = ("distributed", "local")
 """The levels whose `noise` is a target epsilon."""
 DELTA = 1e-5
@@ -87,6 +89,10 @@ class Case:
                         "client-dp.noise-at": "client", "client-dp.delta": DELTA,
                         "client-dp.reproducible": True,
                         "secagg.enabled": self.level == "distributed"})  # fmt: skip
+        elif self.level == "distributed-z":
+            cfg.update({"client-dp.noise-multiplier": self.noise, "client-dp.clip": CLIP,
+                        "client-dp.noise-at": "client", "client-dp.delta": DELTA,
+                        "client-dp.reproducible": True, "secagg.enabled": True})  # fmt: skip
         elif self.level == "example":
             cfg.update({"dp.noise-multiplier": self.noise, "dp.max-grad-norm": CLIP,
                         "dp.delta": DELTA, "dp.reproducible": True})  # fmt: skip
@@ -165,6 +171,7 @@ LABELS = {
     ("fedavg", "example"): "FedAvg, example-level DP-SGD",
     ("fedavg", "distributed"): "FedAvg, client-level DP, noise shared out (secure aggregation)",
     ("fedavg", "local"): "FedAvg, client-level DP, noise on each client",
+    ("fedavg", "distributed-z"): "FedAvg, noise shared out at the server noise's z",
 }
 
 
@@ -180,7 +187,8 @@ def markdown(table: Mapping[str, Any]) -> str:
         shown = "-" if eps is None else ("none (no noise)" if eps < 0 else f"{eps:.2f}")
         guarantee = {"none": "none", "client": "client-level", "adaptive": "client-level, adaptive",
                      "example": "example-level", "distributed": "client-level, distributed",
-                     "local": "client-level, on each client"}[level]  # fmt: skip
+                     "local": "client-level, on each client",
+                     "distributed-z": "client-level, distributed"}[level]  # fmt: skip
         z = cell.get("noise-multiplier") if level in TARGETED else noise
         z_shown = "-" if level == "none" or z is None else f"{float(z):.3g}"
         lines.append(
@@ -210,7 +218,7 @@ def figure(table: Mapping[str, Any], path: Path) -> None:
             continue
         xs, ys, sd = zip(*points, strict=True)
         style = {"client": "-o", "adaptive": "-.^", "example": ":s", "distributed": "--D",
-                 "local": ":x"}[level]  # fmt: skip
+                 "local": ":x", "distributed-z": "D"}[level]  # fmt: skip
         ax.errorbar(xs, ys, yerr=sd, fmt=style, color=colours[alg], label=label, capsize=3)
     for alg, colour in colours.items():
         clean = table.get(f"{alg}/none/0")

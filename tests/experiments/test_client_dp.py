@@ -67,3 +67,13 @@ def test_noise_on_the_clients_is_calibrated_to_the_server_noise_s_epsilons(
     assert cfg["client-dp.target-epsilon"] == 16.6 and cfg["client-dp.noise-at"] == "client"
     assert cfg["secagg.enabled"] == (level == "distributed")
     assert LEVELS[level] == (51.0, 16.6, 6.23)
+
+
+def test_noise_shared_out_at_the_server_noise_s_multiplier_is_a_secure_run(tmp_path: Path) -> None:
+    case = Case("fedavg", "distributed-z", 2.0, 0)
+    cfg = resolve(case.settings(tmp_path, tmp_path))
+    assert cfg["client-dp.noise-multiplier"] == 2.0 and cfg["client-dp.noise-at"] == "client"
+    assert cfg["secagg.enabled"] is True and cfg["client-dp.target-epsilon"] == 0
+    assert "| fedavg | client-level, distributed | 2 |" in markdown(
+        {"fedavg/distributed-z/2": {"mean": 0.4, "std": 0.0, "seeds": 1, "epsilon": 10.5}}
+    )
