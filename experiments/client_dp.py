@@ -206,7 +206,7 @@ def figure(table: Mapping[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.2, 4.4))
+    fig, ax = plt.subplots(figsize=(7.2, 5.8))
     colours = {"fedavg": "tab:blue", "fedem": "tab:orange"}
     for (alg, level), label in LABELS.items():
         points = sorted(
@@ -218,7 +218,7 @@ def figure(table: Mapping[str, Any], path: Path) -> None:
             continue
         xs, ys, sd = zip(*points, strict=True)
         style = {"client": "-o", "adaptive": "-.^", "example": ":s", "distributed": "--D",
-                 "local": ":x", "distributed-z": "D"}[level]  # fmt: skip
+                 "local": ":x", "distributed-z": "P"}[level]  # fmt: skip
         ax.errorbar(xs, ys, yerr=sd, fmt=style, color=colours[alg], label=label, capsize=3)
     for alg, colour in colours.items():
         clean = table.get(f"{alg}/none/0")
@@ -230,7 +230,7 @@ def figure(table: Mapping[str, Any], path: Path) -> None:
     ax.set_ylabel("final mean client test accuracy")
     ax.set_title("mnist-5k, 100 clients, 20 rounds, half sampled per round")
     ax.set_ylim(0, 1)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
