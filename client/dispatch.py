@@ -41,7 +41,7 @@ log = logging.getLogger("flwr.pollen")
 def hello(content: RecordDict, env: ClientEnv) -> RecordDict:
     """Tell the server who this node is and how much data it holds."""
     data = env.data
-    hello_of = Hello(len(data.train), len(data.val), len(data.test))
+    hello_of = Hello(len(data.train), len(data.val), len(data.test), env.data_fn is not None)
     return protocol.reply(content, env.cid, hello_of.metrics())
 
 

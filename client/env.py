@@ -226,7 +226,8 @@ def own_data(data_fn: DataFn, partition: int, partitions: int) -> ClientData:
     if not isinstance(data, ClientData):
         raise ClientConfigError(
             f"the data function returned {type(data).__name__}, not the client's splits "
-            "(pollen.flower.client_data(train=(x, y), test=(x, y), num_classes=C) makes them)"
+            "(pollen.flower.client_data(train, test, num_classes=C) makes them from (x, y) arrays "
+            "or DataLoaders)"
         )
     return replace(data, client_id=partition)
 

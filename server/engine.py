@@ -50,6 +50,9 @@ from server.roster import Roster
 from server.summary import privacy_summary, round_line, threat_summary
 from strategies.base import ClientInfo, Fold, Secured, Strategy, Summed, Validator
 
+OWN_DATA = "data_fn"
+"""summary.json's `dataset` when the clients loaded a Flower app's own data (pollen.flower)."""
+
 log = logging.getLogger("flwr.pollen")
 _T = TypeVar("_T")
 
@@ -220,6 +223,11 @@ class Engine:
         self.roster.failed(failures)
         return online
 
+    def _dataset(self, run: RunSettings) -> str:
+        """What the clients trained on, for summary.json: the `dataset` setting, unless they
+        loaded a Flower app's own data (pollen.flower's data_fn)."""
+        return OWN_DATA if self.roster.own_data else run.dataset
+
     def _check_hello(self, _node: int, content: RecordDict) -> None:
         checks.check_hello(content, self.run_settings.num_clients)
 
@@ -310,7 +318,7 @@ class Engine:
             summary = Summary(
                 status=COMPLETED,
                 algorithm=run.algorithm,
-                dataset=run.dataset,
+                dataset=self._dataset(run),
                 rounds=run.num_rounds,
                 last_round=last,
                 final=final,
@@ -332,7 +340,7 @@ class Engine:
                     reason=brief(f"{type(exc).__name__}: {exc}", limit=600),
                     log=str(Path(self.results.dir) / SERVER_LOG),
                     algorithm=run.algorithm,
-                    dataset=run.dataset,
+                    dataset=self._dataset(run),
                     last_completed_round=self.server_round - 1,
                     seconds=round(self.clock() - t0, 3),
                     robust=threats.get("robust"),

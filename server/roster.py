@@ -35,6 +35,8 @@ class Roster:
         self.refused: dict[int, int] = {}  # node -> the client it claimed from a live holder
         self.unanswered: dict[int, int] = {}  # node -> hellos sent that it never answered
         self.gave_up: dict[int, int] = {}  # node -> the round its hello was last given up in
+        self.own_data = False
+        """A client said its data came from a Flower app's data function (Hello.own_data)."""
         self.errors: dict[int, tuple[int, str]] = {}
         """node -> (hellos in a row it answered with an error or an invalid reply, the last
         reason): a node whose ClientApp cannot serve the run (its data or model cannot be
@@ -77,6 +79,7 @@ class Roster:
         for node_id, _key, content in replies:
             cid = protocol.as_int(content[protocol.ENVELOPE][protocol.CLIENT_ID])  # type: ignore[index]
             hello_of = protocol.Hello.of(protocol.metrics_of(content))
+            self.own_data |= hello_of.own_data
             old = self.clients.get(cid)
             # a node that went silent is taken to be the crashed predecessor of a restarted one
             # (Flower lists a crashed node as online until its heartbeat expires, ~1 min); a

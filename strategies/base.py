@@ -209,6 +209,13 @@ class Strategy(ABC):
         """The final model to save, if there is a global one."""
         return None
 
+    def model_arrays(self) -> list[dict[str, np.ndarray]]:
+        """The global model(s) as the parameters of the model the clients train, by its own
+        names (a Flower app's `evaluate_fn` loads them into its model): the global model, or
+        none. FedEM has one per component, FeDLRT gives its low-rank layers as dense weights."""
+        arrays = self.global_arrays()
+        return [] if arrays is None else [arrays]
+
     def privacy_guarantees(self) -> dict[str, dict[str, Any]]:
         """Differential-privacy guarantees of the algorithm's own (FedSC's DP-CalR) for
         summary.json's `privacy` entry, beside DP-SGD's and client-level DP's, which the

@@ -66,6 +66,10 @@ class FedEM(GlobalModelStrategy):
     def components(self) -> list[dict[str, np.ndarray]]:
         return unpack(self.weights, self.num)
 
+    def model_arrays(self) -> list[dict[str, np.ndarray]]:
+        """Each component, by the model's own names."""
+        return self.components()
+
     def run_round(self, fed: Federation) -> dict[str, float]:
         unseen = self.evaluate_unseen(fed) if self.unseen_evaluation(fed.server_round) else {}
         pool = fed.available()

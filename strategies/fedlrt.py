@@ -206,6 +206,13 @@ class FeDLRT(Strategy):
             out.update({f"{name}.U": fac.U, f"{name}.s": fac.s, f"{name}.V": fac.V})
         return {k: np.asarray(v, dtype=np.float32) for k, v in out.items()}
 
+    def model_arrays(self) -> list[dict[str, np.ndarray]]:
+        """The dense model: each factorized layer's weight U diag(s) V^T, in the model's order."""
+        weights = {f"{name}.weight": fac.dense() for name, fac in self.factors.items()}
+        weights.update(self.dense)
+        order = [k for k in self._dense_model().state_dict() if k in weights]
+        return [{k: np.asarray(weights[k], dtype=np.float32) for k in order}]
+
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         arrays = dict(self.dense)
         for name, fac in self.factors.items():

@@ -46,12 +46,21 @@ class Hello:
     num_train: int
     num_val: int
     num_test: int
+    own_data: bool = False
+    """The client's data came from a Flower app's own data function (pollen.flower), not from
+    the run's `dataset` setting."""
 
     VAL: ClassVar[str] = "val-examples"
     TEST: ClassVar[str] = "test-examples"
+    OWN_DATA: ClassVar[str] = "own-data"
 
     def metrics(self) -> dict[str, int | float]:
-        return {NUM_EXAMPLES: self.num_train, self.VAL: self.num_val, self.TEST: self.num_test}
+        out: dict[str, int | float] = {
+            NUM_EXAMPLES: self.num_train, self.VAL: self.num_val, self.TEST: self.num_test
+        }  # fmt: skip
+        if self.own_data:
+            out[self.OWN_DATA] = 1
+        return out
 
     @classmethod
     def of(cls, metrics: Mapping[str, Any]) -> Hello:
@@ -63,7 +72,8 @@ class Hello:
                 counts.append(as_int(metrics.get(key)))
             except TypeError:
                 raise TypeError(f"hello without a count {key}") from None
-        return cls(*counts)
+        train, val, test = counts
+        return cls(train, val, test, own_data=metrics.get(cls.OWN_DATA) == 1)
 
 
 def instruction(

@@ -39,6 +39,7 @@ from pollen.flower.strategies import (
     Local,
     NoOp,
     PollenStrategy,
+    components,
 )
 from pollen.flower.wire import SettingsError, keyword_settings
 
@@ -66,6 +67,7 @@ __all__ = [
     "PollenStrategy",
     "SettingsError",
     "client_data",
+    "components",
     "keyword_settings",
     "register",
 ]

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 Handler = Callable[[Message, Context], Message]
 
+
 def handler(algorithm: str, model_fn: ModelFn | None, data_fn: DataFn | None) -> Handler:
     """The ClientApp function that answers every message type of `algorithm`: the run's
     settings from the instruction (pollen.flower.wire), the node's client id from its
@@ -75,22 +76,96 @@ def register(
             decorators[category]()(handle)
 
 
+Split = Any
+"""One split as `client_data` takes it: an (examples, labels) pair of NumPy arrays or torch
+tensors, or a PyTorch DataLoader or Dataset whose items are (example, label) pairs or dicts
+with one image and one label key (Flower's quickstarts: `{"img": ..., "label": ...}`)."""
+
+IMAGE_KEYS = ("img", "image", "images", "x", "pixel_values", "features")
+LABEL_KEYS = ("label", "labels", "y", "target", "fine_label")
+
+
 def client_data(
-    train: tuple[Any, Any],
-    test: tuple[Any, Any],
+    train: Split,
+    test: Split,
     num_classes: int,
-    val: tuple[Any, Any] | None = None,
+    val: Split | None = None,
 ) -> ClientData:
-    """A client's splits from (examples, labels) pairs of NumPy arrays or torch tensors:
-    images as uint8 (N, C, H, W) or float32, labels as integers in [0, num_classes)."""
+    """A client's splits. Each is an (examples, labels) pair of NumPy arrays or torch tensors
+    (images as uint8 (N, C, H, W) or float32; labels integers in [0, num_classes)), or a
+    DataLoader or Dataset yielding such pairs or dicts such as `{"img": x, "label": y}`: its
+    examples are read once, as the loader yields them (its transforms applied), and Pollen's
+    clients batch and shuffle them by the strategy's `batch-size` (docs/flower-apps.md)."""
     from federated_data import ArrayDataset, ClientData  # lazy: data code
 
-    def split(pair: tuple[Any, Any]) -> ArrayDataset:
-        x, y = (v.numpy() if hasattr(v, "numpy") else np.asarray(v) for v in pair)
+    def split(given: Split, name: str) -> ArrayDataset:
+        x, y = _pair(given, name)
         if x.dtype != np.uint8:
             x = x.astype(np.float32)
         return ArrayDataset(np.array(x, order="C"), np.asarray(y, dtype=np.int64), num_classes)
 
-    empty = (np.zeros((0, *np.shape(train[0])[1:]), np.asarray(train[0]).dtype), np.zeros(0))
+    train_split = split(train, "train")
+    if val is None:
+        empty = np.zeros((0, *train_split.x.shape[1:]), train_split.x.dtype)
+        val_split = ArrayDataset(empty, np.zeros(0, np.int64), num_classes)
+    else:
+        val_split = split(val, "val")
     # the client id is the node's partition id, set when the data is loaded (client.env)
-    return ClientData(0, split(train), split(val if val is not None else empty), split(test))
+    return ClientData(0, train_split, val_split, split(test, "test"))
+
+
+def _pair(given: Split, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(examples, labels) of one split as NumPy arrays; SettingsError naming what it got."""
+    if isinstance(given, tuple | list) and len(given) == 2 and not _is_loader(given):
+        return _numpy(given[0]), _numpy(given[1]).reshape(-1)
+    if _is_loader(given) or (hasattr(given, "__getitem__") and hasattr(given, "__len__")):
+        return _read(given if _is_loader(given) else _loader(given), name)
+    raise SettingsError(
+        f"client_data: {name} is a {type(given).__name__}; give an (examples, labels) pair, "
+        "a DataLoader or a Dataset"
+    )
+
+
+def _is_loader(obj: Any) -> bool:
+    from torch.utils.data import DataLoader  # lazy: torch
+
+    return isinstance(obj, DataLoader)
+
+
+def _loader(dataset: Any) -> Any:
+    from torch.utils.data import DataLoader  # lazy: torch
+
+    return DataLoader(dataset, batch_size=256, shuffle=False)
+
+
+def _read(loader: Any, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Every (example, label) a DataLoader yields, in its order."""
+    xs: list[np.ndarray] = []
+    ys: list[np.ndarray] = []
+    for batch in loader:
+        if isinstance(batch, dict):
+            x = next((batch[k] for k in IMAGE_KEYS if k in batch), None)
+            y = next((batch[k] for k in LABEL_KEYS if k in batch), None)
+            if x is None or y is None:
+                raise SettingsError(
+                    f"client_data: {name}'s batches are dicts with keys {sorted(batch)}; "
+                    f"expected one of {', '.join(IMAGE_KEYS)} and one of {', '.join(LABEL_KEYS)}"
+                )
+        elif isinstance(batch, tuple | list) and len(batch) == 2:
+            x, y = batch
+        else:
+            raise SettingsError(
+                f"client_data: {name}'s batches are {type(batch).__name__}s; expected "
+                "(examples, labels) pairs or dicts such as {'img': ..., 'label': ...}"
+            )
+        xs.append(_numpy(x))
+        ys.append(_numpy(y).reshape(-1))
+    if not xs:
+        raise SettingsError(f"client_data: {name}'s DataLoader yields no examples")
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def _numpy(value: Any) -> np.ndarray:
+    if hasattr(value, "detach"):
+        return np.asarray(value.detach().cpu().numpy())
+    return np.asarray(value)

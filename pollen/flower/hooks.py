@@ -166,4 +166,3 @@ class HookRounds:
         elif arrays and not same_arrays(arrays, self.half.global_arrays() or {}):
             self.half.start_from(arrays)
         return self.engine
-

@@ -20,6 +20,7 @@ hooks say so.
 
 from __future__ import annotations
 
+import io
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -30,6 +31,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
+from threadpoolctl import threadpool_limits
 
 from pollen.core import protocol
 from pollen.core.protection import SecAggSettings
@@ -39,7 +41,15 @@ from pollen.core.rundir import RoundRow
 from pollen.core.runmodel import ModelFn
 from pollen.core.settings import RunSettings, Scalar, SettingsError
 from pollen.flower.hooks import HookRounds
-from pollen.flower.wire import OWN_MODEL, overrides, with_settings
+from pollen.flower.wire import (
+    OWN_MODEL,
+    POOLS,
+    config_settings,
+    overrides,
+    run_config_kwargs,
+    with_settings,
+)
+from server.blas import limit_blas_threads
 from server.engine import Engine
 from server.results import ResultsWriter
 from strategies.base import Strategy as ServerHalf
@@ -113,40 +123,83 @@ class SettingsGrid(Grid):
 
 
 class Recorder(ResultsWriter):
-    """The run's results files, and Flower's Result filled as the rounds come: the clients'
-    aggregated metrics of each round, the server's evaluation and `evaluate_fn`'s."""
+    """The run's results files, and Flower's Result filled and logged as the rounds come, as
+    Flower's own `Strategy.start` logs them: the clients' aggregated metrics of each round, the
+    server's evaluation and `evaluate_fn`'s."""
 
     def __init__(
         self,
         out_dir: str | Path,
         result: Result,
-        global_arrays: Callable[[], dict[str, np.ndarray] | None],
+        model_arrays: Callable[[], list[dict[str, np.ndarray]]],
         evaluate_fn: EvaluateFn | None,
+        num_rounds: int,
     ) -> None:
         super().__init__(out_dir)
         self.result = result
-        self.global_arrays = global_arrays
+        self.model_arrays = model_arrays
         self.evaluate_fn = evaluate_fn
+        self.num_rounds = num_rounds
 
     def write_config(self, config: Mapping[str, Any]) -> None:
         super().write_config(config)
-        self._evaluate(0)  # the model the run starts from, as Flower's start does
+        metrics = self._evaluate(0)  # the model the run starts from, as Flower's start does
+        if metrics is not None:
+            log.info("Initial global evaluation results: %s", metrics)
 
     def round(self, row: RoundRow) -> None:
         super().round(row)
-        self.result.train_metrics_clientapp[row.round] = MetricRecord(dict(row.train))
+        log.info("")
+        log.info("[ROUND %s/%s]", row.round, self.num_rounds)
+        train = MetricRecord(dict(row.train))
+        self.result.train_metrics_clientapp[row.round] = train
+        log.info("\t└──> Aggregated MetricRecord: %s", train)
         if row.server_eval:
             self.result.evaluate_metrics_serverapp[row.round] = MetricRecord(dict(row.server_eval))
-        self._evaluate(row.round)
+        metrics = self._evaluate(row.round)
+        if metrics is not None:
+            log.info("Global evaluation")
+            log.info("\t└──> MetricRecord: %s", metrics)
 
-    def _evaluate(self, rnd: int) -> None:
-        arrays = self.global_arrays()
-        if self.evaluate_fn is None or arrays is None:
-            return
-        metrics = self.evaluate_fn(rnd, to_array_record(arrays))
+    def _evaluate(self, rnd: int) -> MetricRecord | None:
+        """`evaluate_fn` of round `rnd`'s global model (model_evaluation)."""
+        if self.evaluate_fn is None:
+            return None
+        metrics = model_evaluation(self.evaluate_fn, rnd, self.model_arrays())
         if metrics is not None:
             merged = dict(self.result.evaluate_metrics_serverapp.get(rnd, MetricRecord()))
             self.result.evaluate_metrics_serverapp[rnd] = MetricRecord({**merged, **metrics})
+        return metrics
+
+
+def model_evaluation(
+    evaluate_fn: EvaluateFn, rnd: int, models: list[dict[str, np.ndarray]]
+) -> MetricRecord | None:
+    """`evaluate_fn` of the global model, by the names of the model the clients train (the
+    user's `model_fn`, so `Net().load_state_dict(arrays.to_torch_state_dict())` works): FeDLRT's
+    as dense weights; FedEM's once per component, each metric named `comp{m}.{name}`."""
+    if not models:
+        return None
+    if len(models) == 1:
+        return evaluate_fn(rnd, to_array_record(models[0]))
+    out: dict[str, Any] = {}
+    for m, arrays in enumerate(models):
+        metrics = evaluate_fn(rnd, to_array_record(arrays))
+        out.update({f"comp{m}.{k}": v for k, v in (metrics or {}).items()})
+    return MetricRecord(out) if out else None
+
+
+def components(arrays: ArrayRecord) -> list[ArrayRecord]:
+    """FedEM's `Result.arrays` (its components, `comp{m}.{name}`) as one ArrayRecord per
+    component, each loadable into the model: `Net().load_state_dict(c.to_torch_state_dict())`.
+    Arrays of one model come back as a list of one."""
+    parts: dict[int, dict[str, Array]] = {}
+    for key, value in arrays.items():
+        head, dot, rest = key.partition(".")
+        if not (dot and head.startswith("comp") and head[4:].isdigit()):
+            return [arrays]
+        parts.setdefault(int(head[4:]), {})[rest] = value
+    return [ArrayRecord(parts[m]) for m in sorted(parts)]
 
 
 class PollenStrategy(Strategy):
@@ -184,11 +237,34 @@ class PollenStrategy(Strategy):
         self.out_dir = out_dir
         self._hooks: HookRounds | None = None
 
+    @classmethod
+    def from_run_config(cls, run_config: Mapping[str, Any], **kwargs: Any) -> PollenStrategy:
+        """The strategy with the settings a Flower run config names (`context.run_config`: a
+        key `local-epochs` or `local_epochs` is the keyword argument local_epochs, `lr` is lr),
+        then `kwargs` (`model_fn=Net`, or settings that override the run config's). Keys that
+        name no setting (the app's own, such as `num-server-rounds`) are logged and left out."""
+        given, ignored = run_config_kwargs(cls.algorithm, run_config)
+        for key, note in ignored.items():
+            log.info("run config %r: no setting of %s, not passed to it%s", key, cls.algorithm,
+                     note)  # fmt: skip
+        return cls(**{**given, **kwargs})
+
     # ---- the run's settings --------------------------------------------------------------
     def settings(self, **run: Scalar) -> dict[str, Scalar]:
         """Every setting of a run of this strategy: the keyword arguments, `run` (settings the
         run decides: num-rounds, phase-timeout, num-clients) and the defaults."""
-        return resolve({"algorithm": self.algorithm, **self.overrides, **run})
+        cfg = {"algorithm": self.algorithm, **self.overrides, **run}
+        try:
+            return resolve(cfg)
+        except SettingsError:
+            if "num-clients" in cfg:
+                raise
+            for clients in POOLS:  # refused for the default count only (wire.overrides)
+                try:
+                    return resolve({**cfg, "num-clients": clients})
+                except SettingsError:
+                    pass
+            raise
 
     def server_half(self, settings: Mapping[str, Scalar]) -> ServerHalf:
         """The algorithm's server half (strategies/) for a run of `settings`."""
@@ -225,37 +301,55 @@ class PollenStrategy(Strategy):
         clients' aggregated metrics per round (`train_metrics_clientapp`; Pollen's clients
         report the received model's test metrics with their training reply), the final
         evaluation on every client (`evaluate_metrics_clientapp[num_rounds]`) and
-        `evaluate_fn`'s, called with round 0's and each round's global arrays.
+        `evaluate_fn`'s, called with round 0's and each round's global model by the names of
+        the model the clients train (FeDLRT's dense weights; FedEM's once per component, its
+        metrics named `comp{m}.{name}`).
 
         `initial_arrays`: the model the run starts from (empty or None: the algorithm's own
         seeded initialization, `initial_arrays()`); FedEM takes one model as its first
-        component. `timeout`: how long each phase waits for replies. `train_config` and
-        `evaluate_config` must be empty: an algorithm's clients are configured by its
-        settings, which travel with every instruction. The run's clients are the SuperNodes
+        component. `timeout`: how long each phase waits for replies. `train_config`: settings
+        for this run (`ConfigRecord({"lr": 0.01})`: each key a keyword argument or a setting,
+        `config_settings`); `evaluate_config` must be empty. The settings travel with every
+        instruction. The run's clients are the SuperNodes
         connected at the start (the `num_clients` keyword argument fixes their number)."""
         log.info("Starting %s strategy (Pollen's engine):", type(self).__name__)
         self.summary()
-        if train_config or evaluate_config:
+        if evaluate_config:
             raise SettingsError(
-                "Pollen's clients are configured by the strategy's keyword arguments, not by "
-                "train_config/evaluate_config"
+                "evaluate_config: Pollen's clients evaluate as the strategy's settings say; "
+                "give them as keyword arguments"
             )
+        given = config_settings(self.algorithm, dict(train_config or {}))
         settings = self._run_settings(
-            grid, **{"num-rounds": num_rounds, "phase-timeout": float(timeout)}
+            grid, **given, **{"num-rounds": num_rounds, "phase-timeout": float(timeout)}
         )
+        started = time.time()
         half = self.server_half(settings)
         result = Result()
-        recorder = Recorder(half.run.out_dir, result, half.global_arrays, evaluate_fn)
+        recorder = Recorder(half.run.out_dir, result, half.model_arrays, evaluate_fn, num_rounds)
         start = from_array_record(initial_arrays) if initial_arrays is not None else None
         engine = Engine(SettingsGrid(grid, settings), settings, half, recorder,
                         initial_arrays=start or None)  # fmt: skip
-        summary = engine.run()
+        threads = RunSettings.of(settings).server_blas_threads
+        # the server's linear algebra is small (FeDLRT's SVDs): a multi-threaded BLAS only
+        # spins against the clients and the SuperLink on a shared machine (server.blas)
+        with threadpool_limits(limits=threads or None, user_api="blas"):
+            summary = engine.run()
         final = summary.get("final") or {}
         if final.get("eval"):
             result.evaluate_metrics_clientapp[num_rounds] = MetricRecord(dict(final["eval"]))
-        arrays = half.global_arrays()
+        models = half.model_arrays()
+        arrays = models[0] if len(models) == 1 else half.global_arrays()
         if arrays is not None:
             result.arrays = to_array_record(arrays)
+        log.info("")
+        log.info("Strategy execution finished in %.2fs", time.time() - started)
+        log.info("")
+        log.info("Final results:")
+        log.info("")
+        for line in io.StringIO(str(result)):
+            log.info("\t%s", line.strip("\n"))
+        log.info("")
         return result
 
     def _run_settings(self, grid: Grid, **run: Scalar) -> dict[str, Scalar]:
@@ -301,6 +395,7 @@ class PollenStrategy(Strategy):
                     "(keys, shares, the masked phase, unmasking); Flower's configure/aggregate "
                     "pair is one exchange: use start()"
                 )
+            limit_blas_threads(RunSettings.of(settings).server_blas_threads)  # server.blas
             half = self.server_half(settings)
             self._hooks = HookRounds(half, settings, half.run.out_dir)
         return self._hooks

@@ -73,8 +73,67 @@ def overrides(algorithm: str, kwargs: Mapping[str, Any]) -> dict[str, Scalar]:
         if name not in names:
             raise SettingsError(f"{algorithm} has no setting {name!r}{_nearest(name, names)}")
         out[names[name]] = value
-    resolve({"algorithm": algorithm, **out})  # every value checked now, not at start
+    try:
+        resolve({"algorithm": algorithm, **out})  # every value checked now, not at start
+    except SettingsError:
+        if "num-clients" in out or not any(_fits(algorithm, out, n) for n in POOLS):
+            raise
+        # what fails is the client count only (Krum's f against a round's clients, say):
+        # start() counts the SuperNodes the grid has and checks again with their number
     return out
+
+
+POOLS = (10, 100, 1000)
+"""Client counts a strategy's settings are also checked at when the default count (num-clients)
+refuses them and the argument was not given: the grid decides it at start."""
+
+
+def _fits(algorithm: str, settings: Mapping[str, Any], clients: int) -> bool:
+    try:
+        resolve({"algorithm": algorithm, **settings, "num-clients": clients})
+    except SettingsError:
+        return False
+    return True
+
+
+def config_settings(
+    algorithm: str, config: Mapping[str, Any], what: str = "train_config"
+) -> dict[str, Scalar]:
+    """Settings named in a Flower config (a `train_config`, a run config): each key a keyword
+    argument (`local_epochs`) or the setting it names (`local-epochs`, `fedem.components`);
+    SettingsError names the first key that is neither."""
+    names = keyword_settings(algorithm)
+    keys = set(names.values())
+    out: dict[str, Scalar] = {}
+    for key, value in config.items():
+        setting = names.get(key) or names.get(_snake(key)) or (key if key in keys else None)
+        if setting is None:
+            raise SettingsError(
+                f"{what}: {key!r} is no setting of {algorithm}{_nearest(_snake(key), names)}; "
+                f"pollen.flower.keyword_settings({algorithm!r}) lists them"
+            )
+        out[setting] = value
+    return out
+
+
+def run_config_kwargs(
+    algorithm: str, run_config: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The keyword arguments a Flower run config names (`local-epochs = 2` -> local_epochs=2;
+    keys as in `config_settings`), and the keys that name no setting, each with a note (the
+    nearest setting, if any): the app's own keys, such as `num-server-rounds`."""
+    names = keyword_settings(algorithm)
+    kwarg_of = {setting: name for name, setting in names.items()}
+    kwargs: dict[str, Any] = {}
+    ignored: dict[str, str] = {}
+    for key, value in run_config.items():
+        try:
+            (setting,) = config_settings(algorithm, {key: value}, "run config")
+        except SettingsError:
+            ignored[key] = _nearest(_snake(key), names)
+            continue
+        kwargs[kwarg_of[setting]] = value
+    return kwargs, ignored
 
 
 def _nearest(name: str, names: Mapping[str, str]) -> str:

@@ -29,6 +29,7 @@ from pollen.flower import (
     PollenStrategy,
     SettingsError,
     client_data,
+    components,
     keyword_settings,
     register,
 )
@@ -187,8 +188,7 @@ def test_fedem_trains_a_users_own_model_on_their_own_data(tmp_path: Path) -> Non
     seen: list[tuple[int, MetricRecord | None]] = []
 
     def evaluate(rnd: int, arrays: ArrayRecord) -> MetricRecord | None:
-        assert sorted(arrays) == sorted(f"comp{m}.{k}" for m in range(2)
-                                        for k in TinyNet().state_dict())  # fmt: skip
+        TinyNet().load_state_dict(arrays.to_torch_state_dict())  # one component at a time
         seen.append((rnd, None))
         return MetricRecord({"round": float(rnd)})
 
@@ -200,8 +200,12 @@ def test_fedem_trains_a_users_own_model_on_their_own_data(tmp_path: Path) -> Non
         grid=LocalGrid(app, 3, {}), initial_arrays=ArrayRecord(user.state_dict()),
         num_rounds=3, evaluate_fn=evaluate,
     )  # fmt: skip
-    assert [r for r, _ in seen] == [0, 1, 2, 3]
-    assert result.evaluate_metrics_serverapp[3]["round"] == 3.0
+    assert [r for r, _ in seen] == [0, 0, 1, 1, 2, 2, 3, 3]  # each component, each round
+    assert dict(result.evaluate_metrics_serverapp[3]) == {"comp0.round": 3.0, "comp1.round": 3.0}
+    parts = components(result.arrays)
+    assert len(parts) == 2
+    for part in parts:
+        TinyNet().load_state_dict(part.to_torch_state_dict())
     final = result.evaluate_metrics_clientapp[3]
     assert final["clients"] == 3.0
     assert float(final["test-accuracy"]) > 0.5  # type: ignore[arg-type]  # chance is 0.1
@@ -215,6 +219,82 @@ def test_fedem_trains_a_users_own_model_on_their_own_data(tmp_path: Path) -> Non
         )  # fmt: skip
 
 
+def digits_loaders(partition_id: int, num_partitions: int) -> ClientData:
+    """The user's data as a Flower quickstart builds it: DataLoaders of {"img", "label"} dicts
+    (a dataset with a transform applied per item)."""
+    from torch.utils.data import DataLoader
+
+    share = digits_share(partition_id, num_partitions)
+
+    def loader(split: Any) -> DataLoader[Any]:
+        items: Any = [{"img": torch.from_numpy(x) * 2 - 1, "label": int(y)}
+                      for x, y in zip(split.x, split.y, strict=True)]  # fmt: skip
+        return DataLoader(items, batch_size=32, shuffle=True)
+
+    return client_data(loader(share.train), loader(share.test), num_classes=10)
+
+
+def test_client_data_reads_dataloaders_as_flower_apps_build_them() -> None:
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x = torch.rand(10, 1, 8, 8)
+    y = torch.arange(10) % 3
+    pairs = DataLoader(TensorDataset(x, y), batch_size=4)
+    items: Any = [{"image": a, "labels": b} for a, b in zip(x, y, strict=True)]
+    dicts = DataLoader(items, batch_size=3)
+    data = client_data(pairs, dicts, num_classes=3, val=TensorDataset(x[:2], y[:2]))
+    assert np.array_equal(data.train.x, x.numpy()) and np.array_equal(data.train.y, y.numpy())
+    assert np.array_equal(data.test.x, x.numpy()) and np.array_equal(data.test.y, y.numpy())
+    assert data.val.x.shape == (2, 1, 8, 8) and data.train.x.dtype == np.float32
+    with pytest.raises(SettingsError, match=r"dicts with keys \['pixels', 'target'\]"):
+        odd: Any = [{"pixels": x[0], "target": y[0]}]
+        client_data(DataLoader(odd), pairs, num_classes=3)
+    with pytest.raises(SettingsError, match="test is a int"):
+        client_data(pairs, 5, num_classes=3)
+
+
+def test_fedlrt_gives_evaluate_fn_and_result_the_users_dense_model(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """FeDLRT factorises the user's layers; what `evaluate_fn` and `Result.arrays` get is the
+    user's model (each factorised weight as U diag(s) V^T), loadable with load_state_dict. The
+    server's BLAS is capped while the run goes (server-blas-threads), each round is logged as
+    Flower's strategies log it, and summary.json says the data was the app's own."""
+    from threadpoolctl import threadpool_info
+
+    seen: list[int] = []
+    blas: list[int] = []
+
+    def evaluate(rnd: int, arrays: ArrayRecord) -> MetricRecord:
+        net = TinyNet()
+        net.load_state_dict(arrays.to_torch_state_dict())
+        seen.append(rnd)
+        blas.extend(i["num_threads"] for i in threadpool_info()
+                    if i["user_api"] == "blas" and "numpy" in i["filepath"])  # fmt: skip
+        return MetricRecord({"norm": float(net.head.weight.detach().norm())})
+
+    strategy = FeDLRT(model_fn=TinyNet, rank=4, layers="head", out_dir=str(tmp_path / "out"),
+                      **FAST)  # fmt: skip
+    app = _client_app("fedlrt", model_fn=TinyNet, data_fn=digits_loaders)
+    start = TinyNet()
+    with caplog.at_level("INFO", logger="flwr.pollen"):
+        result = strategy.start(grid=LocalGrid(app, 2, {}), num_rounds=2, evaluate_fn=evaluate,
+                                initial_arrays=ArrayRecord(start.state_dict()))  # fmt: skip
+    assert seen == [0, 1, 2]
+    assert set(blas) == {1}  # NumPy's BLAS (the server's SVDs), capped during the run
+    final = TinyNet()
+    final.load_state_dict(result.arrays.to_torch_state_dict())
+    assert sorted(result.arrays) == sorted(TinyNet().state_dict())
+    # the rank-4 start of the user's head layer, as evaluate_fn saw it at round 0
+    w = start.head.weight.detach().numpy().astype(np.float64)
+    u, sv, vt = np.linalg.svd(w, full_matrices=False)
+    rank4 = float(np.linalg.norm((u[:, :4] * sv[:4]) @ vt[:4]))
+    assert result.evaluate_metrics_serverapp[0]["norm"] == pytest.approx(rank4, rel=1e-5)
+    assert "[ROUND 2/2]" in caplog.text and "Aggregated MetricRecord" in caplog.text
+    assert "Global evaluation" in caplog.text and "Strategy execution finished" in caplog.text
+    assert _summary(tmp_path / "out").dataset == "data_fn"
+
+
 def test_a_data_function_must_return_the_clients_splits(tmp_path: Path) -> None:
     """A SuperNode sends its ClientApp's exception as an error reply: the run stops once every
     node has answered its hellos so, in one line naming the reason."""
@@ -224,11 +304,47 @@ def test_a_data_function_must_return_the_clients_splits(tmp_path: Path) -> None:
         FedAvg(num_clients=2, poll_interval=0.05, out_dir=str(tmp_path)).start(grid=grid)
 
 
-def test_train_config_is_refused_with_the_reason(tmp_path: Path) -> None:
-    with pytest.raises(SettingsError, match="keyword arguments"):
-        FedAvg(out_dir=str(tmp_path)).start(
-            grid=LocalGrid(ClientApp(), 1, {}), train_config=ConfigRecord({"lr": 0.1})
+def test_train_config_names_settings_of_the_run(tmp_path: Path) -> None:
+    """Flower's quickstart passes `train_config=ConfigRecord({"lr": ...})`: its keys are the
+    run's settings; a key that names none is refused in one line, before anything is sent."""
+    grid = LocalGrid(_client_app("fedavg"), 2, {})
+    FedAvg(out_dir=str(tmp_path / "ok"), **FAST).start(
+        grid=grid, num_rounds=1, train_config=ConfigRecord({"lr": 0.05, "local-epochs": 2})
+    )
+    config = json.loads((tmp_path / "ok" / "config.json").read_text())
+    assert (config["lr"], config["local-epochs"]) == (0.05, 2)
+    with pytest.raises(SettingsError, match="'learning-rate' is no setting of fedavg"):
+        FedAvg(out_dir=str(tmp_path / "bad")).start(
+            grid=grid, train_config=ConfigRecord({"learning-rate": 0.1})
         )
+    assert not (tmp_path / "bad").exists()
+
+
+def test_a_run_config_gives_the_settings_it_names(caplog: pytest.LogCaptureFixture) -> None:
+    run_config = {"num-server-rounds": 3, "lr": 0.01, "local-epochs": 2, "components": 2,
+                  "batch-size": 32, "fraction-evaluate": 0.5}  # fmt: skip
+    with caplog.at_level("INFO", logger="flwr.pollen"):
+        strategy = FedEM.from_run_config(run_config, model_fn=TinyNet, lr=0.02)
+    settings = strategy.settings()
+    assert (settings["lr"], settings["local-epochs"], settings["fedem.components"]) == (
+        0.02, 2, 2
+    )  # fmt: skip
+    assert settings["batch-size"] == 32
+    assert "'num-server-rounds': no setting of fedem" in caplog.text
+    assert "'fraction-evaluate': no setting of fedem" in caplog.text
+
+
+def test_a_robust_rule_is_sized_by_the_nodes_the_grid_has(tmp_path: Path) -> None:
+    """Krum with f = 1 needs 2f + 3 = 5 updates a round: the strategy is made without knowing
+    how many SuperNodes there will be, and start counts the grid's."""
+    strategy = FedAvg(robust_rule="krum", robust_f=1, out_dir=str(tmp_path / "five"), **FAST)
+    result = strategy.start(grid=LocalGrid(_client_app("fedavg"), 5, {}), num_rounds=1)
+    assert result.train_metrics_clientapp[1]["clients"] == 5.0
+    strategy = FedAvg(robust_rule="krum", robust_f=1, out_dir=str(tmp_path / "three"), **FAST)
+    with pytest.raises(SettingsError, match="but a round has 3 clients"):
+        strategy.start(grid=LocalGrid(_client_app("fedavg"), 3, {}), num_rounds=1)
+    with pytest.raises(SettingsError, match="but a round has 3 clients"):
+        FedAvg(robust_rule="krum", robust_f=1, num_clients=3)  # the count given: checked now
 
 
 # ---- every algorithm, from the registry -----------------------------------------------------
