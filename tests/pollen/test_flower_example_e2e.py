@@ -11,13 +11,12 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pollen.tools.local_federation import LocalFederation
+from tests.pollen.flwr_apps import flwr_run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -33,23 +32,7 @@ CONFIG: dict[str, Any] = {
 def _flwr_run(app: Path, work: Path, cache: Path) -> dict[int, dict[str, float]]:
     """The example's final evaluation (its ServerApp prints it), from `flwr run` of `app` on
     CLIENTS simulated SuperNodes; the run must finish as completed."""
-    fed = LocalFederation(work)
-    fed.env.update(RAY_ADDRESS="local", POLLEN_CACHE_DIR=str(cache), FLWR_TELEMETRY_ENABLED="0")
-    try:
-        fed.start_superlink(simulation=True)
-        fed.configure_simulation(CLIENTS, 1)
-        run_id = fed.submit(CONFIG, app=app)
-        deadline = time.monotonic() + 600
-        status: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            status = fed.run_status(run_id)
-            if str(status.get("status", "")).startswith("finished"):
-                break
-            time.sleep(2)
-        log = fed.server_log(run_id)
-        assert status.get("status") == "finished:completed", (status, log[-3000:])
-    finally:
-        fed.stop()
+    log = flwr_run(app, work, cache, CLIENTS, CONFIG)
     found = re.search(r"Final evaluation on every client: (\{.*\})", log)
     assert found, log[-3000:]
     final: dict[int, dict[str, float]] = ast.literal_eval(found.group(1))

@@ -1,0 +1,1 @@
+"""pytorchexample: Flower's PyTorch quickstart, to switch to Pollen's algorithms."""
