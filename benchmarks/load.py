@@ -6,7 +6,7 @@ rounds on digits), samples /proc every 0.5 s for the processes of the run (those
 line or environment points into its output directory) and records each process's peak resident
 memory (VmHWM, else the largest VmRSS seen), grouped by role: SuperLink, ServerApp, SuperNode,
 ClientApp (one process per message in deployment), simulation worker. Writes JSON (default
-benchmarks/results/load.json) and prints a table.
+pollen-bench/load.json in the system's temporary directory) and prints a table.
 
     nice -n 10 .venv/bin/python benchmarks/load.py [--algorithms fedavg,fedem] [--rounds 2]
         [--sim-clients 100] [--sim-sampled 10] [--nodes 8] [--modes simulate,deploy] [--out FILE]
@@ -171,7 +171,8 @@ def main() -> None:
         default=0,
         help="clients sampled per round in simulation (0: all)",
     )
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "load.json"))
+    scratch = Path(tempfile.gettempdir()) / "pollen-bench" / "load.json"
+    parser.add_argument("--out", default=str(scratch))
     args = parser.parse_args()
     results: list[dict[str, Any]] = []
     out_file = Path(args.out)

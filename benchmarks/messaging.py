@@ -3,7 +3,8 @@ ClientApp takes to start, and how many bytes a client moves per round.
 
 Runs `pollen deploy` / `pollen simulate` for the no-op algorithm (Flower's own floor: nothing
 but messaging) and for FedAvg, then times ClientApp start-up pieces in fresh interpreters.
-Prints a table and writes JSON (default benchmarks/results/messaging.json).
+Prints a table and writes JSON (default: pollen-bench/messaging.json in the system's temporary
+directory).
 
     .venv/bin/python benchmarks/messaging.py [--rounds 4] [--clients 2] [--out FILE]
 """
@@ -144,7 +145,8 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--modes", default="deploy,simulate")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "messaging.json"))
+    scratch = Path(tempfile.gettempdir()) / "pollen-bench" / "messaging.json"
+    parser.add_argument("--out", default=str(scratch))
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="pollen-bench-"))
     cache = work / "cache"

@@ -1,9 +1,15 @@
-"""Pollen's benchmark suite: one command, JSON per part in benchmarks/results/, a table printed.
+"""Pollen's benchmark suite: one command, JSON per part, a table printed.
 
     .venv/bin/python benchmarks/run.py                       # every part
     .venv/bin/python benchmarks/run.py --parts flower,startup --rounds 3
+    .venv/bin/python benchmarks/run.py --parts flower --modes deploy --save --tag=-deploy
 
-Parts (each writes benchmarks/results/<part>.json):
+Each part writes <part><tag>.json: by default into a scratch directory (the system's temporary
+directory, pollen-bench/; --out DIR for another), into benchmarks/results/ only with --save.
+The files there are those the docs cite (docs/performance.md gives each one's command; run
+with --save, that command replaces the file).
+
+Parts:
   algorithms  every registered algorithm (--modes: simulation, deployment with 2 SuperNodes):
               seconds per round split into phases
               (exchange seconds, bytes per client each way), serialization (client: arrays <->
@@ -74,6 +80,7 @@ from messaging import measure_startup  # noqa: E402
 from pollen.core import rundir  # noqa: E402  (light: no torch, no Flower)
 
 RESULTS = ROOT / "benchmarks" / "results"
+SCRATCH = Path(tempfile.gettempdir()) / "pollen-bench"
 QUIET = ["--set", "server-eval=false", "--set", "client-timing=true"]
 
 
@@ -989,14 +996,21 @@ def main() -> int:
         "--secagg-simulate", type=_ints, default=_ints("100,1000"),
         help="secagg: simulated clients of each pair of runs",
     )  # fmt: skip
-    parser.add_argument("--out", default=str(RESULTS))
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--out", default=str(SCRATCH), help="directory of the JSON files (default: %(default)s)"
+    )
+    where.add_argument(
+        "--save", action="store_true",
+        help=f"write the JSON files into {RESULTS.relative_to(ROOT)}/, the figures the docs cite",
+    )  # fmt: skip
     parser.add_argument("--tag", default="", help="suffix of the JSON file names")
     args = parser.parse_args()
     if isinstance(args.fedlrt_sizes, str):
         args.fedlrt_sizes = [tuple(_ints(x)) for x in args.fedlrt_sizes.split(";")]
     work = Path(tempfile.mkdtemp(prefix="pollen-bench-"))
     cache = work / "cache"
-    out = Path(args.out)
+    out = RESULTS if args.save else Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     machine = {
         "cpus": os.cpu_count(),

@@ -177,7 +177,7 @@ def _check_data(resolved: dict[str, Scalar]) -> None:
     (it fits the data; its bytes weighed for the packing) up front. A launcher that has not
     imported torch does this in a child process (`check_data_apart`), so that it does not hold
     torch, the model and the partition, about 0.5 GB, for as long as the run lasts
-    (docs/performance.md#the-launchers-own-memory-2026-11-28); one that has (a program or a test
+    (docs/performance.md#settings-that-change-these-figures); one that has (a program or a test
     that calls the command line in its own process) does it here: there is nothing to save."""
     weighed = check_data(resolved) if "torch" in sys.modules else check_data_apart(resolved)
     kept(_MODEL_BYTES, settings_key(resolved), lambda: weighed)

@@ -64,7 +64,7 @@ given; a resumed run keeps its own): the server reads them from the simulation's
 state, where a poll costs little, while a wait that grows with the time waited (up to a quarter
 of it) picks a phase's last reply up late and folds its replies in bursts (FedAvg, 1,000
 clients, `--parallel 2`: 2.78 → 2.60 s and 2.35 → 1.95 s a round,
-docs/performance.md#fewer-larger-simulated-nodes-2026-11-27)."""
+docs/performance.md#settings-that-change-these-figures)."""
 
 SIMULATION_MALLOC = {
     "MALLOC_MMAP_THRESHOLD_": str(64 * 2**20),
@@ -73,7 +73,7 @@ SIMULATION_MALLOC = {
 """glibc's allocator in the simulation's processes (the user's own values win): every client's
 reply is a model-sized buffer made, copied and freed in turn, each time in fresh pages (mapped
 for it, or given back with the heap's top) unless the allocator reuses the memory it has
-(docs/performance.md, Against a plain training loop). The peak memory stays that of the
+(docs/performance.md#settings-that-change-these-figures). The peak memory stays that of the
 largest round; the processes keep it between rounds."""
 
 SIMULATION_RAY = {"RAY_free_objects_period_milliseconds": "100"}
@@ -83,7 +83,7 @@ a second's worth of replies stays in the shared-memory object store, whose pages
 and the simulation process all map (a packed node's reply carries every client's model: 51 MB
 for 64 MNIST clients). FedAvg on mnist-5k, 1,000 clients, `--parallel 2`: the store's pages
 530 MB in each of those three processes with the default, 145 MB with a batch every 0.1 s,
-rounds no slower (docs/performance.md#rays-object-store-2026-11-28)."""
+rounds no slower (docs/performance.md#settings-that-change-these-figures)."""
 
 NODES_PER_PARALLEL_CLIENT = 4
 """`pollen simulate`'s default packing: simulated SuperNodes per client trained at once, so that
@@ -106,7 +106,7 @@ MOST_NODES = 64
 """... up to this many nodes: Flower's simulation engine looks for each node's messages by
 scanning all of them (every 0.1 s), a cost that grows with the square of the nodes (on 2 cores,
 FedAvg on mnist-5k at 1,000 clients: 4.2 s a round on 63 nodes, 2.5 s on 16,
-docs/performance.md#fewer-larger-simulated-nodes-2026-11-27)."""
+docs/performance.md#settings-that-change-these-figures)."""
 
 
 def clients_per_node(model_bytes: int) -> int:
