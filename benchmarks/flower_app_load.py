@@ -70,6 +70,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--busy", type=int, default=8, help="processes spinning meanwhile")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--threads", type=lambda v: [int(t) for t in v.split(",")], default=[0, 1],
+        help="server-blas-threads of each run",
+    )  # fmt: skip
     parser.add_argument("--limit", type=float, default=600.0, help="seconds a run may take")
     parser.add_argument(
         "--out", type=Path, default=Path(tempfile.gettempdir()) / "flower_app_load.json"
@@ -87,7 +91,9 @@ def main() -> None:
             proc.start()
         try:
             time.sleep(20)  # let the load average rise
-            rows = [run(app, Path(tmp) / f"t{t}", args.rounds, t, args.limit) for t in (0, 1)]
+            rows = [
+                run(app, Path(tmp) / f"t{t}", args.rounds, t, args.limit) for t in args.threads
+            ]
         finally:
             for proc in busy:
                 proc.terminate()

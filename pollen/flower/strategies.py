@@ -51,6 +51,7 @@ from pollen.flower.wire import (
 )
 from server.blas import limit_blas_threads
 from server.engine import Engine
+from server.lifeline import watch_parent
 from server.results import ResultsWriter
 from strategies.base import Strategy as ServerHalf
 from strategies.base import strategy_class
@@ -313,6 +314,7 @@ class PollenStrategy(Strategy):
         instruction. The run's clients are the SuperNodes
         connected at the start (the `num_clients` keyword argument fixes their number)."""
         log.info("Starting %s strategy (Pollen's engine):", type(self).__name__)
+        watch_parent()  # a ServerApp whose SuperLink is gone exits (server.lifeline)
         self.summary()
         if evaluate_config:
             raise SettingsError(

@@ -6,7 +6,7 @@ import sys
 import time
 
 from pollen.core.contracts.launcher import LAUNCHER_PID
-from server.app import descendants, exit_with_parent, launcher_alive
+from server.lifeline import descendants, exit_with_parent, launcher_alive
 
 
 def test_the_server_app_exits_once_its_parent_is_gone_with_what_it_started() -> None:
