@@ -38,7 +38,7 @@ def test_deploy_with_a_supernode_killed_after_the_key_sharing_completes(
     proc = subprocess.Popen(
         [*POLLEN, "deploy", "--algorithm", "fedavg", "--dataset", "digits", "--clients", "4",
          "--rounds", "2", "--out", str(out), "--tls-dir", str(certs), "--auth",
-         "--set", "secagg.enabled=true", "--set", f"phase-timeout={TIMEOUT}",
+         "--set", "secagg.enabled=true", "--set", f"phase-timeout={2 * TIMEOUT}",
          "--set", "poll-interval=0.5", "--set", "lr=0.1"],
         env=_env(shared_cache, tmp_path / "home"), stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, start_new_session=True,
