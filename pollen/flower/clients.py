@@ -116,10 +116,12 @@ def client_data(
 
 def _pair(given: Split, name: str) -> tuple[np.ndarray, np.ndarray]:
     """(examples, labels) of one split as NumPy arrays; SettingsError naming what it got."""
-    if isinstance(given, tuple | list) and len(given) == 2 and not _is_loader(given):
+    if isinstance(given, tuple | list) and len(given) == 2:
         return _numpy(given[0]), _numpy(given[1]).reshape(-1)
-    if _is_loader(given) or (hasattr(given, "__getitem__") and hasattr(given, "__len__")):
-        return _read(given if _is_loader(given) else _loader(given), name)
+    if _is_loader(given):
+        return _read(given, name)
+    if hasattr(given, "__getitem__") and hasattr(given, "__len__"):  # a Dataset
+        return _read(_loader(given), name)
     raise SettingsError(
         f"client_data: {name} is a {type(given).__name__}; give an (examples, labels) pair, "
         "a DataLoader or a Dataset"

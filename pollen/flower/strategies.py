@@ -36,16 +36,15 @@ from threadpoolctl import threadpool_limits
 from pollen.core import protocol
 from pollen.core.protection import SecAggSettings
 from pollen.core.registry import get_algorithm
-from pollen.core.runconfig import resolve
 from pollen.core.rundir import RoundRow
 from pollen.core.runmodel import ModelFn
 from pollen.core.settings import RunSettings, Scalar, SettingsError
 from pollen.flower.hooks import HookRounds
 from pollen.flower.wire import (
     OWN_MODEL,
-    POOLS,
     config_settings,
     overrides,
+    resolve_for_any_count,
     run_config_kwargs,
     with_settings,
 )
@@ -254,18 +253,7 @@ class PollenStrategy(Strategy):
     def settings(self, **run: Scalar) -> dict[str, Scalar]:
         """Every setting of a run of this strategy: the keyword arguments, `run` (settings the
         run decides: num-rounds, phase-timeout, num-clients) and the defaults."""
-        cfg = {"algorithm": self.algorithm, **self.overrides, **run}
-        try:
-            return resolve(cfg)
-        except SettingsError:
-            if "num-clients" in cfg:
-                raise
-            for clients in POOLS:  # refused for the default count only (wire.overrides)
-                try:
-                    return resolve({**cfg, "num-clients": clients})
-                except SettingsError:
-                    pass
-            raise
+        return resolve_for_any_count({"algorithm": self.algorithm, **self.overrides, **run})
 
     def server_half(self, settings: Mapping[str, Scalar]) -> ServerHalf:
         """The algorithm's server half (strategies/) for a run of `settings`."""

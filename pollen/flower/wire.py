@@ -73,13 +73,7 @@ def overrides(algorithm: str, kwargs: Mapping[str, Any]) -> dict[str, Scalar]:
         if name not in names:
             raise SettingsError(f"{algorithm} has no setting {name!r}{_nearest(name, names)}")
         out[names[name]] = value
-    try:
-        resolve({"algorithm": algorithm, **out})  # every value checked now, not at start
-    except SettingsError:
-        if "num-clients" in out or not any(_fits(algorithm, out, n) for n in POOLS):
-            raise
-        # what fails is the client count only (Krum's f against a round's clients, say):
-        # start() counts the SuperNodes the grid has and checks again with their number
+    resolve_for_any_count({"algorithm": algorithm, **out})  # every value checked now
     return out
 
 
@@ -88,12 +82,22 @@ POOLS = (10, 100, 1000)
 refuses them and the argument was not given: the grid decides it at start."""
 
 
-def _fits(algorithm: str, settings: Mapping[str, Any], clients: int) -> bool:
+def resolve_for_any_count(cfg: Mapping[str, Any]) -> dict[str, Scalar]:
+    """`resolve(cfg)`; where only the client count refuses it (Krum's f against a round's
+    clients, say) and `cfg` does not give one, the settings at the first count of POOLS that
+    takes them: start() counts the SuperNodes the grid has and checks again with their number.
+    Otherwise the default count's SettingsError."""
     try:
-        resolve({"algorithm": algorithm, **settings, "num-clients": clients})
+        return resolve(cfg)
     except SettingsError:
-        return False
-    return True
+        if "num-clients" in cfg:
+            raise
+        for clients in POOLS:
+            try:
+                return resolve({**cfg, "num-clients": clients})
+            except SettingsError:
+                pass
+        raise
 
 
 def config_settings(
