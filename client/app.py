@@ -18,7 +18,7 @@ from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
 
 from client import relay, resident
-from client.dispatch import answer_node, seconds_since_process_start
+from client.dispatch import answer_node, seconds_since_process_start, wait_out
 from client.env import ClientEnv
 from pollen.core import protocol
 from pollen.core.registry import all_message_types
@@ -35,13 +35,15 @@ def handle(msg: Message, context: Context) -> Message:
     (client.relay), else this process runs the handler."""
     entered = time.perf_counter()
     sock = relay.configured_socket()
-    timing = RunSettings.of(from_run_config(context.run_config)).client_timing
+    settings = from_run_config(context.run_config)
+    timing = RunSettings.of(settings).client_timing
     if sock is not None:
         try:
             content = relay.forward(msg, context, sock, timing)
         except resident.WorkerUnavailable as exc:
             log.warning("pollen: %s; this ClientApp runs the handler itself", exc)
         else:
+            wait_out(content, settings)
             reply = Message(content, reply_to=msg)
             if timing:
                 add_relay_timing(content, time.perf_counter() - entered)
@@ -49,6 +51,7 @@ def handle(msg: Message, context: Context) -> Message:
             return reply
     env = ClientEnv.from_context(context)
     content = answer_node(msg.metadata.message_type, msg.content, env)
+    wait_out(content, settings)
     reply = Message(content, reply_to=msg)
     if env.run.client_timing:
         add_serialization_timing(msg, reply)

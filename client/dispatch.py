@@ -10,6 +10,7 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Callable, Mapping
 
 import numpy as np
 from flwr.app import MetricRecord, RecordDict
@@ -27,9 +28,11 @@ from client.warm import lending
 from pollen.core import protocol
 from pollen.core.contracts import client_dp
 from pollen.core.contracts import secagg as secagg_contract
+from pollen.core.pacing import Device, HeterogeneitySettings
 from pollen.core.protection import ClientDPSettings
 from pollen.core.protocol import HELLO, Hello
 from pollen.core.registry import AlgorithmSpec, get_algorithm
+from pollen.core.settings import Scalar
 from robust.attacks import attack_rows
 from robust.client_dp import privatize_update
 from robust.flat import flatten, unflatten
@@ -54,6 +57,8 @@ def answer(message_type: str, content: RecordDict, env: ClientEnv) -> RecordDict
     if timing and spec is not None and spec.uses_torch:
         _time_torch_import(env)
     codec = protocol.codec_seconds()
+    device = protocol.device_of(content)
+    served = _examples_served()
     stage = message_type in secagg_contract.STAGES
     masked = not stage and spec is not None and secagg.is_masked(content)
     handler: ClientHandler
@@ -71,9 +76,63 @@ def answer(message_type: str, content: RecordDict, env: ClientEnv) -> RecordDict
         reply = attacked(reply, content, env, spec.model_reply)
     if masked:  # secure aggregation: the summed records leave encoded and masked
         reply = secagg.masked(reply, content, env)
+    if device is not None:
+        paced(reply, content, device, _examples_served() - served, time.perf_counter() - entered)
     if timing:
         add_timing(reply, env, time.perf_counter() - entered, protocol.codec_seconds() - codec)
     return reply
+
+
+def paced(
+    reply: RecordDict,
+    instruction: RecordDict,
+    device: Mapping[str, float | str],
+    examples: int,
+    seconds: float,
+) -> None:
+    """The message as the client's device (heterogeneity.*, docs/pacing.md#devices) would take
+    it: on the virtual clock the reply reports the device's time (`device-seconds`) for the
+    examples its handler trained on and the bytes it received and sends; on the wall clock it
+    reports what its device would take longer than this machine did (`device-wait-seconds`),
+    which the process that hands the reply to Flower waits out (`wait_out`): never a node's
+    resident worker, which other nodes' messages may be waiting for."""
+    own = Device.from_json(device)
+    down, up = protocol.payload_bytes(instruction), protocol.payload_bytes(reply)
+    metrics = protocol.metrics_of(reply)
+    if device.get("clock") == "virtual":
+        metrics[protocol.DEVICE_SECONDS] = own.seconds(examples, down, up)
+        return
+    reference = Device(float(device["reference-ms"]), 1.0, 0.0)
+    metrics[protocol.DEVICE_WAIT] = own.extra_seconds(seconds, reference, down, up)
+
+
+def wait_out(
+    content: RecordDict,
+    settings: Mapping[str, Scalar],
+    sleep: Callable[[float], None] = time.sleep,
+) -> float:
+    """Wait what the reply's device adds on the wall clock (`paced`); a packed reply's clients
+    are devices of their own, working side by side: the longest. Returns the seconds waited
+    (a run without devices on the wall clock: 0, at once)."""
+    het = HeterogeneitySettings.of(settings)
+    if not het.enabled or het.virtual:
+        return 0.0
+    parts = [content] if protocol.METRICS in content else []
+    if protocol.is_packed(content):
+        parts = [p for p in protocol.unpack(content).values() if protocol.METRICS in p]
+    waits = [dict(p[protocol.METRICS]).get(protocol.DEVICE_WAIT, 0.0) for p in parts]
+    longest = max([float(w) for w in waits if isinstance(w, int | float)], default=0.0)
+    if longest > 0:
+        sleep(longest)
+    return longest
+
+
+def _examples_served() -> int:
+    """The examples this process's training batches served so far (0 before any training:
+    torch is not imported for a message that trains on nothing)."""
+    training = sys.modules.get("client.training")
+    served: int = training.examples_served() if training is not None else 0
+    return served
 
 
 def privatized(

@@ -99,7 +99,18 @@ def batches(
     order = torch.randperm(n, generator=generator) if generator is not None else torch.arange(n)
     stop = n - n % batch_size if drop_last and n > batch_size else n
     for start in range(0, stop, batch_size):
-        yield order[start : start + batch_size]
+        batch = order[start : start + batch_size]
+        _served[0] += len(batch)
+        yield batch
+
+
+_served = [0]
+
+
+def examples_served() -> int:
+    """Examples the batches of this process have served so far: a device's compute on the
+    virtual clock (pollen.core.pacing)."""
+    return _served[0]
 
 
 def local_passes(

@@ -37,6 +37,8 @@ class Checkpoint:
     strategy_meta: dict[str, Any]
     rng_state: dict[str, Any]
     settings: dict[str, Any]
+    time: float = 0.0
+    """The run's time at the end of the round (RoundRow.time): a resumed run counts on."""
 
 
 def save(out_dir: Path, ckpt: Checkpoint) -> None:
@@ -55,6 +57,7 @@ def save(out_dir: Path, ckpt: Checkpoint) -> None:
         "strategy": ckpt.strategy_meta,
         "rng": ckpt.rng_state,
         "settings": ckpt.settings,
+        "time": ckpt.time,
         "npz-sha256": hashlib.sha256(blob).hexdigest(),
     }
     atomic_write_bytes(tmp / "state.json", json.dumps(meta, sort_keys=True).encode())
@@ -104,6 +107,7 @@ def _read(path: Path) -> Checkpoint:
             strategy_meta=dict(meta["strategy"]),
             rng_state=dict(meta["rng"]),
             settings=dict(meta["settings"]),
+            time=float(meta.get("time", 0.0)),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"checkpoint file {json_path} lacks a field: {exc}") from None
@@ -125,6 +129,7 @@ RESUMABLE_CHANGES = frozenset(
         "device",
         "final-eval",
         "simulation-nodes",
+        "round.deadline",
     }
 )
 

@@ -30,6 +30,7 @@ from flwr.serverapp import Grid
 from pollen.core import protocol
 from pollen.core.contracts import client_dp
 from pollen.core.contracts import secagg as secagg_contract
+from pollen.core.pacing import HeterogeneitySettings, RoundSettings, devices, reference
 from pollen.core.protection import ClientDPSettings, SecAggSettings
 from pollen.core.protocol import HELLO
 from pollen.core.rundir import (
@@ -94,6 +95,22 @@ class Engine:
         self.roster = Roster()
         self.typical: dict[str, float] = {}  # message type -> last phase's typical reply time
         self.phases: list[PhaseReport] = []  # the round's phase reports
+        # pacing (docs/pacing.md): deadline rounds, over-selection, the clients' devices
+        pacing, het = RoundSettings.of(settings), HeterogeneitySettings.of(settings)
+        self.deadline = pacing.deadline
+        self.over_selection = pacing.over_selection
+        self.virtual = het.virtual
+        run = self.run_settings
+        fleet = devices(settings, run.num_clients, run.seed)
+        ref = reference(fleet).example_ms if fleet else 0.0
+        self.device_records: list[dict[str, float | str]] = [
+            {**d.to_json(), "clock": het.clock, "reference-ms": ref} for d in fleet
+        ]
+        self._target: int | None = None
+        """The count of valid replies the round's first phase wants (over-selection)."""
+        self.time = 0.0
+        """The run's time when its last round ended (RoundRow.time); a resumed run's starts
+        at the checkpoint's."""
 
     # ---- what strategies use -------------------------------------------------------------
     @property
@@ -119,9 +136,14 @@ class Engine:
             return [c for c in pool if self._poisson.random() < fraction]
         want = max(self.run_settings.min_train_clients, math.ceil(fraction * len(pool)))
         want = min(want, len(pool))
-        if want == len(pool):
+        take = want
+        if self.over_selection > 0:
+            # over-selection: the round's first phase keeps the first `want` valid replies
+            take = min(len(pool), math.ceil(want * (1 + self.over_selection)))
+            self._target = want
+        if take == len(pool):
             return pool
-        picked = self.rng.choice(len(pool), size=want, replace=False)
+        picked = self.rng.choice(len(pool), size=take, replace=False)
         return [pool[i] for i in sorted(picked)]
 
     def exchange(
@@ -134,7 +156,10 @@ class Engine:
     ) -> dict[int, RecordDict]:
         if not payloads:  # nobody to ask (client-level DP's Poisson sample can be empty)
             return {}
-        answered, failures = Phase(self, message_type, payloads, validate, fold=fold).run()
+        target, self._target = self._target, None
+        answered, failures = Phase(
+            self, message_type, payloads, validate, fold=fold, target=target
+        ).run()
         replies = {r.key: r.content for r in answered}
         self.require(message_type, len(replies), len(payloads), failures, min_replies)
         return replies
@@ -161,6 +186,7 @@ class Engine:
             return Secured({}, {}, 0.0)
         if not payloads:
             return Secured({}, {}, 0.0)
+        target, self._target = self._target, None
         sizes = {cid: info.num_train for cid, info in self.roster.clients.items()}
         return SecureSum(
             self,
@@ -171,6 +197,7 @@ class Engine:
             secagg_contract.modulus_bits(self.settings),
             sizes,
             min_replies,
+            target,
         ).run()
 
     def require(
@@ -360,6 +387,7 @@ class Engine:
             return 1
         ckpt = checkpoint.load(self.results.dir)
         checkpoint.check_compatible(ckpt.settings, settings)
+        self.time = ckpt.time
         self.strategy.load_state(ckpt.arrays, ckpt.strategy_meta)
         self.rng.bit_generator.state = ckpt.rng_state
         self.results.truncate_after(ckpt.server_round)
@@ -371,6 +399,7 @@ class Engine:
         run = self.run_settings
         self.server_round = rnd
         self.phases = []
+        self._target = None
         r0 = self.clock()
         codec0 = protocol.codec_seconds()
         self.results.event(Event.ROUND_START, round=rnd, rounds=run.num_rounds)
@@ -380,12 +409,20 @@ class Engine:
         if run.server_eval:
             self.results.event(Event.SERVER_EVAL_START, round=rnd)
             server_eval = self.strategy.server_evaluate()
+        seconds = self.clock() - r0
+        if self.virtual:  # the devices' time: each phase's, the hello's aside
+            seconds_of_devices = sum(p.closed_at or 0.0 for p in self.phases if p.phase != HELLO)
+            self.time += seconds_of_devices
+        else:
+            self.time += seconds
         row = RoundRow(
             round=rnd,
             train=dict(train),
             server_eval=None if server_eval is None else dict(server_eval),
             phases=self.phases,
-            seconds=round(self.clock() - r0, 4),
+            time=round(self.time, 4),
+            late=sum(len(p.late or ()) for p in self.phases),
+            seconds=round(seconds, 4),
             bytes_sent=sum(p.bytes_sent for p in self.phases),
             bytes_received=sum(p.bytes_received for p in self.phases),
             # arrays <-> record bytes in this process (encode instructions, decode replies)
@@ -401,7 +438,12 @@ class Engine:
         self.phases = []
         self.results.event(Event.FINAL_START, round=self.server_round)
         self.discover()
-        evaluation = self.strategy.finalize(self)
+        # the final evaluation measures every client, the slow ones too: no deadline
+        deadline, self.deadline = self.deadline, 0.0
+        try:
+            evaluation = self.strategy.finalize(self)
+        finally:
+            self.deadline = deadline
         phases = self.phases
         server_eval = None
         if self.run_settings.server_eval:
@@ -419,5 +461,6 @@ class Engine:
                 strategy_meta=dict(meta),
                 rng_state=dict(self.rng.bit_generator.state),
                 settings=dict(settings),
+                time=self.time,
             ),
         )

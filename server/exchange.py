@@ -22,6 +22,7 @@ from pollen.core import protocol
 from pollen.core.protocol import HELLO
 from pollen.core.rundir import ClientRow, Event, PhaseReport
 from pollen.core.settings import RunSettings
+from server.resend import Sends, resend_after
 from server.results import ResultsWriter, brief
 from server.roster import Roster
 from strategies.base import Fold, Validator
@@ -31,13 +32,6 @@ _T = TypeVar("_T")
 
 WAITING_NAMED = 5
 """A `phase-progress` event names the clients still awaited when at most this many are."""
-
-RESEND_FLOOR = 10.0
-"""Least seconds before an unanswered instruction is sent again (a deployed exchange takes 3-6 s
-at best: the SuperNode pulls every 3 s)."""
-RESEND_FACTOR = 2.0
-"""An instruction is sent again once it has waited this many times the phase's typical reply
-time (the time by which half of its messages were answered)."""
 
 GRID_RETRIES = 5
 """Consecutive failures of one Grid call (push, pull, list nodes) taken for transient: Flower's
@@ -54,6 +48,10 @@ its reply from the instruction, the client's state stored before the round
 (client.state.StateStore.load) and seeds fixed by run, client and round, so a second answer
 equals the first (tests/server/test_resend.py checks this for every algorithm and phase). A
 phase listed here waits for its reply up to phase-timeout, as before."""
+
+
+LATE = "late"
+"""How the reason of a client whose reply a paced phase closed without starts."""
 
 
 class PhaseFailed(RuntimeError):
@@ -78,6 +76,9 @@ class Host(Protocol):
     roster: Roster
     typical: dict[str, float]  # message type -> its last phase's typical reply time
     phases: list[PhaseReport]  # the round's phase reports
+    deadline: float  # round.deadline: seconds a phase waits at most (0: up to phase-timeout)
+    virtual: bool  # phases paced by the devices' virtual time (heterogeneity.clock=virtual)
+    device_records: list[dict[str, float | str]]  # by client id (empty: no devices)
 
     def call(self, what: str, call: Callable[[], _T]) -> _T: ...
 
@@ -126,29 +127,19 @@ def grid_call(
     raise AssertionError("unreachable")
 
 
-def resend_after(sent: Sends, earlier: float | None) -> float | None:
-    """Seconds an instruction waits for its reply before it is sent again: RESEND_FACTOR times
-    the phase's typical reply time (`earlier`, that of the earlier phase of this type, until
-    half of this one's messages are answered), at least RESEND_FLOOR. A loaded machine answers
-    slowly and so waits longer before asking again. None (no resend yet) with nothing to go by:
-    a phase none of whose replies came may be slow, not lost, and sending it all again would
-    only add to the load (a SuperNode starts a ClientApp process for every instruction it
-    holds, even while an earlier one runs)."""
-    typical = sent.typical()
-    if typical is None:
-        typical = earlier
-    if typical is None:
-        return None
-    return max(RESEND_FLOOR, RESEND_FACTOR * typical)
-
-
 class Phase:
     """The exchange of one phase: `payloads` by client id (for the hello: by node id). `run()`
     returns the valid replies in client order and the reasons of the clients skipped. With
     `fold`, each valid reply goes to it in client order once every client before it is settled,
     and only its non-array records are kept (Federation.exchange). `record_clients`: each valid
     reply's metrics go to clients.jsonl (not for the stages of a secure sum, which report
-    none)."""
+    none).
+
+    Paced (docs/pacing.md): the phase closes once `target` clients (default: all) sent valid
+    replies, or once the host's deadline passed; the valid replies that came later, and the
+    clients still awaited, are late: skipped with a reason starting LATE, and counted in the
+    report. On the virtual clock every reply is awaited and each arrives at its device's time
+    (its `device-seconds`), by which the same rule picks the replies kept."""
 
     def __init__(
         self,
@@ -159,6 +150,7 @@ class Phase:
         hello: bool = False,
         fold: Fold | None = None,
         record_clients: bool = True,
+        target: int | None = None,
     ) -> None:
         self.host = host
         self.record_clients = record_clients and not hello
@@ -168,11 +160,21 @@ class Phase:
         self.hello = hello
         self.fold = fold
         self.started = host.clock()
+        self.target = len(payloads) if target is None else min(target, len(payloads))
+        self.deadline = 0.0 if hello else host.deadline
+        self.virtual = host.virtual and not hello
+        self.paced = self.deadline > 0 or self.target < len(payloads)
+        self.arrivals: dict[int, float] = {}  # client -> its valid reply's (virtual) arrival
+        self.late: list[int] = []
+        self.closed_at: float | None = None  # seconds after the start the phase closed
+        devices = () if hello else host.device_records
         # one message per node: a node hosting several clients gets theirs packed into one
         self.batches: dict[int, dict[int, RecordDict]] = {}
         self.bytes_sent = 0
         for key, content in payloads.items():
             node_id = key if hello else host.roster.clients[key].node_id
+            if devices:
+                content = protocol.with_device(content, devices[key])
             self.batches.setdefault(node_id, {})[key] = content
             self.bytes_sent += protocol.payload_bytes(content)
         self.messages = []
@@ -203,18 +205,23 @@ class Phase:
             messages=len(self.messages),
         )
         self._push()
-        deadline = self.started + run.phase_timeout
+        waits = run.phase_timeout
+        if self.deadline > 0 and not self.virtual:
+            waits = min(waits, self.deadline)
+        deadline = self.started + waits
         while self.pending:
             pulled = host.call("pull", partial(_pull, host.grid, list(self.pending)))
             for msg in pulled:
                 self._take(msg)
-            if self.fold is not None:
+            if self.fold is not None and not self.paced:
                 self._release()
             self._progress()
             if not self.pending:
                 break
             if host.clock() >= deadline:
                 break
+            if not self.virtual and len(self.arrivals) >= self.target:
+                break  # the phase has the replies it wants: the others are late
             if self._send_again():
                 break  # every node left was asked repeat + 1 times: greeted again later
             # poll fast first (in-memory simulation answers in milliseconds), then back off in
@@ -223,9 +230,23 @@ class Phase:
             wait = min(run.poll_interval, max(0.005, 0.25 * (host.clock() - self.started)))
             host.sleep(min(wait, max(0.0, deadline - host.clock())))
         self._give_up()
+        if self.paced or self.virtual:
+            self._close()
         if self.fold is not None:
             self._release()  # every client is settled now
+        if self.late:
+            log.info(
+                "round %s %s: closed after %.1f %sseconds with %s valid replies; %s late",
+                host.server_round,
+                self.message_type,
+                self.closed_at or 0.0,
+                "virtual " if self.virtual else "",
+                len(self.arrivals),
+                len(self.late),
+            )
         for key, reason in sorted(self.failures.items()):
+            if key in self.late:
+                continue  # counted in the line above and in the report
             log.warning(
                 "round %s %s: client %s skipped: %s",
                 host.server_round,
@@ -272,6 +293,10 @@ class Phase:
                 self.failures[key] = part
                 continue
             reason = host.screen(part, self.message_type, key, self.validate, named)
+            if reason is None and self.virtual:
+                reason = self._arrival(key, part)
+            elif reason is None:
+                self.arrivals[key] = host.clock() - self.started
             if reason is not None:
                 self.failures[key] = reason
                 continue
@@ -281,8 +306,54 @@ class Phase:
             else:
                 self.ready[key] = Reply(node_id, key, part)
                 # folded now if its turn has come: its arrays, just read by the screening, are
-                # still in the CPU's cache (a node's reply can be larger than the cache)
-                self._release()
+                # still in the CPU's cache (a node's reply can be larger than the cache); a
+                # paced phase folds once it knows which replies it keeps
+                if not self.paced:
+                    self._release()
+
+    def _arrival(self, key: int, part: RecordDict) -> str | None:
+        """On the virtual clock: record when the reply arrives (its device-seconds), or why
+        it cannot be used."""
+        value = dict(part[protocol.METRICS]).get(protocol.DEVICE_SECONDS)  # type: ignore[arg-type]
+        if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            return (
+                f"invalid reply: no valid {protocol.DEVICE_SECONDS} metric under "
+                "heterogeneity.clock=virtual"
+            )
+        self.arrivals[key] = float(value)
+        return None
+
+    def _close(self) -> None:
+        """Which valid replies the phase keeps: those that arrived by the deadline, the first
+        `target` of them in order of arrival (ties: lower client id first); the others, and
+        the clients whose replies had not come, are late (class docstring)."""
+        limit = self.deadline if self.deadline > 0 else math.inf
+        order = sorted(self.arrivals.items(), key=lambda item: (item[1], item[0]))
+        kept = [k for k, t in order if t <= limit][: self.target]
+        keep = set(kept)
+        if len(kept) == self.target and kept:
+            closed = self.arrivals[kept[-1]]
+        elif self.deadline > 0:
+            closed = self.deadline
+        else:
+            closed = max(self.arrivals.values(), default=0.0)
+        if not self.virtual:
+            closed = self.host.clock() - self.started
+        self.closed_at = closed
+        why = (
+            f"late: the phase closed with the {self.target} valid replies it wanted"
+            if len(kept) == self.target
+            else f"late: no valid reply within the deadline ({self.deadline:g} s)"
+        )
+        late = [k for k in self.arrivals if k not in keep]
+        late += [k for k, r in self.failures.items() if r.startswith(LATE)]
+        for key in late:
+            self.failures[key] = why
+            self.arrivals.pop(key, None)
+            self.ready.pop(key, None)
+        self.late = sorted(set(late))
+        if self.fold is None:
+            self.replies = [r for r in self.replies if r.key not in self.failures]
 
     def _parts(
         self, content: RecordDict, node_id: int, keys: Sequence[int]
@@ -402,16 +473,22 @@ class Phase:
         host, sent = self.host, self.sent
         timeout = host.run_settings.phase_timeout
         waited = host.clock() - self.started
+        closed = not self.virtual and (
+            len(self.arrivals) >= self.target or (0 < self.deadline <= waited < timeout)
+        )
         for mid in self.pending:
             node_id = self.by_message[mid]
             times = len(sent.ids[node_id])
-            if self.hello and waited < timeout:
+            if closed:  # a paced phase closed before this node answered: late, not silent
+                reason = LATE
+            elif self.hello and waited < timeout:
                 reason = f"no reply to {times} hellos in {waited:.0f} s"
             else:
                 reason = f"no reply within {timeout:g} s"
             for key in self.batches[node_id]:
-                self.failures[key] = reason
-            host.roster.silent.add(node_id)
+                self.failures.setdefault(key, reason)
+            if not closed:
+                host.roster.silent.add(node_id)
         if self.hello:
             host.roster.greeted(sent.ids, sent.waiting, self.repeat, host.server_round)
         typical = sent.typical()
@@ -434,6 +511,8 @@ class Phase:
             bytes_received=self.bytes_received,
             # instructions sent again for want of a reply (by client; the hello: by node)
             resent=self.sent.resent(self.batches) if self.sent.resends else None,
+            late=self.late if self.paced or self.virtual else None,
+            closed_at=None if self.closed_at is None else round(self.closed_at, 4),
         )
         host.phases.append(report)
         host.results.event(
@@ -456,55 +535,6 @@ def message(content: RecordDict, node_id: int, message_type: str, server_round: 
 
 def _pull(grid: Grid, message_ids: list[str]) -> list[Message]:
     return list(grid.pull_messages(message_ids))
-
-
-class Sends:
-    """The instructions of one phase by node: their message ids (the first send's, then each
-    resend's), when each node was last sent one, and the reply times of the nodes answered."""
-
-    def __init__(self, messages: Sequence[Message], ids: Sequence[str], at: float) -> None:
-        self.started = at
-        self.content = {m.metadata.dst_node_id: m.content for m in messages}
-        self.ids: dict[int, list[str]] = {
-            m.metadata.dst_node_id: [mid] for m, mid in zip(messages, ids, strict=True)
-        }
-        self.last = dict.fromkeys(self.content, at)
-        self.waiting = set(self.content)
-        self.replied: list[float] = []  # seconds from the phase's push, in arrival order
-        self.resends = 0
-
-    def answered(self, node_id: int, now: float) -> None:
-        self.waiting.discard(node_id)
-        self.replied.append(now - self.started)
-
-    def again(self, node_id: int, mid: str, now: float) -> None:
-        self.ids[node_id].append(mid)
-        self.last[node_id] = now
-        self.resends += 1
-
-    def typical(self) -> float | None:
-        """When half of the phase's messages had been answered; None before."""
-        half = math.ceil(len(self.content) / 2)
-        return self.replied[half - 1] if len(self.replied) >= half else None
-
-    def due(self, now: float, after: float, limit: int) -> list[int]:
-        """The waiting nodes to send again now: `after` seconds since their last send, at most
-        `limit` resends."""
-        return sorted(
-            n for n in self.waiting if len(self.ids[n]) <= limit and now - self.last[n] >= after
-        )
-
-    def lost(self, now: float, after: float, limit: int) -> bool:
-        """Every waiting node was sent `limit` + 1 times and its last wait is over."""
-        return all(len(self.ids[n]) > limit and now - self.last[n] >= after for n in self.waiting)
-
-    def resent(self, batches: Mapping[int, Mapping[int, RecordDict]]) -> dict[str, int]:
-        return {
-            str(k): len(ids) - 1
-            for n, ids in sorted(self.ids.items())
-            if len(ids) > 1
-            for k in batches[n]
-        }
 
 
 def _part(content: RecordDict) -> RecordDict | str:

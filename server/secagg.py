@@ -61,6 +61,7 @@ class SecureSum:
         modulus_bits: int,
         sizes: Mapping[int, int],
         min_replies: int | None = None,
+        target: int | None = None,
     ) -> None:
         self.host = host
         self.message_type = message_type
@@ -68,6 +69,9 @@ class SecureSum:
         self.summed = summed
         self.settings = settings
         self.min_replies = min_replies
+        self.target = target
+        """Over-selection (docs/pacing.md): the masked replies the round wants; the masked
+        stage closes once it has them and the others drop out, as a client lost there does."""
         self.cohort = sorted(payloads)
         self.k = graph.degree(len(self.cohort), settings.degree)
         self.t = graph.threshold(self.k, settings.threshold)
@@ -103,9 +107,16 @@ class SecureSum:
         validate: Callable[[int, RecordDict], None],
         record_clients: bool = False,
         fold: Callable[[int, RecordDict], None] | None = None,
+        target: int | None = None,
     ) -> dict[int, RecordDict]:
         answered, failures = Phase(
-            self.host, message_type, payloads, validate, record_clients=record_clients, fold=fold
+            self.host,
+            message_type,
+            payloads,
+            validate,
+            record_clients=record_clients,
+            fold=fold,
+            target=target,
         ).run()
         self.failures.update(failures)
         return {r.key: r.content for r in answered}
@@ -265,8 +276,9 @@ class SecureSum:
             total = encoding.add(total, v, self.enc)
 
         replies = self._stage(
-            self.message_type, payloads, validate, record_clients=True, fold=fold
-        )
+            self.message_type, payloads, validate, record_clients=True, fold=fold,
+            target=self.target,
+        )  # fmt: skip
         in_sum = set(replies)
         self._require("masked", in_sum)
         # every secret to rebuild needs t shares among the clients in the sum: else stop now,

@@ -391,6 +391,32 @@ def _entry(entry: object) -> tuple[str, np.dtype[Any], tuple[int, ...]]:
     return name, dtype, tuple(shape)
 
 
+DEVICE = "pollen-device"
+"""A record of an instruction under `heterogeneity.*` (pollen.core.pacing): the device the client
+runs on and the clock (`clock`: wall or virtual). A client on the virtual clock reports its
+device's time for the message as the metric DEVICE_SECONDS; on the wall clock it waits out
+what its device adds (DEVICE_WAIT)."""
+DEVICE_SECONDS = "device-seconds"
+DEVICE_WAIT = "device-wait-seconds"
+"""On the wall clock: what the client's device adds to this machine's time for the message,
+waited out before the reply goes back."""
+
+
+def with_device(content: RecordDict, device: Mapping[str, float | str]) -> RecordDict:
+    """The instruction with a DEVICE record; the instruction's own records are shared, not
+    copied (an instruction is never changed once made)."""
+    out = RecordDict(dict(content.items()))
+    out[DEVICE] = ConfigRecord(dict(device))  # type: ignore[arg-type]
+    return out
+
+
+def device_of(content: RecordDict) -> dict[str, float | str] | None:
+    """The instruction's DEVICE record, or None."""
+    if DEVICE not in content:
+        return None
+    return dict(content[DEVICE])  # type: ignore[arg-type]
+
+
 def config_of(content: RecordDict) -> dict[str, int | float | str | bool]:
     if CONFIG not in content:
         return {}

@@ -9,9 +9,11 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from pollen.core.contracts import client_dp
 from pollen.core.contracts.adept import AdeptAESettings
 from pollen.core.contracts.fedlrt import FeDLRTSettings
 from pollen.core.contracts.fedsc import FedSCSettings
+from pollen.core.pacing import PROFILES, HeterogeneitySettings, RoundSettings
 from pollen.core.protection import (
     AttackSettings,
     ClientDPSettings,
@@ -42,6 +44,8 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
     + SecAggSettings.declarations()
     + RobustSettings.declarations()
     + AttackSettings.declarations()
+    + RoundSettings.declarations()
+    + HeterogeneitySettings.declarations()
 )
 """Every setting a run has whatever its algorithm; each algorithm declares its own in its
 contract module (a SettingsGroup) named by its registry entry."""
@@ -100,6 +104,7 @@ def _check_consistency(cfg: Mapping[str, Scalar]) -> None:
     _check_robust(cfg, spec)
     _check_client_dp(cfg, spec)
     _check_secagg(cfg, spec)
+    _check_pacing(cfg)
     if int(cfg["local-steps"]) > 0 and not spec.local_steps:
         supported = _takers("local_steps")
         raise SettingsError(
@@ -118,6 +123,28 @@ def _check_consistency(cfg: Mapping[str, Scalar]) -> None:
         raise SettingsError(
             f"min-available-clients ({cfg['min-available-clients']}) exceeds "
             f"num-clients ({cfg['num-clients']})"
+        )
+
+
+def _check_pacing(cfg: Mapping[str, Scalar]) -> None:
+    """Over-selection keeps the first arrivals of a sample: under client-level DP's Poisson
+    sampling one client's presence could then push another's update out of the sum, twice the
+    sensitivity its noise is sized for (docs/pacing.md#privacy). A device profile other than
+    the built-in ones is a CSV file, read where the server runs (pacing.devices)."""
+    if RoundSettings.of(cfg).over_selection > 0 and client_dp.poisson_sampling(cfg):
+        raise SettingsError(
+            "round.over-selection with client-level DP noised on the server (or distributed): "
+            "refused; keeping the first arrivals of a Poisson sample lets one client's presence "
+            "push another's update out, twice the sensitivity the noise is sized for. "
+            "round.deadline alone keeps the guarantee"
+        )
+    het = HeterogeneitySettings.of(cfg)
+    if het.profile in PROFILES[1:] or not het.enabled:
+        return
+    if not het.profile.endswith(".csv"):
+        raise SettingsError(
+            f"heterogeneity.profile={het.profile!r}: not one of {', '.join(PROFILES)} nor a "
+            ".csv file"
         )
 
 

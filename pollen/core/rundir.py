@@ -97,6 +97,8 @@ class PhaseReport:
     bytes_sent: int
     bytes_received: int
     resent: dict[str, int] | None = None  # client (hello: node) id -> times sent again
+    late: list[int] | None = None  # paced phases (docs/pacing.md): the clients left out as late
+    closed_at: float | None = None  # paced phases: seconds (virtual: device seconds) to close
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -104,6 +106,8 @@ class PhaseReport:
             "failed": dict(self.failed), "seconds": self.seconds,
             "push-seconds": self.push_seconds,
             **({"resent": dict(self.resent)} if self.resent is not None else {}),
+            **({"late": list(self.late)} if self.late is not None else {}),
+            **({"closed-at": self.closed_at} if self.closed_at is not None else {}),
             "bytes-sent": self.bytes_sent, "bytes-received": self.bytes_received,
         }  # fmt: skip
         return out
@@ -112,6 +116,8 @@ class PhaseReport:
     def from_json(cls, obj: Mapping[str, Any]) -> PhaseReport:
         """Lenient: a field an older version did not write reads as 0 (or none)."""
         resent = obj.get("resent")
+        late = obj.get("late")
+        closed_at = obj.get("closed-at")
         return cls(
             phase=str(obj.get("phase", "")),
             sent=_int(obj.get("sent")),
@@ -124,6 +130,8 @@ class PhaseReport:
             resent={str(k): _int(v) for k, v in resent.items()}
             if isinstance(resent, Mapping)
             else None,
+            late=[_int(c) for c in late] if isinstance(late, list) else None,
+            closed_at=None if closed_at is None else _float(closed_at),
         )
 
 
@@ -139,6 +147,10 @@ class RoundRow:
     bytes_received: int
     codec_seconds: float  # arrays <-> record bytes in the ServerApp's process
     server_eval: Metrics | None = None  # the server's evaluation (server-eval)
+    time: float | None = None
+    """When the round ended, in seconds since the run started (a resumed run: counted on from
+    the interrupted one): on the virtual clock (docs/pacing.md), the devices' time."""
+    late: int = 0  # replies left out as late, over the round's phases (docs/pacing.md)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -146,6 +158,8 @@ class RoundRow:
             "train": dict(self.train),
             **({"server-eval": dict(self.server_eval)} if self.server_eval is not None else {}),
             "phases": [p.to_json() for p in self.phases],
+            **({"time": self.time} if self.time is not None else {}),
+            **({"late": self.late} if self.late else {}),
             "seconds": self.seconds,
             "bytes-sent": self.bytes_sent,
             "bytes-received": self.bytes_received,
@@ -168,6 +182,8 @@ class RoundRow:
             bytes_received=_int(obj.get("bytes-received")),
             codec_seconds=_float(obj.get("codec-seconds")),
             server_eval=_metrics(server_eval) if isinstance(server_eval, Mapping) else None,
+            time=None if obj.get("time") is None else _float(obj.get("time")),
+            late=_int(obj.get("late")),
         )
 
 

@@ -10,7 +10,7 @@ import numpy as np
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from client.dispatch import answer_node
+from client.dispatch import answer_node, wait_out
 from client.env import ClientEnv
 from pollen.core.contracts import secagg
 from pollen.core.protocol import HELLO
@@ -40,7 +40,9 @@ def handler(algorithm: str, model_fn: ModelFn | None, data_fn: DataFn | None) ->
                 f"this ClientApp runs {algorithm}'s client half, the server {theirs}"
             )
         env = ClientEnv.of_settings(context, settings, model_fn=model_fn, data_fn=data_fn)
-        return Message(answer_node(msg.metadata.message_type, content, env), reply_to=msg)
+        reply = answer_node(msg.metadata.message_type, content, env)
+        wait_out(reply, settings)
+        return Message(reply, reply_to=msg)
 
     return handle
 

@@ -449,9 +449,14 @@ class Progress:
 
     def _phase_end(self, ev: Mapping[str, Any], rnd: int) -> None:
         state, view = self.state, self.view
-        failed = ev.get("failed") or {}
+        late = {str(c) for c in ev.get("late") or ()}  # paced phases: counted, not listed
+        failed = {c: r for c, r in dict(ev.get("failed") or {}).items() if c not in late}
         name = str(ev.get("phase"))
         extra = f", {len(failed)} skipped" if failed else ""
+        if late:
+            closed = _number(ev.get("closed-at"))
+            at = f" (closed at {closed:.1f} s)" if closed is not None else ""
+            extra += f", {len(late)} late{at}"
         seconds = _number(ev.get("seconds")) or 0.0
         if name == HELLO:  # a simulated node may host several clients
             view.detail(

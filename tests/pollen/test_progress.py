@@ -238,3 +238,20 @@ def test_the_hello_and_thousands_of_clients_print_in_a_line_each(tmp_path: Path)
         "round 1/1 query.hello: 10000 clients answered from 8 nodes in 15.2 s",
         "clients connected: 10003: 0-9999, 10002, 10004-10005",
     ]
+
+
+def test_late_clients_are_counted_in_the_phases_line_not_listed(tmp_path: Path) -> None:
+    out = io.StringIO()
+    progress = Progress(tmp_path, out, num_rounds=1)
+    late = "late: the phase closed with the 2 valid replies it wanted"
+    _write(tmp_path / "events.jsonl", [
+        {"event": "phase-start", "phase": "train", "round": 1, "clients": 5},
+        {"event": "phase-end", "phase": "train", "round": 1, "valid": 2, "sent": 5,
+         "seconds": 0.4, "failed": {"1": "error: boom", "3": late, "4": late},
+         "late": [3, 4], "closed-at": 2.5},
+    ])  # fmt: skip
+    progress.poll()
+    assert _lines(out) == [
+        "round 1/1 train: 2/5 valid replies in 0.4 s, 1 skipped, 2 late (closed at 2.5 s)",
+        "    round 1/1 train: client 1 skipped: error: boom",
+    ]

@@ -17,7 +17,7 @@ from client.app import app as client_app
 from pollen.core.rundir import read_jsonl
 from server import exchange
 from server.engine import Engine, PhaseFailed
-from server.exchange import Sends, resend_after
+from server.resend import RESEND_FLOOR, Sends, resend_after
 from server.results import ResultsWriter
 from strategies.fedavg import FedAvg
 from tests.fakes import FakeClock, FakeGrid, settings_of
@@ -66,7 +66,7 @@ def test_a_lost_reply_is_asked_again_and_the_run_ends_as_without_the_loss(
         assert report["resent"] == {"0": 1} and not report["failed"]
         assert report["valid"] == report["sent"]
         # it cost the resend deadline, not the phase timeout
-        assert exchange.RESEND_FLOOR <= report["seconds"] < 2 * exchange.RESEND_FLOOR
+        assert RESEND_FLOOR <= report["seconds"] < 2 * RESEND_FLOOR
     ref_arrays, ref_meta = ref.strategy.state()
     arrays, meta = lossy.strategy.state()
     assert meta == ref_meta and set(arrays) == set(ref_arrays)
@@ -112,7 +112,7 @@ def test_a_lost_hello_costs_the_resend_deadline_and_a_double_reply_counts_once(
     events = read_jsonl(Path(cfg["out-dir"]) / "events.jsonl")
     hello = next(e for e in events if e["event"] == "phase-end")
     assert hello["phase"] == "query.hello" and hello["resent"] == {"102": 1}
-    assert exchange.RESEND_FLOOR <= hello["seconds"] < 2 * exchange.RESEND_FLOOR
+    assert RESEND_FLOOR <= hello["seconds"] < 2 * RESEND_FLOOR
     assert not any(e["event"] == "clients-missing" for e in events)
     rows = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")
     train = rows[1]["phases"][-1]
@@ -226,7 +226,7 @@ def test_the_resend_deadline_follows_how_long_the_phase_takes() -> None:
     quick = Sends(messages, ["e", "f", "g", "h"], at=0.0)
     quick.answered(1, 1.0)
     quick.answered(2, 2.0)
-    assert resend_after(quick, earlier) == exchange.RESEND_FLOOR
+    assert resend_after(quick, earlier) == RESEND_FLOOR
     assert sent.due(now=175.0, after=50.0, limit=2) == [3, 4]
     assert sent.due(now=149.0, after=50.0, limit=2) == []
 

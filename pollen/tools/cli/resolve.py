@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pollen.core import runconfig, rundir
 from pollen.core import settings as settings_mod
 from pollen.core.dataspec import check_model_fits, data_spec, model_input
+from pollen.core.pacing import PROFILES, HeterogeneitySettings, devices
 from pollen.core.paths import cache_dir
 from pollen.core.protection import DPSettings
 from pollen.core.settings import RunSettings, Scalar, SettingsError, SettingsKey, kept, settings_key
@@ -105,8 +106,21 @@ def resolve_run_settings(
         resolved["min-available-clients"] = run.num_clients
     if args.resume:
         _check_resumable(out, resolved)
+    _check_devices(resolved)
     _check_data(resolved)
     return resolved
+
+
+def _check_devices(resolved: dict[str, Scalar]) -> None:
+    """A device CSV (heterogeneity.profile) read now, so that a bad one is one line before
+    anything starts, and named by its absolute path: the ServerApp reads it from another
+    working directory."""
+    het = HeterogeneitySettings.of(resolved)
+    if het.profile in PROFILES:
+        return
+    resolved["heterogeneity.profile"] = str(Path(het.profile).expanduser().resolve())
+    run = RunSettings.of(resolved)
+    devices(resolved, run.num_clients, run.seed)
 
 
 @dataclasses.dataclass(frozen=True)

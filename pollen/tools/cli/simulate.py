@@ -30,8 +30,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     resolved = resolve_run_settings(args, local=ray_address is None)
     nodes = _simulation_nodes(args, resolved, ray_address is not None)
     resolved["simulation-nodes"] = nodes
-    if not args.resume and "poll-interval" not in settings_mod.parse_assignments(args.set):
+    given = settings_mod.parse_assignments(args.set)
+    if not args.resume and "poll-interval" not in given:
         resolved["poll-interval"] = SIMULATION_POLL_INTERVAL
+    if not args.resume and "heterogeneity.clock" not in given:
+        # simulated devices on the virtual clock: a run ends the same on any machine
+        resolved["heterogeneity.clock"] = "virtual"
     run = RunSettings.of(resolved)
     out, n = Path(run.out_dir), run.num_clients
     num_gpus = simulation_gpus(args.gpus_per_client, run.device, ray_address is not None)

@@ -1,0 +1,107 @@
+"""The pacing settings and the clients' devices (pollen.core.pacing): each profile's devices,
+a device's time for a message, a CSV file's every defect in one line, and the settings that
+refuse to go together."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pollen.core.pacing import Device, devices, read_csv, reference
+from pollen.core.runconfig import resolve
+from pollen.core.settings import SettingsError
+
+
+def test_a_devices_time_is_latency_link_and_compute() -> None:
+    phone = Device(example_ms=4.0, bandwidth_mbps=8.0, latency_ms=50.0)
+    # 2 x 50 ms, 1 MB down + 0.5 MB up at 8 Mbit/s = 1.5 s, 250 examples x 4 ms = 1 s
+    assert phone.seconds(250, 1_000_000, 500_000) == pytest.approx(0.1 + 1.5 + 1.0)
+    # on the wall clock only what the device adds to this machine's compute is waited out
+    machine = Device(1.0, 1.0, 0.0)
+    assert phone.extra_seconds(2.0, machine, 0, 0) == pytest.approx(3 * 2.0 + 0.1)
+    assert machine.extra_seconds(2.0, phone, 0, 0) == 0.0  # a faster device is not faster here
+
+
+def test_tiers_makes_exactly_the_slow_share_slowdown_times_slower() -> None:
+    cfg = resolve({"num-clients": 100, "heterogeneity.profile": "tiers",
+                   "heterogeneity.slowdown": 10.0, "heterogeneity.slow-fraction": 0.2})  # fmt: skip
+    fleet = devices(cfg, 100, seed=3)
+    slow = [d for d in fleet if d.example_ms > 5.0]
+    assert len(fleet) == 100 and len(slow) == 20
+    fast = reference(fleet)
+    for d in slow:
+        assert d.example_ms == pytest.approx(10 * fast.example_ms)
+        assert d.bandwidth_mbps == pytest.approx(fast.bandwidth_mbps / 10)
+        assert d.latency_ms == pytest.approx(10 * fast.latency_ms)
+    assert devices(cfg, 100, seed=3) == fleet  # the server and a rerun agree
+    assert devices(cfg, 100, seed=4) != fleet  # who is slow follows the seed
+
+
+def test_lognormal_spreads_compute_around_example_ms() -> None:
+    cfg = resolve({"heterogeneity.profile": "lognormal", "heterogeneity.example-ms": 5.0})
+    ms = np.array([d.example_ms for d in devices(cfg, 4000, seed=0)])
+    assert np.median(ms) == pytest.approx(5.0, rel=0.05)
+    assert np.std(np.log(ms)) == pytest.approx(0.6, rel=0.05)
+
+
+def test_no_profile_no_devices() -> None:
+    assert devices(resolve({}), 10, seed=0) == []
+
+
+def test_a_csv_serves_client_i_from_row_i_and_repeats(tmp_path: Path) -> None:
+    path = tmp_path / "devices.csv"
+    path.write_text("example-ms,bandwidth-mbps,latency-ms\n2,10,20\n8,1.5,100\n")
+    cfg = resolve({"heterogeneity.profile": str(path)})
+    fleet = devices(cfg, 5, seed=0)
+    assert [d.example_ms for d in fleet] == [2.0, 8.0, 2.0, 8.0, 2.0]
+    assert fleet[1] == Device(8.0, 1.5, 100.0)
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (None, "cannot read it"),
+        ("example-ms,bandwidth-mbps\n1,2\n", "no column latency-ms"),
+        ("example-ms,bandwidth-mbps,latency-ms\n1,fast,2\n", "line 2 is not numbers"),
+        ("example-ms,bandwidth-mbps,latency-ms\n1,0,2\n", "bandwidth-mbps > 0"),
+        ("example-ms,bandwidth-mbps,latency-ms\n1,nan,2\n", "line 2"),
+        ("example-ms,bandwidth-mbps,latency-ms\n", "no devices"),
+        ("client,example-ms,bandwidth-mbps,latency-ms\n0,1,2,3\n2,1,2,3\n", "0, 1, ..., 1"),
+        ("\x00\xff", "no column"),
+    ],
+)
+def test_a_bad_csv_is_one_line_naming_the_file(tmp_path: Path, text: str | None, said: str) -> None:
+    path = tmp_path / "devices.csv"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(SettingsError) as err:
+        read_csv(path)
+    message = str(err.value)
+    assert said in message and str(path) in message and "\n" not in message
+
+
+def test_a_profile_that_is_neither_built_in_nor_csv_is_refused() -> None:
+    with pytest.raises(SettingsError, match=r"not one of none, tiers, lognormal nor a \.csv"):
+        resolve({"heterogeneity.profile": "phones"})
+
+
+def test_over_selection_is_refused_with_client_dp_sampling() -> None:
+    dp = {"algorithm": "fedavg", "client-dp.noise-multiplier": 1.0, "fraction-train": 0.5,
+          "num-clients": 20}  # fmt: skip
+    with pytest.raises(SettingsError, match=r"round\.over-selection with client-level DP"):
+        resolve({**dp, "round.over-selection": 0.3})
+    # a deadline drops clients by their own device's time only: the guarantee stands
+    assert resolve({**dp, "round.deadline": 10.0})["round.deadline"] == 10.0
+    # noise on each client: every client protects itself, whatever the sample
+    local = {**dp, "client-dp.noise-at": "client", "round.over-selection": 0.3}
+    assert resolve(local)["round.over-selection"] == 0.3
+
+
+def test_the_pacing_settings_have_their_fixed_names() -> None:
+    cfg = resolve({})
+    assert cfg["round.deadline"] == 0.0 and cfg["round.over-selection"] == 0.0
+    assert cfg["heterogeneity.profile"] == "none" and cfg["heterogeneity.clock"] == "wall"
+    assert not math.isnan(float(cfg["heterogeneity.example-ms"]))
