@@ -520,6 +520,7 @@ class Phase:
             round=host.server_round,
             messages=len(self.messages),
             **report.to_json(),
+            **({"clock": "virtual"} if self.virtual else {}),
         )
         if self.record_clients:
             for r in sorted(self.replies, key=lambda r: r.key):

@@ -1,6 +1,7 @@
-"""The plots of `pollen report` (per-round metrics, time, traffic, the clients' accuracy) and of
-a partition (`pollen data summary --plot`), with matplotlib; the series they draw from a Run.
-matplotlib is imported only when plotting, so importing this module stays cheap for the CLI.
+"""The plots of `pollen report` (per-round metrics, accuracy also against time, time, traffic,
+the clients' accuracy) and of a partition (`pollen data summary --plot`), with matplotlib; the
+series they draw from a Run. matplotlib is imported only when plotting, so importing this module
+stays cheap for the CLI.
 
 How the figures place each value: docs/monitoring.md#reports.
 """
@@ -16,6 +17,8 @@ from typing import Any
 from pollen.core import runconfig
 from pollen.core.rundir import RoundRow
 from pollen.tools.runs import (
+    CLOCK_VIRTUAL,
+    CLOCK_WALL,
     Group,
     ReportError,
     Run,
@@ -179,7 +182,8 @@ def _series_style(metric: str) -> tuple[dict[str, Any], str]:
 
 
 @contextmanager
-def _figure(width: float = 7.0, height: float = 4.3) -> Iterator[tuple[Any, Any]]:
+def _figure(width: float = 7.0, height: float = 4.3, panels: int = 1) -> Iterator[tuple[Any, Any]]:
+    """A figure and its axes: one, or a list of `panels` side by side sharing the y axis."""
     import matplotlib  # lazy: matplotlib
 
     matplotlib.use("Agg")
@@ -188,9 +192,9 @@ def _figure(width: float = 7.0, height: float = 4.3) -> Iterator[tuple[Any, Any]
     # text stays text in SVG and TrueType in PDF (journals refuse Type 3 fonts)
     style: dict[Any, Any] = {"svg.fonttype": "none", "pdf.fonttype": 42, "ps.fonttype": 42}
     with plt.rc_context(style):
-        fig, ax = plt.subplots(figsize=(width, height))
+        fig, ax = plt.subplots(1, panels, figsize=(width, height), sharey=True)
         try:
-            yield fig, ax
+            yield fig, (list(ax) if panels > 1 else ax)
         finally:
             plt.close(fig)
 
@@ -204,9 +208,10 @@ def _save(fig: Any, out: Path, name: str, formats: Sequence[str]) -> None:
 FINAL_LABEL = "final evaluation (clients)"
 
 
-def _legend(ax: Any, entries: int) -> None:
-    """The legend, the final evaluation's star last; beside the plot when it is long."""
-    handles, labels = ax.get_legend_handles_labels()
+def _legend(ax: Any, entries: int, source: Any = None) -> None:
+    """The legend of `source`'s lines (default: `ax`'s), the final evaluation's star last;
+    beside the plot when it is long."""
+    handles, labels = (source or ax).get_legend_handles_labels()
     order = sorted(range(len(labels)), key=lambda i: labels[i] == FINAL_LABEL)
     handles, labels = [handles[i] for i in order], [labels[i] for i in order]
     if entries > 6:
@@ -223,11 +228,13 @@ def _plot_metric(
     groups: Sequence[Group],
     formats: Sequence[str],
     setting: str,
+    against_time: bool = False,
 ) -> bool:
     """One figure of every series ending in `suffix`: a colour per series for one group, a
     colour per group for several; a style per series (the server's hollow squares on a dashed
     line); a band of ± std for a group of seeds; the clients' final evaluation marked by a
-    star. False, writing nothing, without data."""
+    star. `against_time`: a second panel beside it draws the same against time. False,
+    writing nothing, without data."""
     per_group = [
         (group, [metric_series(run, suffix) for run in group.runs]) for group in groups
     ]
@@ -239,52 +246,97 @@ def _plot_metric(
     if not metrics:
         return False
     single = len(groups) == 1
-    with _figure() if single else _figure(9.5, 4.3) as (fig, ax):
-        entries = 0
-        final_marked = False
-        colours = _single_colours(metrics)
-        for gi, (group, runs) in enumerate(per_group):
-            for metric in metrics:
-                tracks = [series[metric] for series in runs if series.get(metric)]
-                if not tracks:
-                    continue
-                style, text = _series_style(metric)
-                colour = colours[metric] if single else f"C{gi % 10}"
-                label: str | None = text if single else None  # several: two legends below
-                if label is not None and group.banded:
-                    label += f"; mean ± std over {group.over}"
-                rows = band(tracks)
-                xs = [r[0] for r in rows]
-                ys = [r[1] for r in rows]
-                ax.plot(xs, ys, color=colour, label=label, **style)
-                entries += 1
-                if group.banded:
-                    lo = [m - s for _, m, s, _ in rows]
-                    hi = [m + s for _, m, s, _ in rows]
-                    ax.fill_between(xs, lo, hi, color=colour, alpha=BAND_ALPHA, linewidth=0)
-                finals = [final_points(run, suffix).get(metric) for run in group.runs]
-                found = [p for p in finals if p is not None]
-                if found:
-                    fx = found[0][0]
-                    fy = statistics.fmean(p[1] for p in found)
-                    ax.plot(
-                        [fx], [fy], linestyle="none", marker="*", markersize=13, color=colour,
-                        markeredgecolor="black", markeredgewidth=0.6, zorder=4,
-                        label=None if final_marked or not single else FINAL_LABEL,
-                    )  # fmt: skip
-                    entries += 0 if final_marked else 1
-                    final_marked = True
-        ax.set_title(_title(title, setting))
-        ax.set_xlabel("round (the model after that round's aggregation; 0: the initial model)")
-        ax.set_ylabel(title)
-        _integer_ticks(ax)
-        ax.grid(True, alpha=0.3)
-        if single:
-            _legend(ax, entries)
+    panels = 2 if against_time else 1
+    width = (7.0 if single else 9.5) + 5.0 * (panels - 1)
+    with _figure(width, 4.3, panels) as (fig, axes):
+        axes = axes if against_time else [axes]
+        entries, final_marked = _draw_series(axes[0], per_group, metrics, suffix, None)
+        axes[0].set_title(_title(title, setting))
+        axes[0].set_xlabel("round (the model after that round's aggregation; 0: the initial model)")
+        axes[0].set_ylabel(title)
+        _integer_ticks(axes[0])
+        if against_time:
+            times = [[run.round_times() for run in group.runs] for group in groups]
+            _draw_series(axes[1], per_group, metrics, suffix, times)
+            axes[1].set_title(_title(f"{title} against time", ""))
+            axes[1].set_xlabel(time_label([run for group in groups for run in group.runs]))
+        for ax in axes:
+            ax.grid(True, alpha=0.3)
+        if single:  # the legend once, of the first panel's lines; a long one beside the last
+            _legend(axes[-1] if entries > 6 else axes[0], entries, axes[0])
         else:
-            _two_legends(ax, groups, metrics, final_marked)
+            _two_legends(axes[-1], groups, metrics, final_marked)
         _save(fig, out, name, formats)
     return True
+
+
+def time_label(runs: Sequence[Run]) -> str:
+    """The time axis' label: `virtual seconds` or `seconds`, as the runs' clock is."""
+    clocks = {run.clock for run in runs if run.rows}
+    if clocks == {CLOCK_VIRTUAL}:
+        return "virtual seconds"
+    if clocks == {CLOCK_VIRTUAL, CLOCK_WALL}:
+        return "seconds (virtual for some runs, wall for others: report.md)"
+    return "seconds"
+
+
+def _at(x: float, times: Sequence[Mapping[int, float]] | None) -> float | None:
+    """A round's place on the panel: the round itself, or the mean of the runs' times at its
+    end (None when no run has one)."""
+    if times is None:
+        return x
+    found = [t[int(x)] for t in times if int(x) in t]
+    return statistics.fmean(found) if found else None
+
+
+def _draw_series(
+    ax: Any,
+    per_group: Sequence[tuple[Group, list[dict[str, list[Point]]]]],
+    metrics: Sequence[str],
+    suffix: str,
+    times: Sequence[Sequence[Mapping[int, float]]] | None,
+) -> tuple[int, bool]:
+    """Every group's series on `ax`, x the round or, given each group's runs' `round_times`,
+    the time the round ended (the mean over a group's runs); a group's band is over rounds.
+    Returns the legend entries drawn and whether a final evaluation's star was."""
+    single = len(per_group) == 1
+    entries = 0
+    final_marked = False
+    colours = _single_colours(metrics)
+    for gi, (group, runs) in enumerate(per_group):
+        group_times = None if times is None else times[gi]
+        for metric in metrics:
+            tracks = [series[metric] for series in runs if series.get(metric)]
+            if not tracks:
+                continue
+            style, text = _series_style(metric)
+            colour = colours[metric] if single else f"C{gi % 10}"
+            # labelled on the rounds panel only; several groups: two legends beside the plot
+            label: str | None = text if single and times is None else None
+            if label is not None and group.banded:
+                label += f"; mean ± std over {group.over}"
+            rows = [(at, m, sd) for x, m, sd, _ in band(tracks)
+                    if (at := _at(x, group_times)) is not None]  # fmt: skip
+            xs = [r[0] for r in rows]
+            ax.plot(xs, [r[1] for r in rows], color=colour, label=label, **style)
+            entries += 1
+            if group.banded:
+                lo = [m - sd for _, m, sd in rows]
+                hi = [m + sd for _, m, sd in rows]
+                ax.fill_between(xs, lo, hi, color=colour, alpha=BAND_ALPHA, linewidth=0)
+            finals = [final_points(run, suffix).get(metric) for run in group.runs]
+            found = [p for p in finals if p is not None]
+            fx = _at(found[0][0], group_times) if found else None
+            if fx is not None:
+                fy = statistics.fmean(p[1] for p in found)
+                ax.plot(
+                    [fx], [fy], linestyle="none", marker="*", markersize=13, color=colour,
+                    markeredgecolor="black", markeredgewidth=0.6, zorder=4,
+                    label=None if final_marked or label is None else FINAL_LABEL,
+                )  # fmt: skip
+                entries += 0 if final_marked else 1
+                final_marked = True
+    return entries, final_marked
 
 
 def _two_legends(
@@ -422,14 +474,14 @@ def write_plots(runs: Sequence[Run], out: Path, formats: Sequence[str] = ("png",
     setting = setting_text(runs)
     written = []
     for name, suffix, title in (
-        (ACCURACY, "accuracy", "test accuracy"),
+        (ACCURACY, "accuracy", "test accuracy"),  # beside it: against time
         (LOSS, "loss", "loss"),
         (ENERGY, "energy", "energy captured"),
         (ERROR_RATIO, "error-ratio", "reconstruction error / true model's"),
         (SIGMA, "sigma-mean", "mean sigma"),
         (EPSILON, "epsilon", "privacy spent (epsilon)"),
     ):
-        if _plot_metric(out, name, title, suffix, groups, formats, setting):
+        if _plot_metric(out, name, title, suffix, groups, formats, setting, name == ACCURACY):
             written.append(name)
     if _plot_rows(out, TIME, "time per round", "seconds", groups, _row_seconds, formats, setting):
         written.append(TIME)

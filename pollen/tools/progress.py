@@ -455,7 +455,8 @@ class Progress:
         extra = f", {len(failed)} skipped" if failed else ""
         if late:
             closed = _number(ev.get("closed-at"))
-            at = f" (closed at {closed:.1f} s)" if closed is not None else ""
+            unit = "virtual s" if ev.get("clock") == "virtual" else "s"
+            at = f" (closed at {closed:.1f} {unit})" if closed is not None else ""
             extra += f", {len(late)} late{at}"
         seconds = _number(ev.get("seconds")) or 0.0
         if name == HELLO:  # a simulated node may host several clients

@@ -5,8 +5,9 @@ read and grouped by pollen.tools.runs.
 The files are read defensively: a run that failed early, or is still running, may lack any of
 them, and the report says so instead of refusing. Runs whose settings differ only in the seed
 are drawn together as their mean ± standard deviation; compared runs that differ in a setting
-other than the algorithm (and its own settings) and the seed get a warning. matplotlib is
-imported only when plotting, so importing this module stays cheap for the CLI.
+other than the algorithm (and its own settings) and the seed get a warning. The time each run
+first reached given accuracies is tabulated (`time_to_accuracy`). matplotlib is imported only
+when plotting, so importing this module stays cheap for the CLI.
 
 What each file holds and how the figures place each value: docs/monitoring.md#reports.
 """
@@ -32,14 +33,19 @@ from pollen.tools.plots import (
     PLOTS,
     SIGMA,
     TIME,
+    metric_series,
     write_plots,
 )
 from pollen.tools.runs import (
+    TARGET_FRACTIONS,
     Group,
+    Reached,
     ReportError,
     Run,
     as_int,
     as_number,
+    default_targets,
+    first_reached,
     group_runs,
     load_run,
     mean_std,
@@ -49,7 +55,7 @@ from pollen.tools.runs import (
     settings_warning,
     unique_names,
 )
-from pollen.tools.tables import CLIENTS_CSV, METRICS_CSV, write_tables
+from pollen.tools.tables import CLIENTS_CSV, METRICS_CSV, TIME_TO_ACCURACY_CSV, write_tables
 
 REPORT_MD = "report.md"
 MISSING = "–"
@@ -85,6 +91,7 @@ ROUND_COLUMNS: tuple[tuple[str, Callable[[RoundRow], Any], int], ...] = (
     ("epsilon", lambda r: as_number(r.train.get("epsilon")), 3),
     ("client-epsilon", lambda r: as_number(r.train.get("client-epsilon")), 3),
     ("seconds", lambda r: r.seconds, 1),
+    ("time", lambda r: r.time, 1),
     ("MB", row_mb, 4),
 )
 
@@ -215,6 +222,7 @@ def _run_section(run: Run) -> list[str]:
         f"- rounds: {_rounds_text(run)}",
         f"- seed: {_fmt(run.seed)}",
         f"- total seconds: {_fmt(seconds, 1) if seconds is not None else MISSING}",
+        f"- clock: {_cell(run.clock_text) or MISSING}",
     ]
     lines += _threat_lines(run.summary)
     if run.missing:
@@ -248,6 +256,60 @@ def _comparison(runs: Sequence[Run]) -> list[str]:
     return ["## Comparison", "", *_table(header, body), ""]
 
 
+ACCURACY_SERIES = ("clients test-accuracy", "server test-accuracy")
+"""The series time to accuracy reads, the first any run has: the accuracy plot's."""
+
+
+def time_to_accuracy(
+    runs: Sequence[Run], accuracies: Sequence[float] | None = None
+) -> tuple[str, list[float], list[Reached]]:
+    """When each run's accuracy first reached each of `accuracies` (default: TARGET_FRACTIONS
+    of the best final accuracy among the runs), placed as the accuracy plot places it: (the
+    series, the accuracies, a Reached per run with the series and accuracy)."""
+    series = {run.name: metric_series(run, "accuracy") for run in runs}
+    metric = next((m for m in ACCURACY_SERIES if any(m in s for s in series.values())), "")
+    if not metric:
+        return "", [], []
+    tracks = {run.name: points for run in runs if (points := series[run.name].get(metric))}
+    targets = sorted(set(accuracies)) if accuracies else default_targets(
+        [points[-1][1] for points in tracks.values()]
+    )  # fmt: skip
+    reached = [
+        first_reached(run, metric, tracks[run.name], target)
+        for run in runs if run.name in tracks for target in targets
+    ]  # fmt: skip
+    return metric, targets, reached
+
+
+def _time_to_accuracy_section(
+    metric: str, targets: Sequence[float], reached: Sequence[Reached], given: bool
+) -> list[str]:
+    if not reached:
+        return []
+    how = "as asked (`--accuracy`)" if given else (
+        f"{', '.join(f'{f:.0%}' for f in TARGET_FRACTIONS)} of the best final {metric} among "
+        "the runs (`--accuracy A [A ...]` sets them)"
+    )  # fmt: skip
+    body: dict[str, list[str]] = {}
+    for r in reached:
+        cells = body.setdefault(r.run.name, [_cell(r.run.name), _cell(r.run.clock_text)])
+        if r.round is None:
+            cells.append("not reached")
+        else:
+            cells.append(f"round {r.round}, {_fmt(r.time, 1)} s")
+    header = ["run", "clock", *(f"{metric} ≥ {t:.4f}" for t in targets)]
+    return [
+        "## Time to accuracy",
+        "",
+        f"The first round whose model's {metric} reaches each accuracy (placed as in the "
+        "accuracy plot: 0 is the initial model), and the time that round ended, in seconds "
+        f"since the run started on the run's clock. Accuracies: {how}.",
+        "",
+        *_table(header, list(body.values())),
+        "",
+    ]
+
+
 def _seeds_table(groups: Sequence[Group]) -> list[str]:
     banded = [g for g in groups if g.banded]
     if not banded:
@@ -279,7 +341,8 @@ def _seeds_table(groups: Sequence[Group]) -> list[str]:
 PLOT_CAPTIONS = {
     ACCURACY: "Test accuracy per round: clients (mean over clients, and the 10th percentile) "
     "and the server's evaluation; x is the round whose aggregated model is evaluated; the star "
-    "is the clients' final evaluation.",
+    "is the clients' final evaluation. Beside it, the same against the time each round ended "
+    "(seconds since the run started, on the runs' clock).",
     LOSS: "Loss per round (placed like accuracy).",
     ENERGY: "Energy captured by the reconstructions per round (placed like accuracy).",
     ERROR_RATIO: "Reconstruction error over the true model's, per round.",
@@ -295,6 +358,7 @@ PLOT_CAPTIONS = {
 def render_markdown(
     runs: Sequence[Run], plots: Sequence[str], formats: Sequence[str] = ("png",),
     warning: str | None = None, files: Sequence[str] = (),
+    accuracies: Sequence[float] | None = None,
 ) -> str:  # fmt: skip
     groups = group_runs(runs)
     lines = ["# Pollen report", ""]
@@ -311,6 +375,7 @@ def render_markdown(
     if len(runs) > 1:
         lines += _comparison(runs)
     lines += _seeds_table(groups)
+    lines += _time_to_accuracy_section(*time_to_accuracy(runs, accuracies), bool(accuracies))
     shown = "png" if "png" in formats else "svg" if "svg" in formats else None
     if plots:
         lines += ["## Plots", ""]
@@ -337,10 +402,12 @@ def parse_formats(text: str) -> tuple[str, ...]:
 
 
 def write_report(
-    run_dirs: list[Path], out: Path | None = None, formats: Sequence[str] = ("png",)
-) -> Path:
+    run_dirs: list[Path], out: Path | None = None, formats: Sequence[str] = ("png",),
+    accuracies: Sequence[float] | None = None,
+) -> Path:  # fmt: skip
     """Write plots, CSV files and report.md for the given results directories; returns the
-    report directory (default: the first directory's report/). A warning line goes to stderr
+    report directory (default: the first directory's report/). `accuracies`: those whose
+    time to accuracy is stated (default: `time_to_accuracy`'s). A warning line goes to stderr
     when the runs differ in settings other than the algorithm and the seed."""
     if not run_dirs:
         raise ReportError("no results directories given")
@@ -355,11 +422,13 @@ def write_report(
         for name in PLOTS:  # a plot that no longer has data must not linger from an earlier one
             for fmt in FORMATS:
                 (out / f"{name}.{fmt}").unlink(missing_ok=True)
-        for stale in (METRICS_CSV, CLIENTS_CSV):
+        for stale in (METRICS_CSV, CLIENTS_CSV, TIME_TO_ACCURACY_CSV):
             (out / stale).unlink(missing_ok=True)
         plots = write_plots(runs, out, formats)
-        files = write_tables(runs, out)
-        (out / REPORT_MD).write_text(render_markdown(runs, plots, formats, warning, files))
+        files = write_tables(runs, out, time_to_accuracy(runs, accuracies)[2])
+        (out / REPORT_MD).write_text(
+            render_markdown(runs, plots, formats, warning, files, accuracies)
+        )
     except OSError as exc:
         raise ReportError(f"cannot write the report to {out}: {exc.strerror or exc}") from None
     return out

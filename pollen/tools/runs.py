@@ -35,6 +35,8 @@ from pollen.core.rundir import (
 )
 
 RESULT_FILES = (CONFIG, METRICS, CLIENTS, SUMMARY)
+CLOCK_VIRTUAL, CLOCK_WALL = "virtual", "wall"
+"""The clocks of a round row's `time` (docs/pacing.md)."""
 
 HOW_IT_RAN = frozenset(
     {
@@ -134,6 +136,40 @@ class Run:
             return self.summary.seconds
         return sum(row.seconds for row in self.rows) if self.rows else None
 
+    @property
+    def times_recorded(self) -> bool:
+        """Whether every round's row has its `time` (rows of earlier versions have none)."""
+        return bool(self.rows) and all(row.time is not None for row in self.rows)
+
+    @property
+    def clock(self) -> str:
+        """The clock of the rows' `time`: `virtual` (the simulated devices' time, under the
+        settings heterogeneity.clock=virtual with a device profile: docs/pacing.md) or `wall`;
+        a run without `time` counts its rounds' wall seconds (`round_times`)."""
+        profile = self.config.get("heterogeneity.profile", "none")
+        virtual = self.config.get("heterogeneity.clock") == "virtual" and profile != "none"
+        return CLOCK_VIRTUAL if virtual and self.times_recorded else CLOCK_WALL
+
+    @property
+    def clock_text(self) -> str:
+        """The clock `round_times` counts on, in words (empty without rounds)."""
+        if not self.rows:
+            return ""
+        if not self.times_recorded:
+            return "wall (no time recorded: the running sum of the rounds' seconds)"
+        return self.clock
+
+    def round_times(self) -> dict[int, float]:
+        """Seconds since the run started when each round ended, by round (0: the start): the
+        rows' `time`, or, for a run that recorded none, the running sum of the rows' `seconds`
+        (the rounds' wall time alone: what ran before and between rounds is left out)."""
+        out = {0: 0.0}
+        recorded, total = self.times_recorded, 0.0
+        for row in sorted(self.rows, key=lambda r: r.round):
+            total += row.seconds
+            out[row.round] = row.time if recorded and row.time is not None else round(total, 4)
+        return out
+
     def is_final(self, rnd: int) -> bool:
         """Whether clients.jsonl's round `rnd` is the final evaluation (written as round N+1)."""
         planned = self.planned_rounds
@@ -224,6 +260,43 @@ def row_mb(row: RoundRow) -> float:
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+# ---- time to accuracy ----------------------------------------------------------------------
+TARGET_FRACTIONS = (0.5, 0.75, 0.9)
+"""The default accuracies of `pollen report`'s time to accuracy: these fractions of the best
+final accuracy among the compared runs."""
+
+
+@dataclass(frozen=True)
+class Reached:
+    """When one run's accuracy first reached one target: the round whose model reached it and
+    that round's time (`Run.round_times`); both None when it never did."""
+
+    run: Run
+    metric: str  # the series: "clients test-accuracy", "server test-accuracy"
+    accuracy: float
+    round: int | None
+    time: float | None
+
+
+def default_targets(finals: Sequence[float]) -> list[float]:
+    """TARGET_FRACTIONS of the best of `finals` (each run's last accuracy), to 4 decimals as
+    the report writes them; none without a positive accuracy."""
+    best = max(finals, default=0.0)
+    return sorted({round(f * best, 4) for f in TARGET_FRACTIONS}) if best > 0 else []
+
+
+def first_reached(
+    run: Run, metric: str, points: Sequence[tuple[float, float]], accuracy: float
+) -> Reached:
+    """The first of `points` (x: the round whose model a value describes) at or above
+    `accuracy`, with that round's time."""
+    times = run.round_times()
+    for x, y in sorted(points):
+        if y >= accuracy:
+            return Reached(run, metric, accuracy, int(x), times.get(int(x)))
+    return Reached(run, metric, accuracy, None, None)
 
 
 # ---- settings: what a run is, which runs repeat one another ---------------------------------

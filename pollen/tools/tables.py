@@ -1,6 +1,6 @@
 """The flat files of `pollen report`, for pandas: metrics.csv (a row per run and round, and
-the final evaluation) and clients.csv (a row per client reply). Columns:
-docs/monitoring.md#reports.
+the final evaluation), clients.csv (a row per client reply) and time-to-accuracy.csv (a row per
+run and accuracy). Columns: docs/monitoring.md#reports.
 """
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pollen.tools.runs import Run, as_number, sections
+from pollen.tools.runs import Reached, Run, as_number, sections
 
 METRICS_CSV = "metrics.csv"
 CLIENTS_CSV = "clients.csv"
+TIME_TO_ACCURACY_CSV = "time-to-accuracy.csv"
 RUN_COLUMNS = ("run", "algorithm", "dataset", "seed")
-ROUND_COLUMNS_CSV = ("round", "stage", "seconds", "bytes-sent", "bytes-received")
+ROUND_COLUMNS_CSV = ("round", "stage", "seconds", "time", "bytes-sent", "bytes-received")
 
 
 def _run_cells(run: Run) -> dict[str, Any]:
@@ -30,7 +31,8 @@ def metrics_table(runs: Sequence[Run]) -> tuple[list[str], list[dict[str, Any]]]
         for row in run.rows:
             cells = {
                 **_run_cells(run), "round": row.round, "stage": "round", "seconds": row.seconds,
-                "bytes-sent": row.bytes_sent, "bytes-received": row.bytes_received,
+                "time": row.time, "bytes-sent": row.bytes_sent,
+                "bytes-received": row.bytes_received,
             }  # fmt: skip
             for section, who in sections(row):
                 for key, value in section.items():
@@ -71,6 +73,23 @@ def clients_table(runs: Sequence[Run]) -> tuple[list[str], list[dict[str, Any]]]
     return head + sorted({k for r in rows for k in r} - set(head)), rows
 
 
+def time_to_accuracy_table(reached: Sequence[Reached]) -> tuple[list[str], list[dict[str, Any]]]:
+    """time-to-accuracy.csv: a row per run and accuracy (pollen.tools.report.time_to_accuracy):
+    the series read, whether and in which round it was reached, that round's time, its clock
+    and whether the run recorded it (else: the running sum of its rounds' seconds)."""
+    rows = [
+        {
+            **_run_cells(r.run), "metric": r.metric, "accuracy": r.accuracy,
+            "reached": r.round is not None, "round": r.round, "time": r.time,
+            "clock": r.run.clock, "time-recorded": r.run.times_recorded,
+        }
+        for r in reached
+    ]  # fmt: skip
+    columns = [*RUN_COLUMNS, "metric", "accuracy", "reached", "round", "time", "clock",
+               "time-recorded"]  # fmt: skip
+    return columns, rows
+
+
 def _write_csv(path: Path, table: tuple[list[str], list[dict[str, Any]]]) -> bool:
     columns, rows = table
     if not rows:
@@ -83,7 +102,12 @@ def _write_csv(path: Path, table: tuple[list[str], list[dict[str, Any]]]) -> boo
     return True
 
 
-def write_tables(runs: Sequence[Run], out: Path) -> list[str]:
-    """metrics.csv and clients.csv (each only when it has a row); returns the names written."""
-    tables = ((METRICS_CSV, metrics_table(runs)), (CLIENTS_CSV, clients_table(runs)))
+def write_tables(runs: Sequence[Run], out: Path, reached: Sequence[Reached] = ()) -> list[str]:
+    """metrics.csv, clients.csv and, of `reached`, time-to-accuracy.csv (each only when it has
+    a row); returns the names written."""
+    tables = (
+        (METRICS_CSV, metrics_table(runs)),
+        (CLIENTS_CSV, clients_table(runs)),
+        (TIME_TO_ACCURACY_CSV, time_to_accuracy_table(reached)),
+    )
     return [name for name, table in tables if _write_csv(out / name, table)]

@@ -249,9 +249,13 @@ def test_late_clients_are_counted_in_the_phases_line_not_listed(tmp_path: Path) 
         {"event": "phase-end", "phase": "train", "round": 1, "valid": 2, "sent": 5,
          "seconds": 0.4, "failed": {"1": "error: boom", "3": late, "4": late},
          "late": [3, 4], "closed-at": 2.5},
+        {"event": "phase-end", "phase": "train", "round": 1, "valid": 2, "sent": 3,
+         "seconds": 0.1, "failed": {"2": late}, "late": [2], "closed-at": 7.0,
+         "clock": "virtual"},
     ])  # fmt: skip
     progress.poll()
     assert _lines(out) == [
         "round 1/1 train: 2/5 valid replies in 0.4 s, 1 skipped, 2 late (closed at 2.5 s)",
         "    round 1/1 train: client 1 skipped: error: boom",
+        "round 1/1 train: 2/3 valid replies in 0.1 s, 1 late (closed at 7.0 virtual s)",
     ]

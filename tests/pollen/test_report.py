@@ -21,11 +21,14 @@ def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def make_run(
-    root: Path, name: str, algorithm: str, base: float, rounds: int = 3, server_eval: bool = True
-) -> Path:
-    """A completed run whose accuracy rises by 0.05 a round from `base`."""
+    root: Path, name: str, algorithm: str, base: float, rounds: int = 3, server_eval: bool = True,
+    times: list[float] | None = None, clock: str | None = None,
+) -> Path:  # fmt: skip
+    """A completed run whose accuracy rises by 0.05 a round from `base`; `times`: each round's
+    `time`; `clock`: heterogeneity.clock, with the `tiers` device profile."""
     d = root / name
     d.mkdir(parents=True)
+    devices = {"heterogeneity.clock": clock, "heterogeneity.profile": "tiers"} if clock else {}
     (d / "config.json").write_text(
         json.dumps(
             {
@@ -35,6 +38,7 @@ def make_run(
                 "num-rounds": rounds,
                 "seed": 0,
                 "lr": 0.05,
+                **devices,
             }
         )
     )
@@ -66,6 +70,8 @@ def make_run(
             "bytes-sent": 1_500_000,
             "bytes-received": 500_000,
         }
+        if times is not None:
+            row["time"] = times[r - 1]
         row["server-eval"] = (
             {"test-accuracy": acc + 0.02, "test-loss": 0.9 / r, "test-examples": 1000.0}
             if server_eval
@@ -408,3 +414,120 @@ def test_a_run_of_an_earlier_version_reports_what_it_has(tmp_path: Path) -> None
     assert "server: test-accuracy" not in _svg_texts(out / "accuracy.svg")
     metrics_csv = (out / "metrics.csv").read_text().splitlines()
     assert not any("server." in column for column in metrics_csv[0].split(","))
+
+
+# ---- time to accuracy ----------------------------------------------------------------------
+def _paced_runs(root: Path) -> list[Path]:
+    """Two runs on the virtual clock. Their clients' test-accuracy, placed at the round of the
+    model it describes (round r's at r-1, the final evaluation at the last round): fast 0.37,
+    0.42, 0.47, 0.52 at rounds 0 to 3, ending at 10, 20, 30 s; slow 0.17, 0.22, 0.27, 0.32,
+    ending at 50, 100, 150 s."""
+    return [
+        make_run(root, "fast", "fedavg", 0.32, times=[10.0, 20.0, 30.0], clock="virtual"),
+        make_run(root, "slow", "fedprox", 0.12, times=[50.0, 100.0, 150.0], clock="virtual"),
+    ]
+
+
+def _section(md: str, title: str) -> list[str]:
+    return md.split(f"## {title}\n")[1].split("\n## ")[0].strip().splitlines()
+
+
+def test_time_to_accuracy_states_the_round_and_time_each_accuracy_is_first_reached(
+    tmp_path: Path,
+) -> None:
+    out = write_report(_paced_runs(tmp_path), tmp_path / "r")
+    md = (out / "report.md").read_text()
+    # default accuracies: 50 %, 75 %, 90 % of the best final accuracy (fast's 0.52)
+    assert _section(md, "Time to accuracy")[-4:] == [
+        "| run | clock | clients test-accuracy ≥ 0.2600 | clients test-accuracy ≥ 0.3900 "
+        "| clients test-accuracy ≥ 0.4680 |",
+        "|---|---|---|---|---|",
+        "| fast | virtual | round 0, 0.0 s | round 1, 10.0 s | round 2, 20.0 s |",
+        "| slow | virtual | round 2, 100.0 s | not reached | not reached |",
+    ]
+    assert "50%, 75%, 90% of the best final clients test-accuracy" in md
+    assert "- clock: virtual" in md
+    rounds = next(line for line in md.splitlines() if line.startswith("| round"))
+    assert rounds.endswith("| seconds | time | MB |")
+    assert "| 2 | 0.4200 | 0.3500 | 0.4400 | 0.7500 | 12.3 | 20.0 | 2.0000 |" in md
+
+
+def test_time_to_accuracy_of_runs_without_time_counts_their_rounds_seconds(
+    tmp_path: Path,
+) -> None:
+    """Runs of earlier versions have no `time`: the running sum of the rounds' seconds (11.3,
+    12.3, 13.3) stands in, on the wall clock, and the report says so."""
+    from pollen.tools.plots import time_label
+    from pollen.tools.report import time_to_accuracy
+    from pollen.tools.runs import load_run
+
+    run = load_run(make_run(tmp_path, "old", "fedavg", 0.5))
+    assert not run.times_recorded and run.clock == "wall"
+    assert run.round_times() == pytest.approx({0: 0.0, 1: 11.3, 2: 23.6, 3: 36.9})
+    metric, targets, reached = time_to_accuracy([run], [0.62, 0.68, 0.9])
+    assert metric == "clients test-accuracy" and targets == [0.62, 0.68, 0.9]
+    # 0.55, 0.6, 0.65 at rounds 0 to 2, the final evaluation's 0.7 at round 3
+    assert [(r.round, r.time) for r in reached] == [
+        (2, pytest.approx(23.6)), (3, pytest.approx(36.9)), (None, None)]  # fmt: skip
+    assert time_label([run]) == "seconds"
+    md = (write_report([run.path], tmp_path / "r", accuracies=[0.62, 0.68]) / "report.md")
+    text = md.read_text()
+    assert "- clock: wall (no time recorded: the running sum of the rounds' seconds)" in text
+    assert _section(text, "Time to accuracy")[-1] == (
+        "| old | wall (no time recorded: the running sum of the rounds' seconds) "
+        "| round 2, 23.6 s | round 3, 36.9 s |"
+    )
+    wall = load_run(make_run(tmp_path, "wall", "fedavg", 0.5, times=[1.0, 2.0, 3.0]))
+    assert wall.times_recorded and wall.clock == "wall"  # no device profile: wall time
+    assert wall.round_times() == {0: 0.0, 1: 1.0, 2: 2.0, 3: 3.0}
+
+
+def test_the_accuracy_plot_has_a_panel_against_time_beside_the_rounds(tmp_path: Path) -> None:
+    import xml.etree.ElementTree as ET
+
+    out = write_report(_paced_runs(tmp_path), tmp_path / "r", formats=("svg", "png"))
+    assert_png(out / "accuracy.png")
+    root = ET.parse(out / "accuracy.svg").getroot()
+    axes = [e.get("id") for e in root.iter() if (e.get("id") or "").startswith("axes_")]
+    assert axes == ["axes_1", "axes_2"]
+    texts = _svg_texts(out / "accuracy.svg")
+    assert "round (the model after that round's aggregation; 0: the initial model)" in texts
+    assert "virtual seconds" in texts and "Test accuracy against time" in texts
+    assert texts.count("fast (fedavg)") == 1  # one legend for both panels
+    ticks = texts[texts.index("Test accuracy: mnist-5k, 3 clients") + 1 : texts.index(
+        "virtual seconds")]  # fmt: skip
+    assert 120 <= max(int(t) for t in ticks) <= 160  # the slow run's last round ends at 150 s
+    loss = ET.parse(write_report(_paced_runs(tmp_path / "b"), tmp_path / "r2",
+                                 formats=("svg",)) / "loss.svg").getroot()  # fmt: skip
+    assert [e.get("id") for e in loss.iter() if (e.get("id") or "").startswith("axes_")] == [
+        "axes_1"]  # fmt: skip
+
+
+def test_runs_on_both_clocks_are_labelled_so(tmp_path: Path) -> None:
+    from pollen.tools.plots import time_label
+    from pollen.tools.runs import load_run
+
+    virtual, wall = (load_run(p) for p in _paced_runs(tmp_path))
+    wall.config["heterogeneity.clock"] = "wall"
+    assert time_label([virtual]) == "virtual seconds" and time_label([wall]) == "seconds"
+    assert time_label([virtual, wall]).startswith("seconds (virtual for some runs, wall")
+
+
+def test_the_accuracy_option_sets_the_accuracies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pollen.tools import cli
+
+    runs = [str(p) for p in _paced_runs(tmp_path)]
+    code = cli.main(["report", *runs, "--out", str(tmp_path / "r"), "--accuracy", "0.5", "0.2"])
+    assert code == 0
+    lines = _section((tmp_path / "r" / "report.md").read_text(), "Time to accuracy")
+    assert "Accuracies: as asked (`--accuracy`)." in lines[0]
+    assert lines[-2:] == [
+        "| fast | virtual | round 0, 0.0 s | round 3, 30.0 s |",
+        "| slow | virtual | round 1, 50.0 s | not reached |",
+    ]
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["report", *runs, "--accuracy", "80"])
+    assert exited.value.code == 2
+    assert "--accuracy: '80' is not an accuracy between 0 and 1" in capsys.readouterr().err

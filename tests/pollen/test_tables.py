@@ -47,3 +47,26 @@ def test_the_flat_files_read_into_pandas(tmp_path: Path) -> None:
     final = metrics[metrics["stage"] == "final"].set_index("seed")["clients.test-accuracy"]
     assert final.to_dict() == pytest.approx({0: 0.575, 1: 0.5556}, abs=1e-4)
     assert str(metrics["round"].dtype) == "int64"
+
+
+def test_time_to_accuracy_has_a_flat_file_and_metrics_csv_the_rounds_time(tmp_path: Path) -> None:
+    import csv
+
+    from pollen.tools.report import write_report
+    from tests.pollen.test_report import make_run
+
+    paced = make_run(tmp_path, "paced", "fedavg", 0.32, times=[10.0, 20.0, 30.0], clock="virtual")
+    old = make_run(tmp_path, "old", "fedavg", 0.12)  # no `time`: its rounds' seconds summed
+    out = write_report([paced, old], tmp_path / "r", accuracies=[0.4, 0.3])
+    rows = list(csv.DictReader((out / "time-to-accuracy.csv").open()))
+    assert [(r["run"], r["accuracy"], r["reached"], r["round"], r["time"], r["clock"],
+             r["time-recorded"]) for r in rows] == [
+        ("paced", "0.3", "True", "0", "0.0", "virtual", "True"),
+        ("paced", "0.4", "True", "1", "10.0", "virtual", "True"),
+        ("old", "0.3", "True", "3", "36.9", "wall", "False"),
+        ("old", "0.4", "False", "", "", "wall", "False"),
+    ]  # fmt: skip
+    assert {r["metric"] for r in rows} == {"clients test-accuracy"}
+    metrics = list(csv.DictReader((out / "metrics.csv").open()))
+    assert [r["time"] for r in metrics if r["run"] == "paced"] == ["10.0", "20.0", "30.0", ""]
+    assert {r["time"] for r in metrics if r["run"] == "old"} == {""}

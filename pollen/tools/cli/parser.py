@@ -122,6 +122,17 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _accuracy(text: str) -> float:
+    """argparse `type=` of an accuracy: a fraction, 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an accuracy between 0 and 1")
+    return value
+
+
 def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--algorithm", help="algorithm (see `pollen algorithms`)")
     p.add_argument("--dataset", help="dataset (see `pollen datasets`)")
@@ -423,6 +434,14 @@ def _add_report(sub: Any) -> None:
         default="png",
         metavar="LIST",
         help="plot formats, comma-separated: png, svg, pdf (e.g. png,svg,pdf)",
+    )
+    p.add_argument(
+        "--accuracy",
+        nargs="+",
+        type=_accuracy,
+        metavar="A",
+        help="accuracies (fractions, e.g. 0.8 0.9) whose time to reach report.md states per "
+        "run; default: 50%%, 75%% and 90%% of the best final accuracy among the runs",
     )
     p.set_defaults(func=cmd_report)
 

@@ -15,8 +15,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     try:
         formats = parse_formats(args.format)
         out = write_report(
-            [Path(d) for d in args.dirs], Path(args.out) if args.out else None, formats
-        )
+            [Path(d) for d in args.dirs], Path(args.out) if args.out else None, formats,
+            args.accuracy,
+        )  # fmt: skip
     except ReportError as exc:
         print(f"pollen: error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,206 @@
+"""Rounds that do not wait for the slowest device (docs/results/pacing.md): synchronous rounds
+against deadline rounds with over-selection, for FedAvg and FedEM on `mnist-5k` with 100
+simulated clients of which 20 % are 10 times slower in compute and link (`heterogeneity.profile
+= tiers`), on the virtual clock, three seeds; and the time each run takes to reach the
+synchronous run's final accuracy.
+
+    python -m experiments.pacing run --out DIR [--algorithms fedavg,fedem] [--seeds 0,1,2]
+        [--modes sync,deadline] [--clients 100]
+    python -m experiments.pacing tabulate DIR
+
+Every run is one federation through the real ServerApp and ClientApp in one process
+(server.local_grid, as experiments/robustness.py runs them); on the virtual clock its times do
+not depend on the machine. A round samples 10 % of the clients. The deadline runs sample 30 %
+more (`round.over-selection` = 0.3, Bonawitz et al. 2019's 130 %), keep the first 10 % that
+answer, and close a phase at DEADLINE virtual seconds (by algorithm) at the latest; they run
+twice the rounds so that the table can say when they reach the synchronous run's final
+accuracy. The accuracy
+is the server's evaluation of the global model after each round (FedEM: its mixture's
+components averaged by the clients' mean weights is not one model; its per-round figure is the
+clients' own test accuracy, `train/test-accuracy`, measured on the model each received).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from experiments.robustness import grid_cli, names, rows, run
+
+BASE: dict[str, Any] = {
+    "dataset": "mnist-5k",
+    "model": "mlp",
+    "num-clients": 100,
+    "num-rounds": 30,
+    "lr": 0.1,
+    "batch-size": 16,
+    "fraction-train": 0.1,
+    "phase-timeout": 600.0,
+    "wait-for-clients": 5.0,
+    "poll-interval": 0.01,
+    "heterogeneity.profile": "tiers",
+    "heterogeneity.clock": "virtual",
+    "heterogeneity.slow-fraction": 0.2,
+    "heterogeneity.slowdown": 10.0,
+}
+DEADLINE = {"fedavg": 2.0, "fedem": 6.0}
+"""round.deadline of the deadline runs, in virtual seconds, between a fast device's time for a
+round of the algorithm on this model and data and a slow one's (ten times that): FedAvg's fast
+device takes about 0.6 s (35 examples at 5 ms, the model down and up at 20 Mbit/s, 50 ms each
+way), FedEM's about three times that (three components trained and sent). FedEM's first
+deadline, FedAvg's 2 s, was below its fast devices' time: every round stopped with no valid
+reply (docs/results/pacing.md)."""
+OVER_SELECTION = 0.3
+MODES: dict[str, dict[str, Any]] = {
+    "sync": {},
+    "deadline": {"round.over-selection": OVER_SELECTION},
+}
+LONGER = {"deadline": 2}
+"""Modes that run this many times the rounds (a round of theirs costs a fraction of a
+synchronous one's time)."""
+PER_ROUND = {"fedavg": ("server-eval", "test-accuracy"), "fedem": ("train", "test-accuracy")}
+"""The per-round accuracy each algorithm's time-to-accuracy reads (module docstring)."""
+
+
+@dataclass(frozen=True)
+class Case:
+    algorithm: str
+    mode: str
+    clients: int
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.algorithm}-{self.mode}-n{self.clients}-s{self.seed}"
+
+    def settings(self, out: Path, cache: Path) -> dict[str, Any]:
+        cfg = {**BASE, **MODES[self.mode], "algorithm": self.algorithm, "seed": self.seed}
+        if self.mode == "deadline":
+            cfg["round.deadline"] = DEADLINE[self.algorithm]
+        cfg["num-clients"] = self.clients
+        cfg["num-rounds"] = BASE["num-rounds"] * LONGER.get(self.mode, 1)
+        cfg.update(
+            {
+                "out-dir": str(out / "runs" / self.name),
+                "run-name": self.name,
+                "cache-dir": str(cache),
+                "client-state-dir": str(out / "state"),
+            }
+        )
+        return cfg
+
+
+def cases(
+    algorithms: Iterable[str], modes: Iterable[str], clients: Iterable[int], seeds: Iterable[int]
+) -> list[Case]:
+    return [Case(a, m, n, s) for a in algorithms for n in clients for s in seeds for m in modes]
+
+
+def curve(out: Path, name: str, algorithm: str) -> list[tuple[int, float, float]]:
+    """(round, time at its end, accuracy) of each round of a run."""
+    part, key = PER_ROUND[algorithm]
+    path = out / "runs" / name / "metrics.jsonl"
+    points = []
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        value = (row.get(part) or {}).get(key)
+        if value is not None and row.get("time") is not None:
+            points.append((int(row["round"]), float(row["time"]), float(value)))
+    return points
+
+
+def reached(points: list[tuple[int, float, float]], accuracy: float) -> tuple[int, float] | None:
+    """The first (round, time) at which a curve reaches `accuracy`."""
+    return next(((r, t) for r, t, a in points if a >= accuracy), None)
+
+
+def summarise(out: Path, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per (algorithm, clients, seed): the synchronous run's final accuracy and time, and for
+    every mode the time and round at which it reaches that accuracy (and its ratio to the
+    synchronous time), its own final accuracy at the synchronous run's round count, and its
+    late replies."""
+    by = {r["name"]: r for r in results if r.get("status") == "completed"}
+    table: dict[str, Any] = {}
+    for r in by.values():
+        c = r["case"]
+        if c["mode"] != "sync":
+            continue
+        alg = c["algorithm"]
+        sync = curve(out, r["name"], alg)
+        target = sync[-1][2]
+        cell: dict[str, Any] = {"sync-accuracy": target, "sync-time": sync[-1][1], "modes": {}}
+        for mode in MODES:
+            name = Case(alg, mode, c["clients"], c["seed"]).name
+            if name not in by:
+                continue
+            points = curve(out, name, alg)
+            hit = reached(points, target)
+            same = [p for p in points if p[0] <= len(sync)]
+            late = sum(
+                int(json.loads(line).get("late", 0))
+                for line in (out / "runs" / name / "metrics.jsonl").read_text().splitlines()
+            )
+            cell["modes"][mode] = {
+                "reached-round": hit[0] if hit else None,
+                "reached-time": round(hit[1], 2) if hit else None,
+                "time-ratio": round(hit[1] / sync[-1][1], 3) if hit else None,
+                "accuracy-at-sync-rounds": same[-1][2] if same else None,
+                "time-at-sync-rounds": round(same[-1][1], 2) if same else None,
+                "late": late,
+                "seconds": r["seconds"] if mode == "sync" else by[name]["seconds"],
+            }
+        table[f"{alg}/n{c['clients']}/s{c['seed']}"] = cell
+    return dict(sorted(table.items()))
+
+
+def markdown(table: Mapping[str, Any]) -> str:
+    lines = [
+        "| run | sync: final accuracy, virtual s | mode | reaches it at round, virtual s "
+        "(ratio) | accuracy after the sync run's rounds, at virtual s | late replies "
+        "| wall s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for key, cell in table.items():
+        for mode, m in cell["modes"].items():
+            hit = (
+                f"{m['reached-round']}, {m['reached-time']:.1f} ({m['time-ratio']:.3f})"
+                if m["reached-round"] is not None
+                else "not reached"
+            )
+            same = m["accuracy-at-sync-rounds"]
+            lines.append(
+                f"| {key} | {cell['sync-accuracy']:.4f}, {cell['sync-time']:.1f} | {mode} | "
+                f"{hit} | {same:.4f}, {m['time-at-sync-rounds']:.1f} | {m['late']} | "
+                f"{m['seconds']:.0f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, p = grid_cli(__doc__ or "")
+    p.add_argument("--algorithms", default="fedavg,fedem")
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--clients", default="100")
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        todo = cases(
+            names(args.algorithms),
+            names(args.modes),
+            [int(x) for x in names(args.clients)],
+            [int(x) for x in names(args.seeds)],
+        )
+        run(todo, args.out, args.jobs)
+        return 0
+    table = summarise(args.out, rows(args.out))
+    (args.out / "pacing.json").write_text(json.dumps(table, indent=1, sort_keys=True))
+    text = markdown(table)
+    (args.out / "table.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
