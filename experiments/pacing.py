@@ -1,20 +1,30 @@
 """Rounds that do not wait for the slowest device (docs/results/pacing.md): synchronous rounds
-against deadline rounds with over-selection, for FedAvg and FedEM on `mnist-5k` with 100
+against deadline rounds with over-selection and against buffered asynchronous aggregation
+(FedBuff), for FedAvg and FedEM on `mnist-5k` with 100
 simulated clients of which 20 % are 10 times slower in compute and link (`heterogeneity.profile
 = tiers`), on the virtual clock, three seeds; and the time each run takes to reach the
 synchronous run's final accuracy.
 
     python -m experiments.pacing run --out DIR [--algorithms fedavg,fedem] [--seeds 0,1,2]
-        [--modes sync,deadline] [--clients 100]
+        [--modes sync,deadline,fedbuff] [--clients 100]
     python -m experiments.pacing tabulate DIR
+    python -m experiments.pacing deploy --out DIR [--rounds 4]
+
+`deploy` runs a deployed federation of 16 SuperNodes on this machine (`pollen deploy`, gRPC),
+3 of them ten times slower (`tiers`, slow-fraction 3/16, on the wall clock: their clients wait
+out what their devices add), synchronous and with `round.deadline` DEPLOY_DEADLINE, and
+writes each run's round seconds and final accuracy to DIR/deploy.json.
 
 Every run is one federation through the real ServerApp and ClientApp in one process
 (server.local_grid, as experiments/robustness.py runs them); on the virtual clock its times do
 not depend on the machine. A round samples 10 % of the clients. The deadline runs sample 30 %
 more (`round.over-selection` = 0.3, Bonawitz et al. 2019's 130 %), keep the first 10 % that
-answer, and close a phase at DEADLINE virtual seconds (by algorithm) at the latest; they run
-twice the rounds so that the table can say when they reach the synchronous run's final
-accuracy. The accuracy
+answer, and close a phase at DEADLINE virtual seconds (by algorithm) at the latest. The FedBuff
+runs keep twice that count of clients training (`async.concurrency` 20 of 100, 200 of 1,000)
+and make a model version of every 10 (100) valid replies (`async.buffer`), with the paper's
+staleness weight 1/sqrt(1 + s), server learning rate 1 and replies more than 10 versions old
+dropped (the defaults). Deadline and FedBuff runs make twice the rounds (versions) so that the
+table can say when they reach the synchronous run's final accuracy. The accuracy
 is the server's evaluation of the global model after each round (FedEM: its mixture's
 components averaged by the clients' mean weights is not one model; its per-round figure is the
 clients' own test accuracy, `train/test-accuracy`, measured on the model each received).
@@ -57,8 +67,9 @@ OVER_SELECTION = 0.3
 MODES: dict[str, dict[str, Any]] = {
     "sync": {},
     "deadline": {"round.over-selection": OVER_SELECTION},
+    "fedbuff": {},
 }
-LONGER = {"deadline": 2}
+LONGER = {"deadline": 2, "fedbuff": 2}
 """Modes that run this many times the rounds (a round of theirs costs a fraction of a
 synchronous one's time)."""
 PER_ROUND = {"fedavg": ("server-eval", "test-accuracy"), "fedem": ("train", "test-accuracy")}
@@ -80,6 +91,9 @@ class Case:
         cfg = {**BASE, **MODES[self.mode], "algorithm": self.algorithm, "seed": self.seed}
         if self.mode == "deadline":
             cfg["round.deadline"] = DEADLINE[self.algorithm]
+        if self.mode == "fedbuff":  # a buffer of a synchronous round's count, twice as many busy
+            wanted = round(BASE["fraction-train"] * self.clients)
+            cfg.update({"async.buffer": wanted, "async.concurrency": 2 * wanted})
         cfg["num-clients"] = self.clients
         cfg["num-rounds"] = BASE["num-rounds"] * LONGER.get(self.mode, 1)
         cfg.update(
@@ -179,7 +193,63 @@ def markdown(table: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+DEPLOY: dict[str, Any] = {
+    "num-clients": 16, "dataset": "mnist-5k", "lr": 0.1, "batch-size": 16,
+    "heterogeneity.profile": "tiers", "heterogeneity.slow-fraction": 3 / 16,
+    "heterogeneity.slowdown": 10.0, "poll-interval": 0.5,
+}  # fmt: skip
+DEPLOY_DEADLINE = 45.0
+"""Seconds: above the 34 s a warm round of 16 deployed SuperNodes takes on this 2-core machine
+(docs/performance.md), fixed before the runs."""
+
+
+def deploy(out: Path, rounds: int) -> dict[str, Any]:
+    """The deployed pair (module docstring), one after the other; their figures."""
+    import subprocess
+    import sys
+
+    out.mkdir(parents=True, exist_ok=True)
+    figures: dict[str, Any] = {}
+    for mode, extra in (("sync", {}), ("deadline", {"round.deadline": DEPLOY_DEADLINE})):
+        run = out / f"deploy-{mode}"
+        sets = [f"--set={k}={v}" for k, v in {**DEPLOY, **extra}.items()]
+        argv = [sys.executable, "-m", "pollen.tools.cli", "deploy", "--algorithm", "fedavg",
+                "--rounds", str(rounds), *sets, "--out", str(run), "--plain"]  # fmt: skip
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=7200)
+        summary = json.loads((run / "summary.json").read_text())
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
+        final = (summary.get("final") or {}).get("eval", {})
+        figures[mode] = {
+            "status": summary["status"], "exit-code": done.returncode,
+            "round-seconds": [r["seconds"] for r in rows],
+            "late": [r.get("late", 0) for r in rows],
+            "final-accuracy": final.get("test-accuracy"),
+            "server-accuracy": [(r.get("server-eval") or {}).get("test-accuracy") for r in rows],
+        }  # fmt: skip
+        print(mode, json.dumps(figures[mode]), flush=True)
+    sync, paced = figures["sync"]["round-seconds"], figures["deadline"]["round-seconds"]
+    if sync and paced:
+        figures["ratio-of-mean-round-seconds"] = round(
+            (sum(paced) / len(paced)) / (sum(sync) / len(sync)), 3
+        )
+    (out / "deploy.json").write_text(json.dumps(figures, indent=1))
+    return figures
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        import sys
+
+        argv = sys.argv[1:]
+    if argv[:1] == ["deploy"]:
+        import argparse
+
+        d = argparse.ArgumentParser(description="the deployed pair of runs")
+        d.add_argument("--out", type=Path, required=True)
+        d.add_argument("--rounds", type=int, default=4)
+        args = d.parse_args(argv[1:])
+        print(json.dumps(deploy(args.out, args.rounds), indent=1))
+        return 0
     parser, p = grid_cli(__doc__ or "")
     p.add_argument("--algorithms", default="fedavg,fedem")
     p.add_argument("--modes", default=",".join(MODES))

@@ -30,7 +30,13 @@ from flwr.serverapp import Grid
 from pollen.core import protocol
 from pollen.core.contracts import client_dp
 from pollen.core.contracts import secagg as secagg_contract
-from pollen.core.pacing import HeterogeneitySettings, RoundSettings, devices, reference
+from pollen.core.pacing import (
+    AsyncSettings,
+    HeterogeneitySettings,
+    RoundSettings,
+    devices,
+    reference,
+)
 from pollen.core.protection import ClientDPSettings, SecAggSettings
 from pollen.core.protocol import HELLO
 from pollen.core.rundir import (
@@ -45,6 +51,7 @@ from pollen.core.rundir import (
 )
 from pollen.core.settings import RunSettings, Scalar
 from server import checkpoint, checks
+from server.buffered import BufferedRounds
 from server.exchange import Phase, PhaseFailed, grid_call
 from server.results import ResultsWriter, brief
 from server.roster import Roster
@@ -111,6 +118,9 @@ class Engine:
         self.time = 0.0
         """The run's time when its last round ended (RoundRow.time); a resumed run's starts
         at the checkpoint's."""
+        self.buffering = AsyncSettings.of(settings)
+        self.buffered: BufferedRounds | None = None
+        """FedBuff's model versions in place of synchronous rounds (async.buffer > 0)."""
 
     # ---- what strategies use -------------------------------------------------------------
     @property
@@ -327,6 +337,8 @@ class Engine:
             pending_config = run.resume
             self.server_round = start_round
             self.wait_for_clients()
+            if self.buffering.enabled:
+                self.buffered = BufferedRounds(self, self.strategy, self.buffering)
             last: RoundRow | None = None
             for rnd in range(start_round, run.num_rounds + 1):
                 row = self._round(rnd, settings)
@@ -404,7 +416,10 @@ class Engine:
         codec0 = protocol.codec_seconds()
         self.results.event(Event.ROUND_START, round=rnd, rounds=run.num_rounds)
         self.discover()
-        train = self.strategy.run_round(self)
+        if self.buffered is not None:
+            train = self.buffered.round(rnd)
+        else:
+            train = self.strategy.run_round(self)
         server_eval = None
         if run.server_eval:
             self.results.event(Event.SERVER_EVAL_START, round=rnd)

@@ -117,6 +117,12 @@ def train_from(
     return fed.exchange("train", payloads, validate)
 
 
+def staleness_weight(staleness: int, exponent: float) -> float:
+    """FedBuff's weight of a reply trained on a model `staleness` versions old: 1/(1+s)^a
+    (Nguyen et al., AISTATS 2022, with a = 1/2)."""
+    return float((1.0 + staleness) ** -exponent)
+
+
 def num_examples(content: RecordDict) -> int:
     return protocol.as_int(protocol.metrics_of(content)[protocol.NUM_EXAMPLES])
 

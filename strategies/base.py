@@ -120,6 +120,18 @@ class Secured:
         return {k: v / self.weight for k, v in self.sums[record].items()}
 
 
+@dataclass(frozen=True)
+class BufferedReply:
+    """A valid training reply under buffered asynchronous aggregation (FedBuff,
+    docs/pacing.md): the client trained the model the server had when it sent round
+    `server_round`'s instruction; `staleness` model versions were made since."""
+
+    cid: int
+    content: RecordDict
+    server_round: int
+    staleness: int
+
+
 Validator = Callable[[int, RecordDict], None]
 Fold = Callable[[int, RecordDict], None]
 """Takes one valid reply (client id, content) of an exchange, in client order: a strategy that
@@ -200,6 +212,21 @@ class Strategy(ABC):
     def finalize(self, fed: Federation) -> dict[str, float]:
         """Evaluation after the last round; one extra exchange only when the algorithm needs it."""
         return {}
+
+    # ---- buffered asynchronous aggregation (FedBuff; registry flag `buffered`) ----------
+    def buffered_instruction(self, client: ClientInfo, server_round: int) -> RecordDict:
+        """The training instruction a client that is free gets while the server makes round
+        `server_round`'s model version: the newest model (server.buffered)."""
+        raise NotImplementedError(f"{type(self).__name__} has no buffered step")
+
+    def buffered_check(self, cid: int, content: RecordDict) -> None:
+        """InvalidReply when a buffered training reply cannot be used."""
+        raise NotImplementedError(f"{type(self).__name__} has no buffered step")
+
+    def buffered_step(self, server_round: int, buffer: Sequence[BufferedReply]) -> dict[str, float]:
+        """Round `server_round`'s model version from the buffer's replies; the round's
+        aggregated client metrics."""
+        raise NotImplementedError(f"{type(self).__name__} has no buffered step")
 
     def server_evaluate(self) -> dict[str, float]:
         """Centralized evaluation of the global model, if the algorithm has one."""

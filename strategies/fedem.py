@@ -13,6 +13,10 @@ code's protocol) they are evaluated before round 1, every `fedem.unseen-every` r
 the last round, each time with the newest components and one EM iteration warm-started from the
 pi they stored at the previous evaluation; the round's metrics carry that evaluation (of the
 components the round starts from) as `unseen-*`.
+
+With `async.buffer` the rounds are FedBuff's model versions: each component stepped by the
+staleness-weighted buffer of the clients' component updates (strategies.global_model), the
+mixture weights staying on the clients; `fedem.aggregation` does not apply there.
 """
 
 from __future__ import annotations
@@ -155,6 +159,26 @@ class FedEM(GlobalModelStrategy):
         return {
             **aggregate_metrics(replies), **self.privacy.metrics(), **self.combiner.metrics()
         }  # fmt: skip
+
+    def buffered_config(self, server_round: int) -> dict[str, Any]:
+        return {"lr": learning_rate(self.settings, server_round)}
+
+    def combine_buffer(
+        self,
+        server_round: int,
+        contributions: Mapping[int, Mapping[str, np.ndarray]],
+        counts: Mapping[int, float],
+    ) -> dict[str, np.ndarray]:
+        """The buffer's component updates (the mixture weights stay on the clients): the
+        weighted mean of the packed components, or the robust rule on each component."""
+        if self.combiner.plain:
+            return super().combine_buffer(server_round, contributions, counts)
+        mine = {cid: unpack(dict(c), self.num) for cid, c in contributions.items()}
+        return pack([
+            self.combiner.combine(server_round, f"buffer-component-{m}",
+                                  {cid: comps[m] for cid, comps in mine.items()}, None, counts)
+            for m in range(self.num)
+        ])  # fmt: skip
 
     def unseen_evaluation(self, server_round: int) -> bool:
         """Whether the unseen clients are evaluated before this round's training: under the

@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from flwr.app import RecordDict
+from flwr.app import ArrayRecord, RecordDict
 
 from pollen.core import protocol
+from pollen.core.pacing import AsyncSettings
 from pollen.core.settings import Scalar
-from strategies.aggregate import expect_arrays
-from strategies.base import Federation, InitialArraysError, Strategy, layout_mismatch
+from strategies.aggregate import (
+    aggregate_metrics,
+    expect_arrays,
+    num_examples,
+    staleness_weight,
+)
+from strategies.base import (
+    BufferedReply,
+    ClientInfo,
+    Federation,
+    InitialArraysError,
+    Strategy,
+    layout_mismatch,
+)
 from strategies.privacy import PrivacyLedger
 from strategies.robust import Combiner
 
@@ -27,6 +40,10 @@ class GlobalModelStrategy(Strategy):
         self.weights: dict[str, np.ndarray] = {}
         self.privacy = PrivacyLedger(settings)
         self.combiner = Combiner(settings)
+        self.buffering = AsyncSettings.of(settings)
+        self._bases: dict[int, tuple[dict[str, np.ndarray], ArrayRecord]] = {}
+        """Buffered aggregation: the model each recent round's instructions carried, and its
+        record (encoded once), by round: a reply's update is taken against it."""
 
     def validate(self, _cid: int, content: RecordDict) -> None:
         """A training reply must carry exactly the global arrays' keys, shapes and dtypes."""
@@ -101,3 +118,62 @@ class GlobalModelStrategy(Strategy):
             {cid: weight(r) for cid, r in replies.items()},
         )
         return replies
+
+    # ---- buffered asynchronous aggregation (FedBuff) ----------------------------------------
+    def buffered_config(self, server_round: int) -> dict[str, Scalar]:
+        """The config of a buffered training instruction (the learning rate, for instance)."""
+        return {}
+
+    def buffered_instruction(self, client: ClientInfo, server_round: int) -> RecordDict:
+        """The newest model, as a synchronous round's `train` instruction carries it; the
+        client's training charged to the privacy ledgers."""
+        if server_round not in self._bases:
+            self._bases[server_round] = (self.weights, protocol.to_record(self.weights))
+        self.privacy.charge([client])
+        record = self._bases[server_round][1]
+        config = self.buffered_config(server_round)
+        return protocol.instruction(server_round, "train", config, arrays=record)
+
+    def buffered_check(self, cid: int, content: RecordDict) -> None:
+        self.validate(cid, content)
+
+    def buffered_step(self, server_round: int, buffer: Sequence[BufferedReply]) -> dict[str, float]:
+        """FedBuff's server step (Nguyen et al., AISTATS 2022, Alg. 1): each reply's update
+        against the model it trained from, weighted by its staleness's 1/(1+s)^a, combined
+        over the buffer by the run's rule (the mean weighted by examples: sum n_i w_i d_i /
+        sum n_i), and the model moved by server-lr times it. With no staleness and server-lr
+        1 the step is FedAvg's mean of the buffer's models."""
+        b = self.buffering
+        contributions: dict[int, dict[str, np.ndarray]] = {}
+        counts: dict[int, float] = {}
+        for r in buffer:
+            base = self._bases[r.server_round][0]
+            trained = protocol.arrays_of(r.content, copy=False)
+            w = staleness_weight(r.staleness, b.staleness_exponent)
+            contributions[r.cid] = {
+                k: w * (trained[k].astype(np.float64) - base[k]) for k in base
+            }
+            counts[r.cid] = num_examples(r.content)
+        update = self.combine_buffer(server_round, contributions, counts)
+        self.weights = {
+            k: (v + b.server_lr * update[k]).astype(v.dtype) for k, v in self.weights.items()
+        }
+        oldest = server_round + 1 - b.max_staleness  # the next round's stalest usable model
+        self._bases = {r: base for r, base in self._bases.items() if r >= oldest}
+        stale = [float(r.staleness) for r in buffer]
+        return {
+            **aggregate_metrics({r.cid: r.content for r in buffer}),
+            **self.privacy.metrics(),
+            **self.combiner.metrics(),
+            "staleness-mean": sum(stale) / max(len(stale), 1),
+            "staleness-max": max(stale, default=0.0),
+        }
+
+    def combine_buffer(
+        self,
+        server_round: int,
+        contributions: Mapping[int, Mapping[str, np.ndarray]],
+        counts: Mapping[int, float],
+    ) -> dict[str, np.ndarray]:
+        """The buffer's updates combined into one by the run's rule (robust.*)."""
+        return self.combiner.combine(server_round, "buffer", contributions, None, counts)

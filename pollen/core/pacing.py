@@ -1,6 +1,7 @@
 """How a round is paced (docs/pacing.md): deadline rounds with over-selection (`round.*`;
 Bonawitz et al., "Towards Federated Learning at Scale: System Design", MLSys 2019: select about
-130 % of the clients wanted, keep the first that report, close at a deadline) and the devices
+130 % of the clients wanted, keep the first that report, close at a deadline), buffered
+asynchronous aggregation (`async.*`, FedBuff) and the devices
 the clients run on (`heterogeneity.*`): each client's compute speed, link bandwidth and
 latency, from a built-in profile or a CSV file, on a virtual clock in simulation or as real
 delays on the client side.
@@ -63,6 +64,48 @@ class RoundSettings(SettingsGroup):
     @property
     def enabled(self) -> bool:
         return self.deadline > 0 or self.over_selection > 0
+
+
+@dataclass(frozen=True)
+class AsyncSettings(SettingsGroup):
+    """Buffered asynchronous aggregation (FedBuff: Nguyen et al., "Federated Learning with
+    Buffered Asynchronous Aggregation", AISTATS 2022; docs/pacing.md#buffered-asynchronous-
+    aggregation). A round is then one model version."""
+
+    PREFIX: ClassVar[str] = "async"
+
+    buffer: int = setting(
+        0,
+        "FedBuff: valid replies folded into each new model version (a round is then one "
+        "version, num-rounds the versions made); 0: synchronous rounds",
+        minimum=0,
+    )
+    concurrency: int = setting(
+        0,
+        "FedBuff: clients kept training at once, each handed the newest version when it is "
+        "free; 0: fraction-train's count of clients (at most the training clients)",
+        minimum=0,
+    )
+    max_staleness: int = setting(
+        10,
+        "FedBuff: a reply trained on a model more than this many versions older than the "
+        "newest is dropped (counted as stale)",
+        minimum=0,
+    )
+    staleness_exponent: float = setting(
+        0.5,
+        "FedBuff: a reply of staleness s weighs 1/(1+s)^exponent (the paper's 1/sqrt(1+s))",
+        minimum=0.0,
+    )
+    server_lr: float = setting(
+        1.0,
+        "FedBuff: the server's step on the buffer's weighted mean update (eta_g)",
+        minimum=1e-9,
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.buffer > 0
 
 
 @dataclass(frozen=True)

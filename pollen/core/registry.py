@@ -79,6 +79,12 @@ class AlgorithmSpec:
     point where its server combines clients is a (weighted) sum, which the clients mask;
     without it, secure aggregation is refused with `secagg_note` as the reason."""
     secagg_note: str = ""
+    buffered: bool = False
+    """It takes buffered asynchronous aggregation (`async.*`, FedBuff, docs/pacing.md): its
+    server half folds staleness-weighted buffers of training replies into model versions
+    (Strategy.buffered_instruction, buffered_step); without it, `async.buffer` > 0 is refused
+    with `buffered_note` as the reason."""
+    buffered_note: str = ""
     update_records: tuple[str, ...] = ()
     """Records of its `train` reply, beside the arrays, that are updates around 0 (SCAFFOLD's
     delta_c)."""
@@ -120,6 +126,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
     for spec in (
         AlgorithmSpec(
             name="fedavg",
+            buffered=True,
             description="FedAvg: local SGD, server average weighted by training examples",
             strategy="strategies.fedavg:FedAvg",
             client="client.fedavg",
@@ -133,6 +140,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         ),
         AlgorithmSpec(
             name="fedavg-plus",
+            buffered=True,
             description="FedAvg+: FedAvg whose clients fine-tune the global model locally "
             "before every evaluation (the global model is unaffected)",
             strategy="strategies.fedavg:FedAvg",
@@ -148,6 +156,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         ),
         AlgorithmSpec(
             name="fedprox",
+            buffered=True,
             description="FedProx: FedAvg with a proximal term (mu/2)||w - w_global||^2 on clients",
             strategy="strategies.fedavg:FedAvg",
             client="client.fedavg:PROXIMAL_HANDLERS",
@@ -162,6 +171,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         ),
         AlgorithmSpec(
             name="fedem",
+            buffered=True,
             description="FedEM: each client a mixture of M shared component models, "
             "personal mixture weights fitted by EM",
             strategy="strategies.fedem:FedEM",
@@ -178,6 +188,10 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         ),
         AlgorithmSpec(
             name="d-fedem",
+            buffered_note=(
+                "D-FedEM mixes the clients' models along its gossip graph round by round; there "
+                "is no server model to step"
+            ),
             description="D-FedEM: decentralised FedEM; clients gossip their components over a "
             "random graph, no global model (uses the fedem.* settings)",
             strategy="strategies.dfedem:DFedEM",
@@ -205,6 +219,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         ),
         AlgorithmSpec(
             name="clustered",
+            buffered_note="Clustered FL splits clusters from a round's updates taken together",
             description="Clustered FL: one model per cluster of clients; a cluster is split in "
             "two by the cosine similarity of its members' updates once they cancel on average",
             strategy="strategies.clustered:Clustered",
@@ -226,6 +241,10 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         ),
         AlgorithmSpec(
             name="fedlrt",
+            buffered_note=(
+                "FeDLRT's clients train in a basis built from the gradients of the round's "
+                "clients together (its phases are synchronous by construction)"
+            ),
             description="FeDLRT: federated dynamical low-rank training; chosen linear layers "
             "are U S V^T with server-side basis augmentation and SVD truncation, clients train "
             "the augmented coefficients with optional variance correction",
@@ -245,6 +264,10 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         ),
         AlgorithmSpec(
             name="fedlin",
+            buffered_note=(
+                "FedLin's clients train with a correction built from the gradients of the round's"
+                " clients together (its phases are synchronous by construction)"
+            ),
             description="FedLin: local SGD corrected by the difference between the average "
             "and the client's full gradient at the round's start (2 phases)",
             strategy="strategies.fedlrt:FedLin",
@@ -262,6 +285,10 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         ),
         AlgorithmSpec(
             name="fedsc",
+            buffered_note=(
+                "FedSC's clients train against the correlation matrix of the round's clients "
+                "together (its phases are synchronous by construction)"
+            ),
             description="FedSC: federated spectral contrastive self-supervised learning; "
             "clients share DP-protected correlation matrices of their representations",
             strategy="strategies.fedsc:FedSC",
@@ -279,6 +306,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         ),
         AlgorithmSpec(
             name="fedavg-sc",
+            buffered_note="its server half has no buffered step",
             description="FedAvg + spectral contrastive loss (FedSC with alpha = 1 and nothing "
             "shared; uses the fedsc.* settings)",
             strategy="strategies.fedsc:FedAvgSC",
@@ -293,6 +321,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         ),
         AlgorithmSpec(
             name="fedavg-simclr",
+            buffered_note="its server half has no buffered step",
             description="FedAvg + SimCLR (NT-Xent loss on two views; nothing shared; uses the "
             "fedsc.* encoder, augmentation and evaluation settings)",
             strategy="strategies.fedsc:FedAvgSC",
@@ -309,6 +338,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         ),
         AlgorithmSpec(
             name="fedavg-byol",
+            buffered_note="its server half has no buffered step",
             description="FedAvg + BYOL (online network with predictor, EMA target reset to the "
             "global model each round; nothing shared; uses the fedsc.* encoder, augmentation "
             "and evaluation settings)",
@@ -326,6 +356,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         ),
         AlgorithmSpec(
             name="adept-pca",
+            buffered_note="ADEPT learns sigma from the round's clients together with the model",
             description="ADEPT-PCA: personal principal subspaces U_i and a global V on the "
             "Stiefel manifold, tied by a prior whose width sigma is learned",
             strategy="strategies.adept:ADEPTPCA",
@@ -346,6 +377,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         ),
         AlgorithmSpec(
             name="adept-ae",
+            buffered_note="ADEPT learns sigma from the round's clients together with the model",
             description="ADEPT-AE: personal autoencoders theta_i, a global mu and a per-weight "
             "sigma learned by the federation (uses the adept.* settings)",
             strategy="strategies.adept:ADEPTAE",
@@ -363,6 +395,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         ),
         AlgorithmSpec(
             name="adept-dgm",
+            buffered_note="ADEPT learns sigma from the round's clients together with the model",
             description="ADEPT-DGM: personal UNet denoisers (diffusion models) theta_i, a global "
             "mu and a per-weight sigma (uses the adept.* settings and adept-ae's local-steps, "
             "prior-scale, mu-gradient, lazy-rounds)",
@@ -385,6 +418,10 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         ),
         AlgorithmSpec(
             name="scaffold",
+            buffered_note=(
+                "SCAFFOLD's control variates are stepped with the round's clients together, "
+                "beside the model"
+            ),
             description="SCAFFOLD: local SGD corrected by control variates c - c_i (server's "
             "minus client's, option II), against client drift; c_i kept in the client state",
             strategy="strategies.scaffold:Scaffold",
@@ -399,6 +436,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         ),
         AlgorithmSpec(
             name="local",
+            buffered_note="local training combines nothing",
             description="Local training only: each client keeps its own model, nothing is shared",
             strategy="strategies.local:LocalOnly",
             client="client.local",
@@ -416,6 +454,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         ),
         AlgorithmSpec(
             name="noop",
+            buffered_note="the no-op combines nothing",
             description="No-op exchanges: measures the messaging floor of a runtime",
             strategy="strategies.noop:NoOp",
             client="client.noop",

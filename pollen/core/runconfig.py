@@ -13,7 +13,7 @@ from pollen.core.contracts import client_dp
 from pollen.core.contracts.adept import AdeptAESettings
 from pollen.core.contracts.fedlrt import FeDLRTSettings
 from pollen.core.contracts.fedsc import FedSCSettings
-from pollen.core.pacing import PROFILES, HeterogeneitySettings, RoundSettings
+from pollen.core.pacing import PROFILES, AsyncSettings, HeterogeneitySettings, RoundSettings
 from pollen.core.protection import (
     AttackSettings,
     ClientDPSettings,
@@ -45,6 +45,7 @@ COMMON_SETTINGS: tuple[Setting, ...] = (
     + RobustSettings.declarations()
     + AttackSettings.declarations()
     + RoundSettings.declarations()
+    + AsyncSettings.declarations()
     + HeterogeneitySettings.declarations()
 )
 """Every setting a run has whatever its algorithm; each algorithm declares its own in its
@@ -105,6 +106,7 @@ def _check_consistency(cfg: Mapping[str, Scalar]) -> None:
     _check_client_dp(cfg, spec)
     _check_secagg(cfg, spec)
     _check_pacing(cfg)
+    _check_buffered(cfg, spec)
     if int(cfg["local-steps"]) > 0 and not spec.local_steps:
         supported = _takers("local_steps")
         raise SettingsError(
@@ -145,6 +147,41 @@ def _check_pacing(cfg: Mapping[str, Scalar]) -> None:
         raise SettingsError(
             f"heterogeneity.profile={het.profile!r}: not one of {', '.join(PROFILES)} nor a "
             ".csv file"
+        )
+
+
+def _check_buffered(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
+    """Buffered asynchronous aggregation (FedBuff) only where the server half folds buffers,
+    and without what needs a round's clients together (docs/pacing.md#buffered-asynchronous-
+    aggregation)."""
+    if not AsyncSettings.of(cfg).enabled:
+        return
+    if not spec.buffered:
+        raise SettingsError(
+            f"async.buffer={cfg['async.buffer']}: {spec.name} refuses buffered asynchronous "
+            f"aggregation ({spec.buffered_note}); it is for {_takers('buffered')}"
+        )
+    if RoundSettings.of(cfg).enabled:
+        raise SettingsError(
+            "round.deadline / round.over-selection with async.buffer: refused; they pace "
+            "synchronous rounds, and under FedBuff no round waits for anyone"
+        )
+    if SecAggSettings.of(cfg).enabled:
+        raise SettingsError(
+            "secagg.enabled=true with async.buffer: refused; SecAgg+ fixes its clients before "
+            "they train, and a buffer's clients are known only as their replies come"
+        )
+    if client_dp.poisson_sampling(cfg):
+        raise SettingsError(
+            "client-level DP noised on the server (or distributed) with async.buffer: refused; "
+            "its accounting draws on each round's Poisson sample, and a buffer is not one. "
+            "client-dp.noise-at=client (each client noises its own update) runs"
+        )
+    if "fedem" in spec.setting_groups() and cfg.get("fedem.unseen-protocol") == "one-step":
+        raise SettingsError(
+            "fedem.unseen-protocol=one-step with async.buffer: refused; it evaluates the "
+            "unseen clients between rounds, which buffered versions do not have; "
+            "'converge' (at the final evaluation) runs"
         )
 
 

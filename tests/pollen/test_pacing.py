@@ -105,3 +105,31 @@ def test_the_pacing_settings_have_their_fixed_names() -> None:
     assert cfg["round.deadline"] == 0.0 and cfg["round.over-selection"] == 0.0
     assert cfg["heterogeneity.profile"] == "none" and cfg["heterogeneity.clock"] == "wall"
     assert not math.isnan(float(cfg["heterogeneity.example-ms"]))
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        ({"algorithm": "fedlrt"}, "fedlrt refuses buffered asynchronous aggregation (FeDLRT's"),
+        ({"algorithm": "scaffold"}, "scaffold refuses buffered asynchronous aggregation"),
+        ({"algorithm": "fedsc"}, "fedsc refuses buffered"),
+        ({"algorithm": "adept-ae"}, "adept-ae refuses buffered"),
+        ({"round.deadline": 5.0}, "they pace synchronous rounds"),
+        ({"secagg.enabled": True, "num-clients": 4}, "a buffer's clients are known only"),
+        ({"client-dp.noise-multiplier": 1.0}, "a buffer is not one"),
+        ({"algorithm": "fedem", "fedem.unseen-protocol": "one-step"}, "'converge'"),
+    ],
+)
+def test_what_buffered_aggregation_cannot_take_is_refused_in_one_line(
+    extra: dict[str, object], said: str
+) -> None:
+    with pytest.raises(SettingsError) as err:
+        resolve({"algorithm": "fedavg", "async.buffer": 2, **extra})
+    assert said in str(err.value) and "\n" not in str(err.value)
+
+
+def test_buffered_aggregation_takes_fedavg_fedprox_fedavg_plus_fedem_and_local_noise() -> None:
+    for algorithm in ("fedavg", "fedprox", "fedavg-plus", "fedem"):
+        assert resolve({"algorithm": algorithm, "async.buffer": 3})["async.buffer"] == 3
+    local = {"client-dp.noise-multiplier": 1.0, "client-dp.noise-at": "client"}
+    assert resolve({"async.buffer": 3, **local})["async.buffer"] == 3

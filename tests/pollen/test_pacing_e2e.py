@@ -49,3 +49,23 @@ def test_a_deadline_holds_the_round_against_a_slow_node(
         assert DEADLINE <= train["closed-at"] < DEADLINE + 3.0, train
         assert train["seconds"] < 2 * LATENCY_MS / 1e3 * SLOWDOWN * 0.6
     assert "1 late" in done.stdout
+
+
+def test_buffered_aggregation_over_grpc(tmp_path: Path, shared_cache: Path) -> None:
+    """FedBuff deployed: three SuperNodes kept busy, a model version every two replies."""
+    out = tmp_path / "fedbuff"
+    done = _pollen(
+        "deploy --algorithm fedavg --dataset digits --clients 3 --rounds 3 "
+        "--set async.buffer=2 --set async.concurrency=3 --set poll-interval=0.5 --set lr=0.1",
+        "--out", str(out), cache=shared_cache,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    for row in rows:
+        (train,) = [p for p in row["phases"] if p["phase"] == "train"]
+        assert train["valid"] == 2 and "staleness-mean" in row["train"]
+    assert rows[-1]["time"] > rows[0]["time"]
+    assert summary["final"]["eval"]["test-accuracy"] > 0.3

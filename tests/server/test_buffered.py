@@ -1,0 +1,111 @@
+"""Buffered asynchronous aggregation (server.buffered, FedBuff) in process on a fake grid:
+with buffer = concurrency = every client and no devices it is synchronous FedAvg; on the
+virtual clock with scripted device times the staleness of every reply and the staleness bound
+are as specified; FedEM runs; a failing client cannot hold a version forever; resume goes on
+from the checkpoint's version and time."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pollen.core.rundir import read_jsonl
+from server.engine import PhaseFailed
+from tests.server.test_pacing import _rows, _run, _settings
+
+
+def _clients(cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    return read_jsonl(Path(cfg["out-dir"]) / "clients.jsonl")
+
+
+def test_one_buffer_of_every_client_is_synchronous_fedavg(run_config: dict[str, Any]) -> None:
+    sync = _settings(run_config, "sync", **{"num-rounds": 3, "final-eval": True})
+    buffered = _settings(run_config, "fedbuff", **{
+        "num-rounds": 3, "async.buffer": 6, "async.concurrency": 6, "final-eval": True,
+    })  # fmt: skip
+    a, summary_a = _run(sync)
+    b, summary_b = _run(buffered)
+    assert summary_a["status"] == summary_b["status"] == "completed"
+    for key, value in a.strategy.state()[0].items():
+        np.testing.assert_allclose(b.strategy.state()[0][key], value, rtol=1e-5, atol=1e-6)
+    for row in _rows(buffered):
+        (train,) = row["phases"]
+        assert train["sent"] == 6 and train["valid"] == 6 and train["late"] == []
+    trained = [r for r in _clients(buffered) if r["phase"] == "train"]
+    assert len(trained) == 18 and all(r["metrics"]["staleness"] == 0 for r in trained)
+    final_a, final_b = summary_a["final"]["eval"], summary_b["final"]["eval"]
+    assert final_b["test-accuracy"] == pytest.approx(final_a["test-accuracy"], abs=1e-9)
+
+
+def _scripted(run_config: dict[str, Any], tmp_path: Path, tag: str, **extra: Any) -> dict[str, Any]:
+    """Three devices answering in 1, 10 and 1 virtual seconds (their latency, nothing else)."""
+    csv = tmp_path / f"{tag}.csv"
+    csv.write_text("example-ms,bandwidth-mbps,latency-ms\n0,1e9,500\n0,1e9,5000\n0,1e9,500\n")
+    return _settings(run_config, tag, **{
+        "num-clients": 3, "num-rounds": 24, "async.buffer": 1, "async.concurrency": 3,
+        "async.max-staleness": 1, "heterogeneity.profile": str(csv),
+        "heterogeneity.clock": "virtual", **extra,
+    })  # fmt: skip
+
+
+def test_scripted_delays_give_the_staleness_and_the_bound(
+    run_config: dict[str, Any], tmp_path: Path
+) -> None:
+    cfg = _scripted(run_config, tmp_path, "scripted")
+    _, summary = _run(cfg)
+    assert summary["status"] == "completed"
+    # all three start on round 1's model at 0 s; clients 0 and 2 answer in 1 s, 1 in 10 s.
+    # Round 1 takes client 0 (1 s; a tie: the lower id first), which is then sent round 2's
+    # model (it answers at 2 s); round 2 takes client 2 (round 1's model: 1 version old),
+    # then sent round 3's (2 s); so on, two versions a second, each reply one version old,
+    # until client 1 comes at 10 s with round 1's model: dropped as stale
+    rows = _rows(cfg)
+    taken = [(r["round"], r["client-id"], r["metrics"]["staleness"]) for r in _clients(cfg)
+             if r["phase"] == "train"]  # fmt: skip
+    assert taken[:4] == [(1, 0, 0), (2, 2, 1), (3, 0, 1), (4, 2, 1)]
+    assert all(s <= 1 for _, _, s in taken) and 1 not in {c for _, c, _ in taken}
+    assert [r["time"] for r in rows][:4] == pytest.approx([1.0, 1.0, 2.0, 2.0])
+    stale = [(r["round"], r["phases"][0]["failed"]) for r in rows if r["phases"][0]["late"]]
+    assert len(stale) == 1
+    rnd, failed = stale[0]
+    assert rows[rnd - 1]["time"] >= 10.0 > rows[rnd - 3]["time"]
+    assert failed["1"] == (
+        f"stale: trained on round 1's model, {rnd - 1} versions old (async.max-staleness 1)"
+    )
+
+
+def test_fedem_runs_buffered(run_config: dict[str, Any]) -> None:
+    cfg = _settings(run_config, "fedem-buffered", **{
+        "algorithm": "fedem", "fedem.components": 2, "num-rounds": 3, "async.buffer": 2,
+        "async.concurrency": 4, "final-eval": True,
+    })  # fmt: skip
+    _, summary = _run(cfg)
+    assert summary["status"] == "completed"
+    rows = _rows(cfg)
+    assert [r["phases"][0]["valid"] for r in rows] == [2, 2, 2]
+    assert summary["final"]["eval"]["test-accuracy"] > 0.2
+
+
+def test_a_client_that_always_fails_cannot_hold_a_version(run_config: dict[str, Any]) -> None:
+    cfg = _settings(run_config, "failing", **{"async.buffer": 2, "async.concurrency": 2})
+    with pytest.raises(PhaseFailed, match="buffered phase train"):
+        _run(cfg, lambda _node, msg: "error" if msg.metadata.message_type == "train" else None)
+    summary = json.loads((Path(cfg["out-dir"]) / "summary.json").read_text())
+    assert summary["status"] == "failed"
+
+
+def test_a_resumed_buffered_run_goes_on_from_its_version_and_time(
+    run_config: dict[str, Any], tmp_path: Path
+) -> None:
+    cfg = _scripted(run_config, tmp_path, "resumed", **{"num-rounds": 3})
+    _run(cfg)
+    _, summary = _run({**cfg, "num-rounds": 5, "resume": True})
+    assert summary["status"] == "completed"
+    rows = _rows(cfg)
+    assert [r["round"] for r in rows] == [1, 2, 3, 4, 5]
+    times = [r["time"] for r in rows]
+    assert times == sorted(times) and times[3] >= times[2]
