@@ -8,7 +8,8 @@ synchronous run's final accuracy.
     python -m experiments.pacing run --out DIR [--algorithms fedavg,fedem] [--seeds 0,1,2]
         [--modes sync,deadline,fedbuff] [--clients 100]
     python -m experiments.pacing tabulate DIR
-    python -m experiments.pacing deploy --out DIR [--rounds 4]
+    python -m experiments.pacing deploy --out DIR [--rounds 4] [--deadline S]
+        [--modes sync,deadline]
 
 `deploy` runs a deployed federation of 16 SuperNodes on this machine (`pollen deploy`, gRPC),
 3 of them ten times slower (`tiers`, slow-fraction 3/16, on the wall clock: their clients wait
@@ -72,6 +73,13 @@ MODES: dict[str, dict[str, Any]] = {
 LONGER = {"deadline": 2, "fedbuff": 2}
 """Modes that run this many times the rounds (a round of theirs costs a fraction of a
 synchronous one's time)."""
+ALGORITHM: dict[str, dict[str, Any]] = {
+    "fedavg": {"algorithm": "fedavg"},
+    "fedem": {"algorithm": "fedem", "fedem.aggregation": "renormalize"},
+}
+"""FedEM averages the clients it sampled ('renormalize'): its default ('stale', the reference
+code's) moves the components by the sampled clients' share of the pool only, a tenth of a step
+here, which FedBuff's step (server-lr 1) does not do; the three modes then take the same step."""
 PER_ROUND = {"fedavg": ("server-eval", "test-accuracy"), "fedem": ("train", "test-accuracy")}
 """The per-round accuracy each algorithm's time-to-accuracy reads (module docstring)."""
 
@@ -88,7 +96,7 @@ class Case:
         return f"{self.algorithm}-{self.mode}-n{self.clients}-s{self.seed}"
 
     def settings(self, out: Path, cache: Path) -> dict[str, Any]:
-        cfg = {**BASE, **MODES[self.mode], "algorithm": self.algorithm, "seed": self.seed}
+        cfg = {**BASE, **MODES[self.mode], **ALGORITHM[self.algorithm], "seed": self.seed}
         if self.mode == "deadline":
             cfg["round.deadline"] = DEADLINE[self.algorithm]
         if self.mode == "fedbuff":  # a buffer of a synchronous round's count, twice as many busy
@@ -203,14 +211,21 @@ DEPLOY_DEADLINE = 45.0
 (docs/performance.md), fixed before the runs."""
 
 
-def deploy(out: Path, rounds: int) -> dict[str, Any]:
-    """The deployed pair (module docstring), one after the other; their figures."""
+def deploy(
+    out: Path, rounds: int, deadline: float = DEPLOY_DEADLINE, modes: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The deployed pair (module docstring), one after the other (or the `modes` of it); their
+    figures, added to DIR/deploy.json's."""
     import subprocess
     import sys
 
     out.mkdir(parents=True, exist_ok=True)
-    figures: dict[str, Any] = {}
-    for mode, extra in (("sync", {}), ("deadline", {"round.deadline": DEPLOY_DEADLINE})):
+    saved = out / "deploy.json"
+    figures: dict[str, Any] = json.loads(saved.read_text()) if saved.exists() else {}
+    pair = {"sync": {}, f"deadline-{deadline:g}": {"round.deadline": deadline}}
+    for mode, extra in pair.items():
+        if modes and mode.split("-")[0] not in modes:
+            continue
         run = out / f"deploy-{mode}"
         sets = [f"--set={k}={v}" for k, v in {**DEPLOY, **extra}.items()]
         argv = [sys.executable, "-m", "pollen.tools.cli", "deploy", "--algorithm", "fedavg",
@@ -227,12 +242,14 @@ def deploy(out: Path, rounds: int) -> dict[str, Any]:
             "server-accuracy": [(r.get("server-eval") or {}).get("test-accuracy") for r in rows],
         }  # fmt: skip
         print(mode, json.dumps(figures[mode]), flush=True)
-    sync, paced = figures["sync"]["round-seconds"], figures["deadline"]["round-seconds"]
-    if sync and paced:
-        figures["ratio-of-mean-round-seconds"] = round(
-            (sum(paced) / len(paced)) / (sum(sync) / len(sync)), 3
-        )
-    (out / "deploy.json").write_text(json.dumps(figures, indent=1))
+    sync = figures.get("sync", {}).get("round-seconds")
+    for mode, run_figures in figures.items():
+        paced = run_figures.get("round-seconds") if isinstance(run_figures, dict) else None
+        if mode.startswith("deadline") and sync and paced:
+            run_figures["ratio-of-mean-round-seconds"] = round(
+                (sum(paced) / len(paced)) / (sum(sync) / len(sync)), 3
+            )
+    saved.write_text(json.dumps(figures, indent=1))
     return figures
 
 
@@ -247,8 +264,11 @@ def main(argv: list[str] | None = None) -> int:
         d = argparse.ArgumentParser(description="the deployed pair of runs")
         d.add_argument("--out", type=Path, required=True)
         d.add_argument("--rounds", type=int, default=4)
+        d.add_argument("--deadline", type=float, default=DEPLOY_DEADLINE)
+        d.add_argument("--modes", default="sync,deadline")
         args = d.parse_args(argv[1:])
-        print(json.dumps(deploy(args.out, args.rounds), indent=1))
+        modes = tuple(names(args.modes))
+        print(json.dumps(deploy(args.out, args.rounds, args.deadline, modes), indent=1))
         return 0
     parser, p = grid_cli(__doc__ or "")
     p.add_argument("--algorithms", default="fedavg,fedem")

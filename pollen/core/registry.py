@@ -243,7 +243,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             name="fedlrt",
             buffered_note=(
                 "FeDLRT's clients train in a basis built from the gradients of the round's "
-                "clients together (its phases are synchronous by construction)"
+                "clients together: its phases are synchronous by construction"
             ),
             description="FeDLRT: federated dynamical low-rank training; chosen linear layers "
             "are U S V^T with server-side basis augmentation and SVD truncation, clients train "
@@ -266,7 +266,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             name="fedlin",
             buffered_note=(
                 "FedLin's clients train with a correction built from the gradients of the round's"
-                " clients together (its phases are synchronous by construction)"
+                " clients together: its phases are synchronous by construction"
             ),
             description="FedLin: local SGD corrected by the difference between the average "
             "and the client's full gradient at the round's start (2 phases)",
@@ -287,7 +287,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
             name="fedsc",
             buffered_note=(
                 "FedSC's clients train against the correlation matrix of the round's clients "
-                "together (its phases are synchronous by construction)"
+                "together: its phases are synchronous by construction"
             ),
             description="FedSC: federated spectral contrastive self-supervised learning; "
             "clients share DP-protected correlation matrices of their representations",
