@@ -459,3 +459,23 @@ def test_flowers_own_loop_refuses_secure_aggregation_in_one_line(tmp_path: Path)
     with pytest.raises(NotImplementedError, match=r"four exchanges for each sum.*use start"):
         FlowerStrategy.start(strategy, grid=LocalGrid(app, 3, {}),
                              initial_arrays=ArrayRecord(), num_rounds=1)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_flower_apps_strategy_paces_its_rounds(tmp_path: Path) -> None:
+    """Deadline rounds with over-selection and FedBuff in a user's own app (docs/pacing.md):
+    the keywords are the settings; the user's clients' devices on the virtual clock."""
+    devices = {"heterogeneity_profile": "tiers", "heterogeneity_clock": "virtual",
+               "heterogeneity_slow_fraction": 0.25}  # fmt: skip
+    paced, app = _own("fedavg", tmp_path / "paced", 4, fraction_train=0.5,
+                      round_over_selection=1.0, round_deadline=30.0, **devices)  # fmt: skip
+    paced.start(grid=LocalGrid(app, 4, {}), num_rounds=2)
+    rows = [json.loads(x) for x in (tmp_path / "paced" / "fedavg" / "metrics.jsonl").open()]
+    for row in rows:
+        (train,) = row["phases"]
+        assert train["sent"] == 4 and train["valid"] == 2 and len(train["late"]) == 2
+    buffered, app = _own("fedem", tmp_path / "fedbuff", 4, async_buffer=2, async_concurrency=3)
+    buffered.start(grid=LocalGrid(app, 4, {}), num_rounds=2)
+    assert _summary(tmp_path / "fedbuff" / "fedem").status == "completed"
+    with pytest.raises(SettingsError, match="fedlrt refuses buffered asynchronous aggregation"):
+        FeDLRT(async_buffer=2)
