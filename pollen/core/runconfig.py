@@ -161,6 +161,12 @@ def _check_buffered(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
             f"async.buffer={cfg['async.buffer']}: {spec.name} refuses buffered asynchronous "
             f"aggregation ({spec.buffered_note}); it is for {_takers('buffered')}"
         )
+    training = RunSettings.of(cfg).training_clients
+    if AsyncSettings.of(cfg).buffer > training:
+        raise SettingsError(
+            f"async.buffer={cfg['async.buffer']} exceeds the {training} clients that train: a "
+            "model version takes at most one reply of each client"
+        )
     if RoundSettings.of(cfg).enabled:
         raise SettingsError(
             "round.deadline / round.over-selection with async.buffer: refused; they pace "

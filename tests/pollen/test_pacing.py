@@ -118,13 +118,14 @@ def test_the_pacing_settings_have_their_fixed_names() -> None:
         ({"secagg.enabled": True, "num-clients": 4}, "a buffer's clients are known only"),
         ({"client-dp.noise-multiplier": 1.0}, "a buffer is not one"),
         ({"algorithm": "fedem", "fedem.unseen-protocol": "one-step"}, "'converge'"),
+        ({"num-clients": 3, "async.buffer": 4}, "exceeds the 3 clients that train"),
     ],
 )
 def test_what_buffered_aggregation_cannot_take_is_refused_in_one_line(
     extra: dict[str, object], said: str
 ) -> None:
     with pytest.raises(SettingsError) as err:
-        resolve({"algorithm": "fedavg", "async.buffer": 2, **extra})
+        resolve({"algorithm": "fedavg", "async.buffer": 2, "num-clients": 10, **extra})
     assert said in str(err.value) and "\n" not in str(err.value)
 
 
@@ -133,3 +134,5 @@ def test_buffered_aggregation_takes_fedavg_fedprox_fedavg_plus_fedem_and_local_n
         assert resolve({"algorithm": algorithm, "async.buffer": 3})["async.buffer"] == 3
     local = {"client-dp.noise-multiplier": 1.0, "client-dp.noise-at": "client"}
     assert resolve({"async.buffer": 3, **local})["async.buffer"] == 3
+    # every training client in each version: FedAvg's synchronous round (tests/server)
+    assert resolve({"num-clients": 6, "async.buffer": 6})["async.buffer"] == 6
