@@ -220,7 +220,7 @@ class Phase:
                 break
             if host.clock() >= deadline:
                 break
-            if not self.virtual and len(self.arrivals) >= self.target:
+            if self.paced and not self.virtual and len(self.arrivals) >= self.target:
                 break  # the phase has the replies it wants: the others are late
             if self._send_again():
                 break  # every node left was asked repeat + 1 times: greeted again later
@@ -473,8 +473,10 @@ class Phase:
         host, sent = self.host, self.sent
         timeout = host.run_settings.phase_timeout
         waited = host.clock() - self.started
-        closed = not self.virtual and (
-            len(self.arrivals) >= self.target or (0 < self.deadline <= waited < timeout)
+        closed = (
+            self.paced
+            and not self.virtual
+            and (len(self.arrivals) >= self.target or 0 < self.deadline <= waited < timeout)
         )
         for mid in self.pending:
             node_id = self.by_message[mid]

@@ -351,3 +351,24 @@ def test_a_reply_whose_turn_has_come_is_folded_right_after_its_screening(
 
     engine.exchange("train", payloads, screened, fold=lambda cid, r: events.append(("fold", cid)))
     assert events == [(step, c) for c in range(5) for step in ("screen", "fold")]
+
+
+def test_every_packed_node_is_greeted_in_one_hello(run_config: dict[str, Any]) -> None:
+    """A packed hello names several clients a node: the hello waits for every node, not for
+    as many replies as it greeted nodes (a paced phase's rule, docs/pacing.md). Node 101's
+    first hello is answered late (with the next push, a resend)."""
+    cfg = _settings(run_config, "fedavg", "greeted", **{"simulation-nodes": NODES})
+    first: list[Message] = []
+
+    def late(node: int, msg: Message, _: Any) -> str | None:
+        hello = msg.metadata.message_type == protocol.HELLO
+        if node == 101 and hello and not first:
+            first.append(msg)
+            return "late"
+        return None
+
+    _, _, summary = _run(cfg, NODES, late)
+    assert summary["status"] == "completed"
+    hellos = [e for e in read_jsonl(Path(cfg["out-dir"]) / "events.jsonl")
+              if e["event"] == "phase-end" and e["phase"] == protocol.HELLO]  # fmt: skip
+    assert len(hellos) == 1 and hellos[0]["valid"] == CLIENTS and hellos[0]["failed"] == {}
