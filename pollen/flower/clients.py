@@ -96,7 +96,7 @@ def client_data(
     """A client's splits. Each is an (examples, labels) pair of NumPy arrays or torch tensors
     (images as uint8 (N, C, H, W) or float32; labels integers in [0, num_classes)), or a
     DataLoader or Dataset yielding such pairs or dicts such as `{"img": x, "label": y}`: its
-    examples are read once, as the loader yields them (its transforms applied), and Pollen's
+    examples are read once, in its dataset's order (its transforms applied), and Pollen's
     clients batch and shuffle them by the strategy's `batch-size` (docs/flower-apps.md)."""
     from federated_data import ArrayDataset, ClientData  # lazy: data code
 
@@ -121,7 +121,7 @@ def _pair(given: Split, name: str) -> tuple[np.ndarray, np.ndarray]:
     if isinstance(given, tuple | list) and len(given) == 2:
         return _numpy(given[0]), _numpy(given[1]).reshape(-1)
     if _is_loader(given):
-        return _read(given, name)
+        return _read(_in_order(given), name)
     if hasattr(given, "__getitem__") and hasattr(given, "__len__"):  # a Dataset
         return _read(_loader(given), name)
     raise SettingsError(
@@ -134,6 +134,20 @@ def _is_loader(obj: Any) -> bool:
     from torch.utils.data import DataLoader  # lazy: torch
 
     return isinstance(obj, DataLoader)
+
+
+def _in_order(loader: Any) -> Any:
+    """The loader's examples in its dataset's order: a shuffling loader (Flower's quickstart
+    shuffles its training split) would hand them over in a new order in every process, and
+    Pollen's seeded batching of them would then differ from run to run."""
+    from torch.utils.data import DataLoader, RandomSampler  # lazy: torch
+
+    if not isinstance(loader.sampler, RandomSampler):
+        return loader
+    return DataLoader(
+        loader.dataset, batch_size=loader.batch_size or 256, shuffle=False,
+        collate_fn=loader.collate_fn,
+    )  # fmt: skip
 
 
 def _loader(dataset: Any) -> Any:

@@ -251,6 +251,12 @@ def test_client_data_reads_dataloaders_as_flower_apps_build_them() -> None:
         client_data(DataLoader(odd), pairs, num_classes=3)
     with pytest.raises(SettingsError, match="test is a int"):
         client_data(pairs, 5, num_classes=3)
+    # a shuffling loader (the quickstart's training split) is read in its dataset's order:
+    # the same examples in the same order in every process, so runs repeat
+    shuffled = DataLoader(items, batch_size=3, shuffle=True)
+    for _ in range(3):
+        again = client_data(shuffled, pairs, num_classes=3)
+        assert np.array_equal(again.train.x, x.numpy()) and np.array_equal(again.train.y, y)
 
 
 def test_fedlrt_gives_evaluate_fn_and_result_the_users_dense_model(
