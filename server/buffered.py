@@ -105,7 +105,7 @@ class BufferedRounds:
         )  # fmt: skip
         self._fill(server_round, v)
         while len(v.buffer) < k:
-            flight = self._next(server_round, v)
+            flight = self._next(server_round)
             self._settle(server_round, flight, v)
             if len(v.failed) - len(v.stale) >= max(host.run_settings.training_clients, k):
                 reasons = "; ".join(f"client {c}: {r}" for c, r in sorted(v.failed.items()))
@@ -169,7 +169,7 @@ class BufferedRounds:
         v.sent += len(clients)
 
     # ---- receiving -------------------------------------------------------------------------
-    def _next(self, server_round: int, v: Version) -> InFlight:
+    def _next(self, server_round: int) -> InFlight:
         """The next client whose outcome the round takes: on the wall clock the first to come,
         on the virtual clock the earliest arrival once every client in flight is known."""
         host = self.host
@@ -231,11 +231,11 @@ class BufferedRounds:
             host.run_settings,
         )  # fmt: skip
         if reason is None and host.virtual:
-            seconds = dict(content[protocol.METRICS]).get(protocol.DEVICE_SECONDS)  # type: ignore[arg-type]
-            if not isinstance(seconds, int | float) or not math.isfinite(seconds) or seconds < 0:
+            seconds = protocol.device_seconds(content)
+            if seconds is None:
                 reason = f"invalid reply: no valid {protocol.DEVICE_SECONDS} metric"
             else:
-                flight.arrival = flight.sent_at + float(seconds)
+                flight.arrival = flight.sent_at + seconds
         if reason is not None:
             flight.outcome = reason
             return

@@ -314,13 +314,13 @@ class Phase:
     def _arrival(self, key: int, part: RecordDict) -> str | None:
         """On the virtual clock: record when the reply arrives (its device-seconds), or why
         it cannot be used."""
-        value = dict(part[protocol.METRICS]).get(protocol.DEVICE_SECONDS)  # type: ignore[arg-type]
-        if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        value = protocol.device_seconds(part)
+        if value is None:
             return (
                 f"invalid reply: no valid {protocol.DEVICE_SECONDS} metric under "
                 "heterogeneity.clock=virtual"
             )
-        self.arrivals[key] = float(value)
+        self.arrivals[key] = value
         return None
 
     def _close(self) -> None:

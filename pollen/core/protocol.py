@@ -410,6 +410,15 @@ def with_device(content: RecordDict, device: Mapping[str, float | str]) -> Recor
     return out
 
 
+def device_seconds(content: RecordDict) -> float | None:
+    """A reply's DEVICE_SECONDS (the virtual clock's arrival after its send), or None when it
+    has none that is a finite, non-negative number."""
+    value = dict(content[METRICS]).get(DEVICE_SECONDS)  # type: ignore[arg-type]
+    if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        return None
+    return float(value)
+
+
 def device_of(content: RecordDict) -> dict[str, float | str] | None:
     """The instruction's DEVICE record, or None."""
     if DEVICE not in content:
