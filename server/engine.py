@@ -142,8 +142,13 @@ class Engine:
         fraction = self.run_settings.fraction_train
         if fraction < 1 and self._poisson is not None:
             # client-level DP (noise on the server): each client independently, as its
-            # privacy analysis assumes (pollen.core.contracts.client_dp)
-            return [c for c in pool if self._poisson.random() < fraction]
+            # privacy analysis assumes (pollen.core.contracts.client_dp); over-selection
+            # samples at q (1 + o) and keeps the first ceil(q N) valid replies
+            rate = min(1.0, fraction * (1 + self.over_selection))
+            sampled = [c for c in pool if self._poisson.random() < rate]
+            if self.over_selection > 0:
+                self._target = math.ceil(fraction * len(pool))
+            return sampled
         want = max(self.run_settings.min_train_clients, math.ceil(fraction * len(pool)))
         want = min(want, len(pool))
         take = want
@@ -164,9 +169,9 @@ class Engine:
         min_replies: int | None = None,
         fold: Fold | None = None,
     ) -> dict[int, RecordDict]:
+        target, self._target = self._target, None
         if not payloads:  # nobody to ask (client-level DP's Poisson sample can be empty)
             return {}
-        target, self._target = self._target, None
         answered, failures = Phase(
             self, message_type, payloads, validate, fold=fold, target=target
         ).run()

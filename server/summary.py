@@ -63,6 +63,9 @@ def privacy_summary(
             "adaptive-clipping": dp.adaptive,
             "noise-at": "clients, in the secure sum" if mech.distributed else dp.noise_at,
             "sample-rate": mech.sample_rate,
+            "accounted-rate": mech.accounted_rate,
+            "sensitivity": f"{mech.sensitivity:g} x clip"
+            + (" (over-selection: one client in, another out)" if mech.over_selection else ""),
             "protects": "everything one client contributes over the run"
             + (", against the server too" if mech.at_client else ", against all but the server"),
         }

@@ -88,16 +88,44 @@ def test_a_profile_that_is_neither_built_in_nor_csv_is_refused() -> None:
         resolve({"heterogeneity.profile": "phones"})
 
 
-def test_over_selection_is_refused_with_client_dp_sampling() -> None:
-    dp = {"algorithm": "fedavg", "client-dp.noise-multiplier": 1.0, "fraction-train": 0.5,
-          "num-clients": 20}  # fmt: skip
-    with pytest.raises(SettingsError, match=r"round\.over-selection with client-level DP"):
-        resolve({**dp, "round.over-selection": 0.3})
+def test_over_selection_with_client_dp_is_accounted_at_twice_the_sensitivity() -> None:
+    from models.privacy import epsilon
+    from pollen.core.contracts import client_dp
+
+    dp = {"algorithm": "fedavg", "client-dp.noise-multiplier": 2.0, "fraction-train": 0.5,
+          "num-clients": 20, "num-rounds": 20}  # fmt: skip
+    plain = client_dp.mechanism(resolve(dp))
+    over = client_dp.mechanism(resolve({**dp, "round.over-selection": 0.3}))
+    assert plain is not None and over is not None
+    assert plain.ledger_entry(1) == (2.0, 0.5, 1)
+    # sampled at 0.5 x 1.3, one client in and another out: z / 2 at 0.65
+    assert over.ledger_entry(1) == pytest.approx((1.0, 0.65, 1))
+    assert over.denominator == plain.denominator == 10  # the mean stays over m = q N
+    spent = client_dp.planned_epsilon(over, 20)
+    assert spent == pytest.approx(epsilon([(1.0, 0.65, 20)], 1e-5))
+    assert spent > 2 * client_dp.planned_epsilon(plain, 20)
+    # a target epsilon calibrates the noise to what over-selection spends
+    target = {**dp, "client-dp.noise-multiplier": 0.0, "client-dp.target-epsilon": 8.0,
+              "round.over-selection": 0.3}  # fmt: skip
+    calibrated = client_dp.mechanism(resolve(target))
+    assert calibrated is not None
+    assert client_dp.planned_epsilon(calibrated, 20) == pytest.approx(8.0, abs=0.02)
     # a deadline drops clients by their own device's time only: the guarantee stands
     assert resolve({**dp, "round.deadline": 10.0})["round.deadline"] == 10.0
     # noise on each client: every client protects itself, whatever the sample
     local = {**dp, "client-dp.noise-at": "client", "round.over-selection": 0.3}
-    assert resolve(local)["round.over-selection"] == 0.3
+    mech = client_dp.mechanism(resolve(local))
+    assert mech is not None and mech.ledger_entry(1) == (1.0, 1.0, 1)
+
+
+def test_over_selection_is_refused_with_the_noise_shared_out() -> None:
+    shared = {"algorithm": "fedavg", "client-dp.noise-multiplier": 1.0, "fraction-train": 0.5,
+              "num-clients": 20, "client-dp.noise-at": "client", "secagg.enabled": True,
+              "round.over-selection": 0.3}  # fmt: skip
+    with pytest.raises(SettingsError) as err:
+        resolve(shared)
+    assert "noise shared out in the secure sum" in str(err.value)
+    assert "\n" not in str(err.value)
 
 
 def test_the_pacing_settings_have_their_fixed_names() -> None:

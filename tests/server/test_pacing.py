@@ -117,6 +117,29 @@ def test_over_selection_keeps_exactly_the_count_wanted(run_config: dict[str, Any
         assert late <= sampled_slow if len(sampled_slow) >= 2 else sampled_slow <= late
 
 
+def test_over_selection_under_client_dp_samples_more_and_keeps_q_n(
+    run_config: dict[str, Any],
+) -> None:
+    from models.privacy import epsilon
+
+    cfg = _settings(run_config, "over-dp", **TIERS, **{
+        "num-clients": 10, "num-rounds": 4, "fraction-train": 0.4, "round.over-selection": 0.5,
+        "client-dp.noise-multiplier": 2.0, "client-dp.reproducible": True,
+    })  # fmt: skip
+    _, summary = _run(cfg)
+    assert summary["status"] == "completed"
+    sent = []
+    for row in _rows(cfg):
+        (train,) = row["phases"]
+        sent.append(train["sent"])
+        assert train["valid"] == min(train["sent"], 4)  # the first ceil(q N) arrivals only
+        assert len(train["late"]) == max(train["sent"] - 4, 0)
+        # every round: the sampled Gaussian at z / 2 (one client in, another out), rate 0.6
+        expected = epsilon([(1.0, 0.6, row["round"])], 1e-5)
+        assert row["train"]["client-epsilon"] == pytest.approx(expected, rel=1e-9)
+    assert max(sent) > 4  # the sample was larger than the count kept
+
+
 def test_on_the_wall_clock_the_deadline_holds_the_phase(run_config: dict[str, Any]) -> None:
     cfg = _settings(run_config, "wall", **{"round.deadline": 5.0})
     # node 101 answers train only with the next push: after the deadline

@@ -9,6 +9,12 @@ updates, a sampled Gaussian mechanism at noise multiplier z and sampling rate q 
 `fraction-train` (each training client sampled independently with probability q: Poisson
 sampling, as the analysis assumes), neighbouring federations differing by one client added or
 removed. Its epsilon after T rounds is the RDP analysis of models.privacy on [(z, q, T)].
+With `round.over-selection` o, each client is sampled with probability q' = min(1, q (1 + o))
+and the round keeps the first ceil(q N) valid replies: one client's presence can push another's
+update out of the sum, so a neighbouring federation moves the sum by up to 2C (its update in,
+another's out), and the round is the sampled Gaussian mechanism at z / 2 and rate q' (the
+mixture over who else was sampled and when each arrived keeps the analysis: Renyi divergence
+is jointly convex). Its epsilon after T rounds is that of [(z / 2, q', T)].
 
 Client-side noise: each client sends its update clipped to C plus N(0, (z C)^2). The server
 sees that row: against it, replacing everything the client holds moves the clipped update by
@@ -32,6 +38,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pollen.core.pacing import RoundSettings
 from pollen.core.protection import ClientDPSettings, SecAggSettings
 from pollen.core.settings import RunSettings, Scalar
 
@@ -72,6 +79,21 @@ class Mechanism:
     unit: float = 1.0
     """Distributed noise: the encoded value of the clipping bound (secagg.encoding: the l2
     sensitivity of a client's encoded update, before rounding)."""
+    over_selection: float = 0.0
+    """Noise on the server: `round.over-selection`, each round samples at q (1 + o) and keeps
+    the first arrivals (the module's text)."""
+
+    @property
+    def accounted_rate(self) -> float:
+        """The rate at which a client's update can be in a round's release: q, or q' = min(1,
+        q (1 + o)) with over-selection."""
+        return min(1.0, self.sample_rate * (1 + self.over_selection))
+
+    @property
+    def sensitivity(self) -> float:
+        """A round's l2 sensitivity in units of the clipping bound: 1, or 2 with over-selection
+        (one client in, another pushed out)."""
+        return 2.0 if self.over_selection > 0 else 1.0
 
     @property
     def local(self) -> bool:
@@ -87,10 +109,11 @@ class Mechanism:
     def ledger_entry(self, rounds: int) -> tuple[float, float, int]:
         """(noise multiplier, sample rate, steps) of `rounds` Gaussian releases, as
         models.privacy accounts them (local noise: z / 2 at rate 1, see the module's text;
-        distributed noise: the server's own, for a round with no sum)."""
+        distributed noise: the server's own, for a round with no sum; over-selection: z / 2 at
+        q')."""
         if self.local:
             return (self.noise_multiplier / 2, 1.0, rounds)
-        return (self.noise_multiplier, self.sample_rate, rounds)
+        return (self.noise_multiplier / self.sensitivity, self.accounted_rate, rounds)
 
     def planned_release(self, rounds: int) -> tuple[float, float, float, float, int]:
         """Distributed noise: `rounds` releases of the whole round's noise, as models.privacy
@@ -111,6 +134,7 @@ def mechanism(settings: Mapping[str, Scalar]) -> Mechanism | None:
     distributed = at_client and secagg.enabled
     local = at_client and not distributed
     q = 1.0 if local else run.fraction_train
+    over = 0.0 if at_client else RoundSettings.of(settings).over_selection
     unit = float(1 << (secagg.bits - 1))
     z = dp.noise_multiplier
     if dp.target_epsilon > 0 and distributed:
@@ -120,9 +144,12 @@ def mechanism(settings: Mapping[str, Scalar]) -> Mechanism | None:
     elif dp.target_epsilon > 0:
         from models.privacy import noise_for_epsilon  # lazy: opacus
 
-        z = noise_for_epsilon(dp.target_epsilon, dp.delta, q, run.num_rounds)
-        z = 2 * z if local else z
-    return Mechanism(z, dp.clip, dp.delta, q, run.training_clients, at_client, distributed, unit)
+        rate = min(1.0, q * (1 + over))
+        z = noise_for_epsilon(dp.target_epsilon, dp.delta, rate, run.num_rounds)
+        z = 2 * z if local or over > 0 else z
+    return Mechanism(
+        z, dp.clip, dp.delta, q, run.training_clients, at_client, distributed, unit, over
+    )
 
 
 def poisson_sampling(settings: Mapping[str, Scalar]) -> bool:
