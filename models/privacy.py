@@ -176,28 +176,32 @@ def _log_comb(n: int, k: int) -> float:
 
 
 def poisson_subsampled_rdp(order: int, q: float, rdp: Callable[[int], float]) -> float:
-    """RDP of order `order` of a mechanism of RDP curve `rdp` run on a Poisson sample of rate q:
-    the general upper bound of Zhu and Wang (ICML 2019, "Poisson Subsampled Rényi Differential
-    Privacy"), for integer orders,
+    """RDP of order `order` (an integer > 1) of a *symmetric* mechanism of RDP curve `rdp`
+    (its bound over every pair of neighbouring inputs) run on a Poisson sample of rate q:
 
-      1/(a-1) log[ (1-q)^(a-1) (a q - q + 1) + C(a,2) q^2 (1-q)^(a-2) e^rdp(2)
-                   + 3 sum_{l=3..a} C(a,l) q^l (1-q)^(a-l) e^((l-1) rdp(l)) ],
+      1/(a-1) log[ (1-q)^(a-1) (1 + (a-1) q)
+                   + sum_{k=2..a} C(a,k) q^k (1-q)^(a-k) e^((k-1) rdp(k)) ],
 
-    and never more than the mechanism's own RDP. For the Gaussian it is looser than the
-    sampled Gaussian's exact analysis (Opacus' `compute_rdp`), which holds for the Gaussian
-    only."""
+    and never more than the mechanism's own RDP. Symmetric: for each pair of output
+    distributions (P with one client's contribution, Q without), an involution T of the output
+    space with P = Q o T (additive noise symmetric about 0 with an integer shift, as the
+    Skellam's: T(x) = v - x). The sum is E_Q[((1-q) + q P/Q)^a] expanded (its k-th moment is
+    e^((k-1) D_k(P||Q))): exactly the removal direction, as in Mironov, Talwar and Zhang's
+    analysis of the sampled Gaussian (2019) and Zhu and Wang's (ICML 2019) tight form. For a
+    symmetric pair the addition direction never exceeds it (docs/privacy.md#distributed-noise-
+    under-secure-aggregation: T splits the pair into two-point pairs, each of which satisfies
+    it), and the mixture over who else was sampled keeps the bound (Rényi divergence is jointly
+    convex). For the Gaussian it is Opacus' `compute_rdp` at integer orders."""
     if q >= 1:
         return rdp(order)
     if q <= 0:
         return 0.0
     a = order
     log_q, log_1q = math.log(q), math.log1p(-q)
-    terms = [(a - 1) * log_1q + math.log(a * q - q + 1)]
-    terms.append(_log_comb(a, 2) + 2 * log_q + (a - 2) * log_1q + rdp(2))
-    for ell in range(3, a + 1):
+    terms = [(a - 1) * log_1q + math.log1p((a - 1) * q)]
+    for ell in range(2, a + 1):
         terms.append(
-            math.log(3) + _log_comb(a, ell) + ell * log_q + (a - ell) * log_1q
-            + (ell - 1) * rdp(ell)
+            _log_comb(a, ell) + ell * log_q + (a - ell) * log_1q + (ell - 1) * rdp(ell)
         )  # fmt: skip
     top = max(terms)
     bound = (top + math.log(sum(math.exp(t - top) for t in terms))) / (a - 1)

@@ -237,7 +237,7 @@ def test_skellam_rdp_is_the_gaussian_s_plus_a_vanishing_surcharge() -> None:
     assert skellam_rdp(2, 4.0, 3.0, 1.0) > 2 / (2 * 4.0)
 
 
-def test_the_subsampling_bound_is_never_below_the_exact_sampled_gaussian() -> None:
+def test_the_subsampling_bound_is_the_exact_sampled_gaussian_for_the_gaussian() -> None:
     from opacus.accountants.analysis.rdp import compute_rdp
 
     from models.privacy import poisson_subsampled_rdp
@@ -251,10 +251,91 @@ def test_the_subsampling_bound_is_never_below_the_exact_sampled_gaussian() -> No
             for order in (2, 3, 8, 32, 128):
                 exact = float(compute_rdp(q=q, noise_multiplier=z, steps=1, orders=[order])[0])
                 bound = poisson_subsampled_rdp(order, q, gaussian)
-                assert bound >= exact * (1 - 1e-9)
-                assert bound <= order / (2 * z * z) + 1e-12  # never above the unsampled RDP
+                assert bound == pytest.approx(min(exact, gaussian(order)), rel=1e-9, abs=1e-15)
     assert poisson_subsampled_rdp(5, 1.0, lambda a: 0.3 * a) == pytest.approx(1.5)
     assert poisson_subsampled_rdp(5, 0.0, lambda a: 0.3 * a) == 0.0
+
+
+def _log_renyi_moment(p: np.ndarray, q: np.ndarray, order: int) -> float:
+    """log sum p^a q^(1-a) of two distributions given as log-probabilities (float64)."""
+    terms = order * p + (1 - order) * q
+    top = float(terms.max())
+    return top + math.log(float(np.exp(terms - top).sum()))
+
+
+def _mix(log_q: np.ndarray, log_p: np.ndarray, rate: float) -> np.ndarray:
+    """log((1 - rate) Q + rate P)."""
+    return np.logaddexp(math.log1p(-rate) + log_q, math.log(rate) + log_p)
+
+
+def test_for_a_two_point_symmetric_pair_adding_never_costs_more_than_removing() -> None:
+    # the lemma under the bound (docs/privacy.md): P = (p, 1-p), Q = (1-p, p), M = (1-q) Q + q P;
+    # sum M^a Q^(1-a) >= sum Q^a M^(1-a), in 60-digit decimals
+    from decimal import Decimal, localcontext
+
+    with localcontext() as ctx:
+        ctx.prec = 60
+        for p in ("0.500001", "0.51", "0.6", "0.75", "0.9", "0.99", "0.999999"):
+            pp = Decimal(p)
+            big_q, big_p = (1 - pp, pp), (pp, 1 - pp)
+            for rate in ("0.001", "0.05", "0.3", "0.5", "0.8", "0.99"):
+                r = Decimal(rate)
+                m = [(1 - r) * big_q[i] + r * big_p[i] for i in range(2)]
+                for order in (2, 3, 5, 10, 40, 128):
+                    removing = sum(m[i] ** order * big_q[i] ** (1 - order) for i in range(2))
+                    adding = sum(big_q[i] ** order * m[i] ** (1 - order) for i in range(2))
+                    assert 1 <= adding <= removing
+                    if order > 2:
+                        assert adding < removing
+    # not for every pair: without the symmetry adding can cost far more (so the bound says so)
+    log_p, log_q = np.log([1e-8, 1 - 1e-8]), np.log([0.06, 0.94])
+    log_m = _mix(log_q, log_p, 0.9)
+    assert _log_renyi_moment(log_q, log_m, 20) > 10 * _log_renyi_moment(log_m, log_q, 20)
+
+
+def _skellam_log_pmf(variance: float, support: np.ndarray) -> np.ndarray:
+    """log P(Sk(variance) = k) for k in `support`: Poisson(V/2) - Poisson(V/2), in log space."""
+    mean = variance / 2
+    j = np.arange(0, 600)
+    log_poisson = j * math.log(mean) - mean - np.array([math.lgamma(i + 1) for i in j])
+    out = []
+    for k in support:
+        a = abs(int(k))
+        terms = log_poisson[a:] + log_poisson[: len(j) - a]
+        top = terms.max()
+        out.append(top + math.log(np.exp(terms - top).sum()))
+    return np.array(out)
+
+
+def test_the_sampled_skellam_s_exact_divergences_stay_under_the_bound() -> None:
+    from models.privacy import poisson_subsampled_rdp, skellam_rdp
+
+    support = np.arange(-160, 161)
+    for variance in (2.0, 8.0, 30.0):
+        log_q = _skellam_log_pmf(variance, support)
+        for shift in (1, 3):
+            log_p = np.concatenate([np.full(shift, -np.inf), log_q[:-shift]])  # Sk + shift
+            inner = support[shift:-shift]  # where both are known
+            p_in, q_in = log_p[shift:-shift], log_q[shift:-shift]
+
+            def exact(order: int, p_in: np.ndarray = p_in, q_in: np.ndarray = q_in) -> float:
+                return _log_renyi_moment(p_in, q_in, order) / (order - 1)
+
+            for rate in (0.1, 0.5, 0.9):
+                log_m = _mix(log_q, log_p, rate)[shift:-shift]
+                for order in (2, 4, 8, 16):
+                    removing = _log_renyi_moment(log_m, q_in, order) / (order - 1)
+                    adding = _log_renyi_moment(q_in, log_m, order) / (order - 1)
+                    tight = poisson_subsampled_rdp(order, rate, exact)
+
+                    def published(a: int, v: float = variance, s: int = shift) -> float:
+                        return skellam_rdp(a, v, float(s), float(s))
+
+                    assert adding <= removing + 1e-9
+                    # the expansion is the removal direction itself, not only a bound on it
+                    assert removing == pytest.approx(tight, rel=1e-7)
+                    assert tight <= poisson_subsampled_rdp(order, rate, published) + 1e-12
+            assert len(inner) > 300
 
 
 def test_distributed_epsilon_composes_and_counts_only_the_noise_released() -> None:
