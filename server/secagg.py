@@ -302,11 +302,17 @@ class SecureSum:
         return in_sum | {j for j in shared - in_sum if self.neighbours[j] & in_sum}
 
     def _noise_variance(self, clients: int) -> float:
-        """Each client's share of the distributed noise, in encoded units."""
+        """Each client's share of the distributed noise, in encoded units: of `clients` that
+        shared keys, or with over-selection of the `target` first arrivals the sum keeps."""
         std = self.summed.noise_std
         if std <= 0:
             return 0.0
-        return (std * self.enc.scale) ** 2 / clients
+        return (std * self.enc.scale) ** 2 / self._noise_sharers(clients)
+
+    def _noise_sharers(self, clients: int) -> int:
+        """The clients among which the noise is shared out: those that shared keys, or with
+        over-selection the `target` first arrivals the sum keeps."""
+        return clients if self.target is None else min(clients, self.target)
 
     # ---- stage 4: unmask ----------------------------------------------------------------
     def _unmask(
@@ -423,7 +429,8 @@ class SecureSum:
             }
         else:
             weights = dict.fromkeys(replies, 1.0)
-        carried = self.summed.noise_std * np.sqrt(count / shared) if shared else 0.0
+        sharers = self._noise_sharers(shared)
+        carried = self.summed.noise_std * np.sqrt(count / sharers) if shared else 0.0
         return Secured(
             replies={c: protocol.without_arrays(r) for c, r in sorted(replies.items())},
             sums=sums,

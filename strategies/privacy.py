@@ -91,8 +91,7 @@ class PrivacyLedger:
 
             self.released[-1] = add_steps(self.released.get(-1, []), *mech.ledger_entry(1))
             return
-        variance, l1, l2 = secured.release
-        entry = (variance, l1, l2, mech.sample_rate)
+        entry = mech.release(*secured.release)
         for i, old in enumerate(self.distributed):
             if tuple(old[:4]) == entry:
                 self.distributed[i] = (*entry, int(old[4]) + 1)

@@ -129,19 +129,9 @@ def _check_consistency(cfg: Mapping[str, Scalar]) -> None:
 
 
 def _check_pacing(cfg: Mapping[str, Scalar]) -> None:
-    """Over-selection with client-level DP's noise on the server is accounted at twice the
-    sensitivity (pollen.core.contracts.client_dp); with the noise shared out in a secure sum
-    it is refused: each client's share is sized for the clients asked, and the first arrivals
-    would carry less than the mechanism's noise (docs/pacing.md#deadline-rounds). A device profile
-    other than the built-in ones is a CSV file, read where the server runs (pacing.devices)."""
-    mech = client_dp.mechanism(cfg) if RoundSettings.of(cfg).over_selection > 0 else None
-    if mech is not None and mech.distributed:
-        raise SettingsError(
-            "round.over-selection with client-level DP's noise shared out in the secure sum: "
-            "refused; each client adds its share of the noise for the clients asked, and a sum "
-            "of the first arrivals would carry less than the mechanism's noise. "
-            "round.deadline alone keeps the guarantee"
-        )
+    """A device profile other than the built-in ones is a CSV file, read where the server runs
+    (pacing.devices). (Over-selection with client-level DP is accounted at twice the
+    sensitivity: pollen.core.contracts.client_dp.)"""
     het = HeterogeneitySettings.of(cfg)
     if het.profile in PROFILES[1:] or not het.enabled:
         return

@@ -118,14 +118,26 @@ def test_over_selection_with_client_dp_is_accounted_at_twice_the_sensitivity() -
     assert mech is not None and mech.ledger_entry(1) == (1.0, 1.0, 1)
 
 
-def test_over_selection_is_refused_with_the_noise_shared_out() -> None:
-    shared = {"algorithm": "fedavg", "client-dp.noise-multiplier": 1.0, "fraction-train": 0.5,
+def test_over_selection_with_the_noise_shared_out_is_accounted_likewise() -> None:
+    from models.privacy import distributed_epsilon
+    from pollen.core.contracts import client_dp
+
+    shared = {"algorithm": "fedavg", "client-dp.noise-multiplier": 2.0, "fraction-train": 0.5,
               "num-clients": 20, "client-dp.noise-at": "client", "secagg.enabled": True,
+              "num-rounds": 20}  # fmt: skip
+    mech = client_dp.mechanism(resolve({**shared, "round.over-selection": 0.3}))
+    assert mech is not None and mech.distributed
+    unit = mech.unit
+    assert mech.planned_release(20) == pytest.approx(
+        ((2.0 * unit) ** 2, 2 * math.sqrt(2) * unit, 2 * unit, 0.65, 20)
+    )
+    assert mech.release(7.0, 3.0, 2.0) == pytest.approx((7.0, 6.0, 4.0, 0.65))
+    target = {**shared, "client-dp.noise-multiplier": 0.0, "client-dp.target-epsilon": 8.0,
               "round.over-selection": 0.3}  # fmt: skip
-    with pytest.raises(SettingsError) as err:
-        resolve(shared)
-    assert "noise shared out in the secure sum" in str(err.value)
-    assert "\n" not in str(err.value)
+    calibrated = client_dp.mechanism(resolve(target))
+    assert calibrated is not None
+    spent = distributed_epsilon([calibrated.planned_release(20)], 1e-5)
+    assert 7.99 <= spent <= 8.0
 
 
 def test_the_pacing_settings_have_their_fixed_names() -> None:

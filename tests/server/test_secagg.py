@@ -425,6 +425,29 @@ def test_distributed_noise_is_the_central_noise_and_only_the_survivors_are_accou
     assert summary["privacy"]["client-level"]["mechanism"] == "distributed Skellam"
 
 
+def test_over_selection_shares_the_noise_out_among_the_arrivals_the_sum_keeps(
+    run_config: dict[str, Any], record: Record
+) -> None:
+    """Eight clients, q = 0.5 over-selected by half: sampled at 0.75, the sum keeps the first
+    ceil(q N) = 4, each adding 1/4 of the noise, and the ledger accounts the release at rate 0.75
+    with twice one client's sensitivity (one in, another pushed out)."""
+    from models.privacy import distributed_epsilon
+
+    summary, cfg = _run(run_config, record, clients=8, settings={
+        **DISTRIBUTED, "fraction-train": 0.5, "round.over-selection": 0.5,
+    })  # fmt: skip
+    assert summary["status"] == "completed", summary.get("reason")
+    ((_, _, payloads, _summed, secured),) = record.sums
+    assert len(payloads) > 4 and len(secured.clients) == 4
+    variance, l1, l2 = secured.release  # type: ignore[misc]
+    assert variance == pytest.approx((0.5 * 2**21) ** 2)  # 4 shares of a quarter: all of it
+    assert secured.noise_std == pytest.approx(0.5)
+    row = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")[0]
+    want = distributed_epsilon([(variance, 2 * l1, 2 * l2, 0.75, 1)], 1e-5)
+    assert row["train"]["client-epsilon"] == pytest.approx(want)
+    assert row["train"]["client-epsilon"] > distributed_epsilon([(variance, l1, l2, 0.5, 1)], 1e-5)
+
+
 def test_fedsc_shares_dp_calr_s_noise_out_and_accounts_the_others_shares(
     run_config: dict[str, Any], record: Record
 ) -> None:

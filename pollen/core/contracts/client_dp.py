@@ -29,7 +29,9 @@ secagg.noise), so the unmasked sum carries the central mechanism's noise and the
 sees less; clients are Poisson-sampled and the mean is over m = q N, as with the noise on the
 server. A round releases the Skellam mechanism on the survivors' sum, its variance the
 survivors' share (models.privacy.distributed_epsilon); the ledger (strategies.privacy) counts
-what each round's sum actually carried.
+what each round's sum actually carried. With over-selection each client adds 1/k of the noise,
+k = ceil(q N) the arrivals the sum keeps, and the release is accounted as on the server (rate
+q', twice the sensitivity).
 """
 
 from __future__ import annotations
@@ -80,8 +82,8 @@ class Mechanism:
     """Distributed noise: the encoded value of the clipping bound (secagg.encoding: the l2
     sensitivity of a client's encoded update, before rounding)."""
     over_selection: float = 0.0
-    """Noise on the server: `round.over-selection`, each round samples at q (1 + o) and keeps
-    the first arrivals (the module's text)."""
+    """Noise on the server or shared out: `round.over-selection`, each round samples at
+    q (1 + o) and keeps the first arrivals (the module's text)."""
 
     @property
     def accounted_rate(self) -> float:
@@ -118,8 +120,16 @@ class Mechanism:
     def planned_release(self, rounds: int) -> tuple[float, float, float, float, int]:
         """Distributed noise: `rounds` releases of the whole round's noise, as models.privacy
         accounts them (sensitivities before the rounding, which the ledger adds)."""
-        l2 = self.unit
-        return ((self.noise_multiplier * l2) ** 2, math.sqrt(2) * l2, l2, self.sample_rate, rounds)
+        variance = (self.noise_multiplier * self.unit) ** 2
+        l2 = self.sensitivity * self.unit
+        return (variance, math.sqrt(2) * l2, l2, self.accounted_rate, rounds)
+
+    def release(self, variance: float, l1: float, l2: float) -> tuple[float, float, float, float]:
+        """Distributed noise: a round's release as models.privacy accounts it, from the sum's
+        noise variance and one client's encoded update's sensitivities (twice them with
+        over-selection)."""
+        sens = self.sensitivity
+        return (variance, sens * l1, sens * l2, self.accounted_rate)
 
 
 def mechanism(settings: Mapping[str, Scalar]) -> Mechanism | None:
@@ -134,13 +144,17 @@ def mechanism(settings: Mapping[str, Scalar]) -> Mechanism | None:
     distributed = at_client and secagg.enabled
     local = at_client and not distributed
     q = 1.0 if local else run.fraction_train
-    over = 0.0 if at_client else RoundSettings.of(settings).over_selection
+    over = 0.0 if local else RoundSettings.of(settings).over_selection
     unit = float(1 << (secagg.bits - 1))
     z = dp.noise_multiplier
     if dp.target_epsilon > 0 and distributed:
         from models.privacy import distributed_noise_for_epsilon  # lazy: opacus
 
-        z = distributed_noise_for_epsilon(dp.target_epsilon, dp.delta, q, run.num_rounds, unit)
+        sens = 2.0 if over > 0 else 1.0
+        rate = min(1.0, q * (1 + over))
+        z = sens * distributed_noise_for_epsilon(
+            dp.target_epsilon, dp.delta, rate, run.num_rounds, sens * unit
+        )
     elif dp.target_epsilon > 0:
         from models.privacy import noise_for_epsilon  # lazy: opacus
 
