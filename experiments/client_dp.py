@@ -51,14 +51,14 @@ LEVELS: dict[str, tuple[float, ...]] = {
     "example": (0.5, 1.0, 2.0),
     "distributed": (51.0, 16.6, 6.23),
     "local": (51.0, 16.6, 6.23),
-    "distributed-z": (2.0,),
+    "distributed-z": (1.0, 2.0),
 }
 """Noise multipliers: client-level DP's z (fixed clipping at CLIP; adaptive clipping from CLIP
 towards the median update norm, whose count noise m / 20 = 2.5 admits z < 5), DP-SGD's
 (example-level). For 'distributed' and 'local', target epsilons instead: those the noise on
 the server reaches at z = 0.5, 1 and 2, each mode's noise calibrated to them for its own
 accounting (`client-dp.target-epsilon`). 'distributed-z': the noise shared out at the server
-noise's z (the same noise in the sum; its own, larger, epsilon)."""
+noise's z = 1 and 2 (the same noise in the sum; its own epsilon)."""
 TARGETED = ("distributed", "local")
 """The levels whose `noise` is a target epsilon."""
 DELTA = 1e-5

@@ -9,12 +9,13 @@ synchronous run's final accuracy.
         [--modes sync,deadline,fedbuff] [--clients 100]
     python -m experiments.pacing tabulate DIR
     python -m experiments.pacing deploy --out DIR [--rounds 4] [--deadline S]
-        [--modes sync,deadline]
+        [--modes sync,deadline] [--bandwidth MBPS]
 
 `deploy` runs a deployed federation of 16 SuperNodes on this machine (`pollen deploy`, gRPC),
 3 of them ten times slower (`tiers`, slow-fraction 3/16, on the wall clock: their clients wait
-out what their devices add), synchronous and with `round.deadline` DEPLOY_DEADLINE, and
-writes each run's round seconds and final accuracy to DIR/deploy.json.
+out what their devices add), synchronous and with `round.deadline` DEPLOY_DEADLINE, the fast
+devices' link at `--bandwidth` Mbit/s (20; the slow ones' a tenth), and writes each run's
+round seconds and final accuracy to DIR/deploy.json.
 
 Every run is one federation through the real ServerApp and ClientApp in one process
 (server.local_grid, as experiments/robustness.py runs them); on the virtual clock its times do
@@ -212,10 +213,15 @@ DEPLOY_DEADLINE = 45.0
 
 
 def deploy(
-    out: Path, rounds: int, deadline: float = DEPLOY_DEADLINE, modes: tuple[str, ...] = ()
+    out: Path,
+    rounds: int,
+    deadline: float = DEPLOY_DEADLINE,
+    modes: tuple[str, ...] = (),
+    bandwidth: float = 20.0,
 ) -> dict[str, Any]:
-    """The deployed pair (module docstring), one after the other (or the `modes` of it); their
-    figures, added to DIR/deploy.json's."""
+    """The deployed pair (module docstring), one after the other (or the `modes` of it), the
+    fast devices' link at `bandwidth` Mbit/s (the slow ones' a tenth of it); their figures,
+    added to DIR/deploy.json's."""
     import subprocess
     import sys
 
@@ -227,7 +233,8 @@ def deploy(
         if modes and mode.split("-")[0] not in modes:
             continue
         run = out / f"deploy-{mode}"
-        sets = [f"--set={k}={v}" for k, v in {**DEPLOY, **extra}.items()]
+        link = {"heterogeneity.bandwidth-mbps": bandwidth}
+        sets = [f"--set={k}={v}" for k, v in {**DEPLOY, **link, **extra}.items()]
         argv = [sys.executable, "-m", "pollen.tools.cli", "deploy", "--algorithm", "fedavg",
                 "--rounds", str(rounds), *sets, "--out", str(run), "--plain"]  # fmt: skip
         done = subprocess.run(argv, capture_output=True, text=True, timeout=7200)
@@ -235,7 +242,7 @@ def deploy(
         rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
         final = (summary.get("final") or {}).get("eval", {})
         figures[mode] = {
-            "status": summary["status"], "exit-code": done.returncode,
+            "status": summary["status"], "exit-code": done.returncode, "bandwidth-mbps": bandwidth,
             "round-seconds": [r["seconds"] for r in rows],
             "late": [r.get("late", 0) for r in rows],
             "final-accuracy": final.get("test-accuracy"),
@@ -266,9 +273,11 @@ def main(argv: list[str] | None = None) -> int:
         d.add_argument("--rounds", type=int, default=4)
         d.add_argument("--deadline", type=float, default=DEPLOY_DEADLINE)
         d.add_argument("--modes", default="sync,deadline")
+        d.add_argument("--bandwidth", type=float, default=20.0)
         args = d.parse_args(argv[1:])
         modes = tuple(names(args.modes))
-        print(json.dumps(deploy(args.out, args.rounds, args.deadline, modes), indent=1))
+        figures = deploy(args.out, args.rounds, args.deadline, modes, args.bandwidth)
+        print(json.dumps(figures, indent=1))
         return 0
     parser, p = grid_cli(__doc__ or "")
     p.add_argument("--algorithms", default="fedavg,fedem")

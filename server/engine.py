@@ -36,6 +36,7 @@ from pollen.core.pacing import (
     RoundSettings,
     devices,
     reference,
+    slowness,
 )
 from pollen.core.protection import ClientDPSettings, SecAggSettings
 from pollen.core.protocol import HELLO
@@ -113,6 +114,9 @@ class Engine:
         self.device_records: list[dict[str, float | str]] = [
             {**d.to_json(), "clock": het.clock, "reference-ms": ref} for d in fleet
         ]
+        self.device_slowness: list[float] = [] if self.virtual else slowness(fleet)
+        """By client id, on the wall clock: how many times longer its device may take than the
+        profile's best (a slow device's instruction is sent again that much later)."""
         self._target: int | None = None
         """The count of valid replies the round's first phase wants (over-selection)."""
         self.time = 0.0

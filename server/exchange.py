@@ -79,6 +79,7 @@ class Host(Protocol):
     deadline: float  # round.deadline: seconds a phase waits at most (0: up to phase-timeout)
     virtual: bool  # phases paced by the devices' virtual time (heterogeneity.clock=virtual)
     device_records: list[dict[str, float | str]]  # by client id (empty: no devices)
+    device_slowness: list[float]  # by client id, on the wall clock (empty: no devices)
 
     def call(self, what: str, call: Callable[[], _T]) -> _T: ...
 
@@ -168,13 +169,17 @@ class Phase:
         self.late: list[int] = []
         self.closed_at: float | None = None  # seconds after the start the phase closed
         devices = () if hello else host.device_records
+        slow = () if hello else host.device_slowness
         # one message per node: a node hosting several clients gets theirs packed into one
         self.batches: dict[int, dict[int, RecordDict]] = {}
+        self.patience: dict[int, float] = {}  # node -> its slowest device's slowness (> 1)
         self.bytes_sent = 0
         for key, content in payloads.items():
             node_id = key if hello else host.roster.clients[key].node_id
             if devices:
                 content = protocol.with_device(content, devices[key])
+            if slow and slow[key] > 1:
+                self.patience[node_id] = max(self.patience.get(node_id, 1.0), slow[key])
             self.batches.setdefault(node_id, {})[key] = content
             self.bytes_sent += protocol.payload_bytes(content)
         self.messages = []
@@ -428,7 +433,7 @@ class Phase:
         after = resend_after(sent, earlier) if self.repeat and sent.waiting else None
         if after is None:
             return False
-        again = sent.due(host.clock(), after, self.repeat)
+        again = sent.due(host.clock(), after, self.repeat, self.patience)
         if again:
             self.push_seconds += self._resend(again, after)
             for node_id in again:

@@ -62,11 +62,17 @@ class Sends:
         half = math.ceil(len(self.content) / 2)
         return self.replied[half - 1] if len(self.replied) >= half else None
 
-    def due(self, now: float, after: float, limit: int) -> list[int]:
-        """The waiting nodes to send again now: `after` seconds since their last send, at most
-        `limit` resends."""
+    def due(
+        self, now: float, after: float, limit: int, patience: Mapping[int, float] | None = None
+    ) -> list[int]:
+        """The waiting nodes to send again now: `after` seconds since their last send (times
+        the node's `patience`, a slow device's slowness on the wall clock: a resend would only
+        start its work again), at most `limit` resends."""
+        times = patience or {}
         return sorted(
-            n for n in self.waiting if len(self.ids[n]) <= limit and now - self.last[n] >= after
+            n
+            for n in self.waiting
+            if len(self.ids[n]) <= limit and now - self.last[n] >= after * times.get(n, 1.0)
         )
 
     def lost(self, now: float, after: float, limit: int) -> bool:

@@ -237,6 +237,28 @@ def devices(settings: Mapping[str, Scalar], num_clients: int, seed: int) -> list
     return [table[c % len(table)] for c in range(num_clients)]
 
 
+def slowness(devices_: list[Device]) -> list[float]:
+    """How many times longer each device may take for a message than the profile's best (the
+    fastest compute, the widest link, the shortest latency, each the profile's own): its
+    largest ratio, so that its time for any message is at most that times the best's; 1 for
+    the best. The server lets a slow device's instruction wait as much longer before it sends
+    it again (server.resend)."""
+    if not devices_:
+        return []
+    ms = min(d.example_ms for d in devices_)
+    mbps = max(d.bandwidth_mbps for d in devices_)
+    latency = min(d.latency_ms for d in devices_)
+    return [
+        max(
+            d.example_ms / ms if ms > 0 else 1.0,
+            mbps / d.bandwidth_mbps,
+            d.latency_ms / latency if latency > 0 else 1.0,
+            1.0,
+        )
+        for d in devices_
+    ]
+
+
 def reference(devices_: list[Device]) -> Device:
     """The device the wall clock takes the machine for: the fastest compute of the profile."""
     return min(devices_, key=lambda d: d.example_ms)

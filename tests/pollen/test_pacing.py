@@ -47,6 +47,19 @@ def test_lognormal_spreads_compute_around_example_ms() -> None:
     assert np.std(np.log(ms)) == pytest.approx(0.6, rel=0.05)
 
 
+def test_a_devices_slowness_is_its_largest_ratio_to_the_best() -> None:
+    from pollen.core.pacing import slowness
+
+    cfg = resolve({"num-clients": 10, "heterogeneity.profile": "tiers",
+                   "heterogeneity.slowdown": 10.0, "heterogeneity.slow-fraction": 0.2})  # fmt: skip
+    fleet = devices(cfg, 10, seed=0)
+    assert sorted(slowness(fleet)) == pytest.approx([1.0] * 8 + [10.0] * 2)
+    # each resource's best may be another device's: the ratio to each best, the largest
+    mixed = [Device(2.0, 10.0, 20.0), Device(8.0, 40.0, 20.0), Device(2.0, 1.0, 100.0)]
+    assert slowness(mixed) == pytest.approx([4.0, 4.0, 40.0])
+    assert slowness([]) == []
+
+
 def test_no_profile_no_devices() -> None:
     assert devices(resolve({}), 10, seed=0) == []
 

@@ -158,6 +158,48 @@ def test_on_the_wall_clock_the_deadline_holds_the_phase(run_config: dict[str, An
     assert 101 not in engine.roster.silent  # late, not lost: it is asked again next round
 
 
+def test_on_the_wall_clock_a_slow_device_is_not_sent_its_work_again_early(
+    run_config: dict[str, Any],
+) -> None:
+    # neither a fast client's train reply nor the slow ones' come: the fast one is asked
+    # again after the resend deadline (10 s), the slow ones (10x) would be after 100 s, past
+    # the phase's 30 s: a resend would only have started their work again
+    cfg = _settings(run_config, "wall-slow", **{**TIERS, "heterogeneity.clock": "wall",
+                    "resend-limit": 2, "min-replies": 1})  # fmt: skip
+    slow = set(_slow(cfg))
+    grid_nodes: dict[int, int] = {}
+
+    def fault(node: int, msg: Message) -> str | None:
+        if msg.metadata.message_type != "train":
+            return None
+        cid = grid_nodes.get(node)
+        return "drop" if cid in slow or cid == fast else None
+
+    fast = min(set(range(6)) - slow)
+    grid = FakeGrid(client_app, 6, cfg)
+    grid.faults.append(lambda node, msg, _: fault(node, msg))
+    clock = FakeClock()
+    strategy = strategy_class(get_algorithm("fedavg"))(cfg)
+    engine = Engine(
+        grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock=clock, sleep=clock.sleep
+    )
+    real_discover = engine.discover
+
+    def discover() -> set[int]:
+        found = real_discover()
+        grid_nodes.update({info.node_id: c for c, info in engine.roster.clients.items()})
+        return found
+
+    engine.discover = discover  # type: ignore[method-assign]
+    with task_identity():
+        summary = engine.run()
+    assert summary["status"] == "completed"
+    nodes = {c: info.node_id for c, info in engine.roster.clients.items()}
+    trains = {c: sum(1 for n, t in grid.sent if n == nodes[c] and t == "train") for c in nodes}
+    assert trains[fast] == 2 * 3  # two rounds, each sent and resent twice
+    assert all(trains[c] == 2 for c in slow)  # once a round
+
+
 def test_over_selection_on_the_wall_clock_closes_at_the_count(run_config: dict[str, Any]) -> None:
     cfg = _settings(run_config, "wall-over", **{"fraction-train": 0.5, "round.over-selection": 1.0})
     _, summary = _run(cfg)

@@ -229,6 +229,9 @@ def test_the_resend_deadline_follows_how_long_the_phase_takes() -> None:
     assert resend_after(quick, earlier) == RESEND_FLOOR
     assert sent.due(now=175.0, after=50.0, limit=2) == [3, 4]
     assert sent.due(now=149.0, after=50.0, limit=2) == []
+    # a node whose device is ten times slower than the best waits ten times as long
+    assert sent.due(now=175.0, after=50.0, limit=2, patience={4: 10.0}) == [3]
+    assert sent.due(now=600.0, after=50.0, limit=2, patience={4: 10.0}) == [3, 4]
 
 
 class FlakyGrid(FakeGrid):
