@@ -80,6 +80,7 @@ class Host(Protocol):
     virtual: bool  # phases paced by the devices' virtual time (heterogeneity.clock=virtual)
     device_records: list[dict[str, float | str]]  # by client id (empty: no devices)
     device_slowness: list[float]  # by client id, on the wall clock (empty: no devices)
+    busy: dict[int, tuple[list[str], str]]  # node -> the ids of a late instruction, which one
 
     def call(self, what: str, call: Callable[[], _T]) -> _T: ...
 
@@ -209,6 +210,8 @@ class Phase:
             clients=len(self.payloads),  # for the hello: the nodes greeted
             messages=len(self.messages),
         )
+        if not self.hello and host.busy:
+            self._skip_busy()
         self._push()
         waits = run.phase_timeout
         if self.deadline > 0 and not self.virtual:
@@ -264,10 +267,30 @@ class Phase:
         # float sums in a different order differ in the last bits, which training amplifies
         return sorted(self.replies, key=lambda r: (r.key, r.node_id)), self.failures
 
+    def _skip_busy(self) -> None:
+        """Nodes still at work on an instruction a paced phase closed without (on the wall
+        clock) are not sent another: it would answer only after working through the late one
+        too (a deployed device's whole device time again). A node is free again once that late
+        reply has come (pulled here, and left unused); until then its clients are late."""
+        host, busy = self.host, self.host.busy
+        out = {mid: node for node, (ids, _) in busy.items() for mid in ids}
+        for msg in host.call("pull", partial(_pull, host.grid, list(out))):
+            busy.pop(out.get(msg.metadata.reply_to_message_id, -1), None)
+        skipped = [n for n in self.batches if n in busy]
+        for node_id in skipped:
+            what = busy[node_id][1]
+            for key in self.batches.pop(node_id):
+                self.failures[key] = f"{LATE}: its device is still at work on {what}"
+        if skipped:
+            self.messages = [m for m in self.messages if m.metadata.dst_node_id in self.batches]
+            self.target = min(self.target, sum(len(b) for b in self.batches.values()))
+
     def _push(self) -> None:
         host = self.host
         pushed = host.clock()
-        message_ids = host.call("push", lambda: list(host.grid.push_messages(self.messages)))
+        message_ids: list[str] = []
+        if self.messages:  # (none when every node is still busy)
+            message_ids = host.call("push", lambda: list(host.grid.push_messages(self.messages)))
         self.push_seconds = host.clock() - pushed
         self.by_message: dict[str, int] = {}  # message id -> its node (a resent one: two ids)
         for mid, msg in zip(message_ids, self.messages, strict=True):
@@ -353,7 +376,8 @@ class Phase:
         late = [k for k in self.arrivals if k not in keep]
         late += [k for k, r in self.failures.items() if r.startswith(LATE)]
         for key in late:
-            self.failures[key] = why
+            if not self.failures.get(key, "").startswith(f"{LATE}: its device"):  # (busy)
+                self.failures[key] = why
             self.arrivals.pop(key, None)
             self.ready.pop(key, None)
         self.late = sorted(set(late))
@@ -488,6 +512,8 @@ class Phase:
             times = len(sent.ids[node_id])
             if closed:  # a paced phase closed before this node answered: late, not silent
                 reason = LATE
+                what = f"round {host.server_round}'s {self.message_type} instruction"
+                host.busy[node_id] = (list(sent.ids[node_id]), what)
             elif self.hello and waited < timeout:
                 reason = f"no reply to {times} hellos in {waited:.0f} s"
             else:
