@@ -102,9 +102,9 @@ class Engine:
             self._poisson = self.rng if dp.reproducible else np.random.default_rng()
         self.roster = Roster()
         self.typical: dict[str, float] = {}  # message type -> last phase's typical reply time
-        self.busy: dict[int, tuple[list[str], str]] = {}
+        self.busy: dict[int, tuple[list[str], str, float]] = {}
         """Nodes still at work on an instruction a paced phase closed without (wall clock): the
-        ids sent, and which instruction (server.exchange.Phase._skip_busy)."""
+        ids sent, which instruction, when (server.exchange.Phase._skip_busy)."""
         self.phases: list[PhaseReport] = []  # the round's phase reports
         # pacing (docs/pacing.md): deadline rounds, over-selection, the clients' devices
         pacing, het = RoundSettings.of(settings), HeterogeneitySettings.of(settings)

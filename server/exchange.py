@@ -80,7 +80,8 @@ class Host(Protocol):
     virtual: bool  # phases paced by the devices' virtual time (heterogeneity.clock=virtual)
     device_records: list[dict[str, float | str]]  # by client id (empty: no devices)
     device_slowness: list[float]  # by client id, on the wall clock (empty: no devices)
-    busy: dict[int, tuple[list[str], str]]  # node -> the ids of a late instruction, which one
+    busy: dict[int, tuple[list[str], str, float]]  # node -> a late instruction's ids, which
+    # one, when it was sent
 
     def call(self, what: str, call: Callable[[], _T]) -> _T: ...
 
@@ -271,11 +272,16 @@ class Phase:
         """Nodes still at work on an instruction a paced phase closed without (on the wall
         clock) are not sent another: it would answer only after working through the late one
         too (a deployed device's whole device time again). A node is free again once that late
-        reply has come (pulled here, and left unused); until then its clients are late."""
+        reply has come (pulled here, and left unused), or `phase-timeout` after it was sent (it
+        is then asked again, and a node that is gone goes silent as usual); until then its
+        clients are late."""
         host, busy = self.host, self.host.busy
-        out = {mid: node for node, (ids, _) in busy.items() for mid in ids}
+        out = {mid: node for node, (ids, *_) in busy.items() for mid in ids}
         for msg in host.call("pull", partial(_pull, host.grid, list(out))):
             busy.pop(out.get(msg.metadata.reply_to_message_id, -1), None)
+        now, timeout = host.clock(), host.run_settings.phase_timeout
+        for node_id in [n for n, (*_, sent_at) in busy.items() if now - sent_at >= timeout]:
+            del busy[node_id]
         skipped = [n for n in self.batches if n in busy]
         for node_id in skipped:
             what = busy[node_id][1]
@@ -513,7 +519,7 @@ class Phase:
             if closed:  # a paced phase closed before this node answered: late, not silent
                 reason = LATE
                 what = f"round {host.server_round}'s {self.message_type} instruction"
-                host.busy[node_id] = (list(sent.ids[node_id]), what)
+                host.busy[node_id] = (list(sent.ids[node_id]), what, sent.last[node_id])
             elif self.hello and waited < timeout:
                 reason = f"no reply to {times} hellos in {waited:.0f} s"
             else:

@@ -209,6 +209,46 @@ def test_on_the_wall_clock_a_slow_device_is_not_sent_its_work_again_early(
     assert all(trains[c] == 2 for c in slow)  # once a round
 
 
+def test_a_busy_node_that_never_answers_is_asked_again_after_the_phase_timeout(
+    run_config: dict[str, Any],
+) -> None:
+    # node 101 never answers train, and each round's push of train takes 4 s of (fake) time:
+    # round 1 closes at the 5 s deadline without it (sent at 0 s); rounds 2 and 3 (at about
+    # 5 and 9 s) skip it, still busy; round 4 (13 s, past the 12 s phase-timeout since that
+    # send) asks it again, and round 5 skips it again
+    cfg = _settings(run_config, "wall-gone", **{"round.deadline": 5.0, "num-rounds": 5,
+                    "phase-timeout": 12.0})  # fmt: skip
+    clock = FakeClock()
+
+    def fault(node: int, msg: Message, _content: Any) -> str | None:
+        if msg.metadata.message_type != "train":
+            return None
+        if node == 100:
+            clock.now += 4.0  # one push of the round's train: 4 s
+        return "drop" if node == 101 else None
+
+    grid = FakeGrid(client_app, 6, cfg)
+    grid.faults.append(fault)
+    strategy = strategy_class(get_algorithm("fedavg"))(cfg)
+    engine = Engine(
+        grid, cfg, strategy, ResultsWriter(cfg["out-dir"]), clock=clock, sleep=clock.sleep
+    )
+    with task_identity():
+        summary = engine.run()
+    assert summary["status"] == "completed"
+    gone = str(_client_of(engine, 101))
+    reasons = [r["phases"][0]["failed"][gone] for r in _rows(cfg)]
+    busy = [i + 1 for i, why in enumerate(reasons) if "still at work on round" in why]
+    assert busy == [2, 3, 5]
+    assert "round 4's train" in reasons[4]
+    assert [t for n, t in grid.sent if n == 101].count("train") == 2  # rounds 1 and 4
+    assert 101 not in engine.roster.silent
+
+
+def _client_of(engine: Engine, node: int) -> int:
+    return next(c for c, info in engine.roster.clients.items() if info.node_id == node)
+
+
 def test_over_selection_on_the_wall_clock_closes_at_the_count(run_config: dict[str, Any]) -> None:
     cfg = _settings(run_config, "wall-over", **{"fraction-train": 0.5, "round.over-selection": 1.0})
     _, summary = _run(cfg)
