@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pollen.core.pacing import RoundSettings
 from pollen.core.protection import ClientDPSettings, SecAggSettings
@@ -146,24 +146,26 @@ def mechanism(settings: Mapping[str, Scalar]) -> Mechanism | None:
     q = 1.0 if local else run.fraction_train
     over = 0.0 if local else RoundSettings.of(settings).over_selection
     unit = float(1 << (secagg.bits - 1))
-    z = dp.noise_multiplier
-    if dp.target_epsilon > 0 and distributed:
+    mech = Mechanism(
+        dp.noise_multiplier, dp.clip, dp.delta, q, run.training_clients, at_client, distributed,
+        unit, over,
+    )  # fmt: skip
+    if dp.target_epsilon <= 0:
+        return mech
+    rate, sens = mech.accounted_rate, mech.sensitivity
+    if distributed:
         from models.privacy import distributed_noise_for_epsilon  # lazy: opacus
 
-        sens = 2.0 if over > 0 else 1.0
-        rate = min(1.0, q * (1 + over))
-        z = sens * distributed_noise_for_epsilon(
+        z = distributed_noise_for_epsilon(
             dp.target_epsilon, dp.delta, rate, run.num_rounds, sens * unit
         )
-    elif dp.target_epsilon > 0:
+    else:
         from models.privacy import noise_for_epsilon  # lazy: opacus
 
-        rate = min(1.0, q * (1 + over))
         z = noise_for_epsilon(dp.target_epsilon, dp.delta, rate, run.num_rounds)
-        z = 2 * z if local or over > 0 else z
-    return Mechanism(
-        z, dp.clip, dp.delta, q, run.training_clients, at_client, distributed, unit, over
-    )
+    # the calibrated z is per sensitivity: twice it with over-selection, and for local noise
+    # (its accounting is z / 2 at rate 1, module text)
+    return replace(mech, noise_multiplier=(2.0 if local else sens) * z)
 
 
 def poisson_sampling(settings: Mapping[str, Scalar]) -> bool:
