@@ -7,7 +7,9 @@ sent; every `async.buffer` valid replies make the next model version (the strate
 `buffered_step`: staleness-weighted updates), which is one round of the run: its row in
 metrics.jsonl, its checkpoint, its server evaluation. A reply trained on a model
 `async.max-staleness` versions older than the newest or more is dropped as stale. A client
-that answered is free again, and is handed the newest model unless it already trained on it.
+that answered is free again, and is handed the newest model unless it already trained on it
+or its reply is in the version being gathered (a version takes at most one reply of each
+client).
 
 On the wall clock replies are taken as they come. On the virtual clock
 (heterogeneity.clock=virtual) a reply arrives at the virtual time its client was sent plus its
@@ -139,9 +141,12 @@ class BufferedRounds:
 
     # ---- sending ---------------------------------------------------------------------------
     def _fill(self, server_round: int, v: Version) -> None:
-        """Hand the newest model to free clients until `concurrency` are training."""
+        """Hand the newest model to free clients until `concurrency` are training. A client
+        whose reply is in the version being gathered waits for it to be made: a version
+        takes at most one reply of each client (a stale reply's client would otherwise train
+        on this round's model and could answer into the same buffer)."""
         host = self.host
-        busy = {f.cid for f in self.flight.values()}
+        busy = {f.cid for f in self.flight.values()} | {r.cid for r in v.buffer}
         free = [
             c for c in host.available()
             if c.cid not in busy and self.last_round.get(c.cid) != server_round

@@ -1,8 +1,8 @@
 """Buffered asynchronous aggregation (server.buffered, FedBuff) in process on a fake grid:
 with buffer = concurrency = every client and no devices it is synchronous FedAvg; on the
 virtual clock with scripted device times the staleness of every reply and the staleness bound
-are as specified; FedEM runs; a failing client cannot hold a version forever; resume goes on
-from the checkpoint's version and time."""
+are as specified, and a version takes one reply of each client; FedEM runs; a failing client
+cannot hold a version forever; resume goes on from the checkpoint's version and time."""
 
 from __future__ import annotations
 
@@ -76,6 +76,29 @@ def test_scripted_delays_give_the_staleness_and_the_bound(
     assert failed["1"] == (
         f"stale: trained on round 1's model, {rnd - 1} versions old (async.max-staleness 1)"
     )
+
+
+def test_a_version_takes_one_reply_of_each_client(
+    run_config: dict[str, Any], tmp_path: Path
+) -> None:
+    # devices answering in 2, 2 and 1 virtual seconds, two replies a version, all three busy:
+    # client 2's reply on round 3's model comes at 4 s into round 4's buffer (one version
+    # old); handed round 4's model then, it would answer at 5 s, before either other client,
+    # and fill that buffer a second time. It waits for the version instead.
+    csv = tmp_path / "one-each.csv"
+    csv.write_text("example-ms,bandwidth-mbps,latency-ms\n0,1e9,1000\n0,1e9,1000\n0,1e9,500\n")
+    cfg = _settings(run_config, "one-each", **{
+        "num-clients": 3, "num-rounds": 10, "async.buffer": 2, "async.concurrency": 3,
+        "heterogeneity.profile": str(csv), "heterogeneity.clock": "virtual",
+    })  # fmt: skip
+    _, summary = _run(cfg)
+    assert summary["status"] == "completed"
+    by_round: dict[int, list[int]] = {}
+    for r in _clients(cfg):
+        if r["phase"] == "train":
+            by_round.setdefault(r["round"], []).append(r["client-id"])
+    assert sorted(by_round) == list(range(1, 11))
+    assert all(len(set(cids)) == len(cids) == 2 for cids in by_round.values()), by_round
 
 
 def test_fedem_runs_buffered(run_config: dict[str, Any]) -> None:
