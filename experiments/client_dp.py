@@ -2,10 +2,12 @@
 DP (DP-FedAvg, noise on the server) for FedAvg and FedEM, beside example-level DP-SGD for
 FedAvg, on `mnist-5k` with 100 simulated clients, several noise levels, three seeds; and, at
 the epsilons the noise on the server reaches, client-level DP with the noise on the clients:
-shared out under secure aggregation ('distributed') and each client's own ('local').
+shared out under secure aggregation ('distributed') and each client's own ('local'); and the
+noise on the server under FedBuff ('fedbuff': 50-reply buffers, 50 clients training, 20 model
+versions, accounted without amplification).
 
     python -m experiments.client_dp run --out DIR [--algorithms fedavg,fedem] [--seeds 0,1,2]
-        [--levels client,adaptive,example,distributed,local]
+        [--levels client,adaptive,example,distributed,local,fedbuff]
     python -m experiments.client_dp tabulate DIR
 
 Every run is one federation through the real ServerApp and ClientApp in one process
@@ -52,14 +54,16 @@ LEVELS: dict[str, tuple[float, ...]] = {
     "distributed": (51.0, 16.6, 6.23),
     "local": (51.0, 16.6, 6.23),
     "distributed-z": (1.0, 2.0),
+    "fedbuff": (51.0, 16.6, 6.23),
 }
 """Noise multipliers: client-level DP's z (fixed clipping at CLIP; adaptive clipping from CLIP
 towards the median update norm, whose count noise m / 20 = 2.5 admits z < 5), DP-SGD's
 (example-level). For 'distributed' and 'local', target epsilons instead: those the noise on
 the server reaches at z = 0.5, 1 and 2, each mode's noise calibrated to them for its own
 accounting (`client-dp.target-epsilon`). 'distributed-z': the noise shared out at the server
-noise's z = 1 and 2 (the same noise in the sum; its own epsilon)."""
-TARGETED = ("distributed", "local")
+noise's z = 1 and 2 (the same noise in the sum; its own epsilon). 'fedbuff': target epsilons
+too, the noise on the server under FedBuff."""
+TARGETED = ("distributed", "local", "fedbuff")
 """The levels whose `noise` is a target epsilon."""
 DELTA = 1e-5
 
@@ -84,6 +88,10 @@ class Case:
                         "client-dp.delta": DELTA, "client-dp.reproducible": True})  # fmt: skip
             if self.level == "adaptive":
                 cfg["client-dp.target-quantile"] = 0.5
+        elif self.level == "fedbuff":  # the synchronous runs' expected 50 clients a version
+            cfg.update({"client-dp.target-epsilon": self.noise, "client-dp.clip": CLIP,
+                        "client-dp.delta": DELTA, "client-dp.reproducible": True,
+                        "async.buffer": 50, "async.concurrency": 50})  # fmt: skip
         elif self.level in TARGETED:
             cfg.update({"client-dp.target-epsilon": self.noise, "client-dp.clip": CLIP,
                         "client-dp.noise-at": "client", "client-dp.delta": DELTA,
@@ -172,6 +180,7 @@ LABELS = {
     ("fedavg", "distributed"): "FedAvg, client-level DP, noise shared out (secure aggregation)",
     ("fedavg", "local"): "FedAvg, client-level DP, noise on each client",
     ("fedavg", "distributed-z"): "FedAvg, noise shared out at the server noise's z",
+    ("fedavg", "fedbuff"): "FedAvg under FedBuff, noise on the server (no amplification)",
 }
 
 
@@ -188,7 +197,8 @@ def markdown(table: Mapping[str, Any]) -> str:
         guarantee = {"none": "none", "client": "client-level", "adaptive": "client-level, adaptive",
                      "example": "example-level", "distributed": "client-level, distributed",
                      "local": "client-level, on each client",
-                     "distributed-z": "client-level, distributed"}[level]  # fmt: skip
+                     "distributed-z": "client-level, distributed",
+                     "fedbuff": "client-level, FedBuff"}[level]  # fmt: skip
         z = cell.get("noise-multiplier") if level in TARGETED else noise
         z_shown = "-" if level == "none" or z is None else f"{float(z):.3g}"
         lines.append(
@@ -218,7 +228,7 @@ def figure(table: Mapping[str, Any], path: Path) -> None:
             continue
         xs, ys, sd = zip(*points, strict=True)
         style = {"client": "-o", "adaptive": "-.^", "example": ":s", "distributed": "--D",
-                 "local": ":x", "distributed-z": "P"}[level]  # fmt: skip
+                 "local": ":x", "distributed-z": "P", "fedbuff": "--v"}[level]  # fmt: skip
         ax.errorbar(xs, ys, yerr=sd, fmt=style, color=colours[alg], label=label, capsize=3)
     for alg, colour in colours.items():
         clean = table.get(f"{alg}/none/0")

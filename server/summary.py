@@ -65,7 +65,8 @@ def privacy_summary(
             "sample-rate": mech.sample_rate,
             "accounted-rate": mech.accounted_rate,
             "sensitivity": f"{mech.sensitivity:g} x clip"
-            + (" (over-selection: one client in, another out)" if mech.over_selection else ""),
+            + (" (over-selection: one client in, another out)" if mech.over_selection else "")
+            + (" (FedBuff: one client's update replaced, in each version)" if mech.buffer else ""),
             "protects": "everything one client contributes over the run"
             + (", against the server too" if mech.at_client else ", against all but the server"),
         }

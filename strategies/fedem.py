@@ -170,8 +170,10 @@ class FedEM(GlobalModelStrategy):
         counts: Mapping[int, float],
     ) -> dict[str, np.ndarray]:
         """The buffer's component updates (the mixture weights stay on the clients): the
-        weighted mean of the packed components, or the robust rule on each component."""
-        if self.combiner.plain:
+        weighted mean of the packed components, or the robust rule on each component; under
+        client-level DP noised here, a client's M components as one update (clipped together,
+        as in a synchronous round)."""
+        if self.combiner.plain or self.combiner.server_dp:
             return super().combine_buffer(server_round, contributions, counts)
         mine = {cid: unpack(dict(c), self.num) for cid, c in contributions.items()}
         return pack([

@@ -142,7 +142,10 @@ class GlobalModelStrategy(Strategy):
         against the model it trained from, weighted by its staleness's 1/(1+s)^a, combined
         over the buffer by the run's rule (the mean weighted by examples: sum n_i w_i d_i /
         sum n_i), and the model moved by server-lr times it. With no staleness and server-lr
-        1 the step is FedAvg's mean of the buffer's models."""
+        1 the step is FedAvg's mean of the buffer's models. Under client-level DP with the
+        noise on the server the combination is the noisy sum of the weighted updates, each
+        clipped, over the buffer's fixed K (DP-FedAvg's, McMahan et al. 2018), one release of
+        the privacy ledger."""
         b = self.buffering
         contributions: dict[int, dict[str, np.ndarray]] = {}
         counts: dict[int, float] = {}
@@ -155,6 +158,7 @@ class GlobalModelStrategy(Strategy):
             }
             counts[r.cid] = num_examples(r.content)
         update = self.combine_buffer(server_round, contributions, counts)
+        self.privacy.version()
         self.weights = {
             k: (v + b.server_lr * update[k]).astype(v.dtype) for k, v in self.weights.items()
         }
@@ -175,5 +179,9 @@ class GlobalModelStrategy(Strategy):
         contributions: Mapping[int, Mapping[str, np.ndarray]],
         counts: Mapping[int, float],
     ) -> dict[str, np.ndarray]:
-        """The buffer's updates combined into one by the run's rule (robust.*)."""
-        return self.combiner.combine(server_round, "buffer", contributions, None, counts)
+        """The buffer's updates combined into one by the run's rule (robust.*); under
+        client-level DP noised here, their noisy mean (updates around zero, each clipped)."""
+        reference = None
+        if self.combiner.server_dp:
+            reference = {k: np.zeros(v.shape) for k, v in self.weights.items()}
+        return self.combiner.combine(server_round, "buffer", contributions, reference, counts)

@@ -10,8 +10,9 @@ over clients at `dp.delta`; each client's own figure (its ledger in its state, w
 rounds replayed after a restart) is in clients.jsonl. The ledger goes into the checkpoint.
 
 Client-level DP (pollen.core.contracts.client_dp) is charged in the same call: with the noise on
-the server, one release of the sampled Gaussian mechanism per round; with the noise on the
-clients, one release per client asked to train. The round's metrics carry `client-epsilon` at
+the server, one release of the sampled Gaussian mechanism per round (under FedBuff, one per
+model version, `version`); with the noise on the clients, one release per client asked to
+train. The round's metrics carry `client-epsilon` at
 `client-dp.delta` (noise on the clients: the largest over clients). Distributed noise (on the
 clients, under secure aggregation) is charged once the round's sum is known (`released`): the
 Skellam mechanism with the noise of the clients in the sum, or, for a round without one, the
@@ -65,7 +66,8 @@ class PrivacyLedger:
             return
         from models.privacy import add_steps  # lazy: torch (models)
 
-        if mech is not None and not mech.distributed:  # (distributed: charged by `secured`)
+        # (distributed noise: charged by `secured`; FedBuff's noisy sums: by `version`)
+        if mech is not None and not mech.distributed and not mech.buffer:
             for key in [c.cid for c in clients] if mech.local else [-1]:
                 self.released[key] = add_steps(self.released.get(key, []), *mech.ledger_entry(1))
         if not self.active:
@@ -78,6 +80,16 @@ class PrivacyLedger:
                 self.ledgers.get(c.cid, []), dp.noise_multiplier, dp.plan.sample_rate,
                 dp.steps_per_round,
             )  # fmt: skip
+
+    def version(self) -> None:
+        """Under FedBuff with the noise on the server, a model version's noisy sum: one
+        release, whoever's replies were in it (pollen.core.contracts.client_dp)."""
+        mech = self.client_level
+        if mech is None or not mech.buffer:
+            return
+        from models.privacy import add_steps  # lazy: torch (models)
+
+        self.released[-1] = add_steps(self.released.get(-1, []), *mech.ledger_entry(1))
 
     def secured(self, secured: Secured) -> None:
         """Distributed noise: the round's release, the Skellam mechanism of the sum `secured`

@@ -9,7 +9,6 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pollen.core.contracts import client_dp
 from pollen.core.contracts.adept import AdeptAESettings
 from pollen.core.contracts.fedlrt import FeDLRTSettings
 from pollen.core.contracts.fedsc import FedSCSettings
@@ -169,12 +168,6 @@ def _check_buffered(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
             "secagg.enabled=true with async.buffer: refused; SecAgg+ fixes its clients before "
             "they train, and a buffer's clients are known only as their replies come"
         )
-    if client_dp.poisson_sampling(cfg):
-        raise SettingsError(
-            "client-level DP noised on the server (or distributed) with async.buffer: refused; "
-            "its accounting draws on each round's Poisson sample, and a buffer is not one. "
-            "client-dp.noise-at=client (each client noises its own update) runs"
-        )
     if "fedem" in spec.setting_groups() and cfg.get("fedem.unseen-protocol") == "one-step":
         raise SettingsError(
             "fedem.unseen-protocol=one-step with async.buffer: refused; it evaluates the "
@@ -254,18 +247,8 @@ def _check_client_dp(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
     else:
         if not distributed:  # (secure aggregation refuses these for its own reasons)
             _check_server_noise(robust)
-        if run.fraction_train <= 0:
-            raise SettingsError(
-                "client-level DP with fraction-train=0: each client takes part in a round with "
-                "probability fraction-train; give it above 0"
-            )
-        if run.fraction_train < 1 and run.min_train_clients > 1:
-            raise SettingsError(
-                f"min-train-clients={run.min_train_clients} with client-level DP and "
-                f"fraction-train={run.fraction_train:g}: refused; clients are sampled "
-                "independently (Poisson sampling, as the privacy analysis assumes), which "
-                "honours no minimum"
-            )
+        if not AsyncSettings.of(cfg).enabled:  # (FedBuff samples no one)
+            _check_poisson(run)
     from pollen.core.contracts import client_dp  # lazy: opacus
 
     try:
@@ -283,6 +266,23 @@ def _check_client_dp(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
             f"{mech.noise_multiplier:.4g} would spend epsilon {planned:.3g} (delta "
             f"{dp.delta:g}), above the budget client-dp.max-epsilon={dp.max_epsilon:g}; lower "
             "num-rounds, raise client-dp.noise-multiplier or give client-dp.target-epsilon"
+        )
+
+
+def _check_poisson(run: RunSettings) -> None:
+    """Client-level DP's rounds sample each client independently with probability
+    fraction-train (Poisson sampling, as the privacy analysis assumes)."""
+    if run.fraction_train <= 0:
+        raise SettingsError(
+            "client-level DP with fraction-train=0: each client takes part in a round with "
+            "probability fraction-train; give it above 0"
+        )
+    if run.fraction_train < 1 and run.min_train_clients > 1:
+        raise SettingsError(
+            f"min-train-clients={run.min_train_clients} with client-level DP and "
+            f"fraction-train={run.fraction_train:g}: refused; clients are sampled "
+            "independently (Poisson sampling, as the privacy analysis assumes), which "
+            "honours no minimum"
         )
 
 

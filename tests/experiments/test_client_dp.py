@@ -77,3 +77,14 @@ def test_noise_shared_out_at_the_server_noise_s_multiplier_is_a_secure_run(tmp_p
     assert "| fedavg | client-level, distributed | 2 |" in markdown(
         {"fedavg/distributed-z/2": {"mean": 0.4, "std": 0.0, "seeds": 1, "epsilon": 10.5}}
     )
+
+
+def test_fedbuff_is_the_server_noise_at_its_epsilons_with_versions_of_fifty(
+    tmp_path: Path,
+) -> None:
+    case = Case("fedavg", "fedbuff", 6.23, 0)
+    assert case.name == "fedavg-fedbuff-e6.23-s0"
+    cfg = resolve(case.settings(tmp_path, tmp_path))
+    assert cfg["client-dp.target-epsilon"] == 6.23 and cfg["client-dp.noise-at"] == "server"
+    assert cfg["async.buffer"] == cfg["async.concurrency"] == 50
+    assert LEVELS["fedbuff"] == LEVELS["distributed"]

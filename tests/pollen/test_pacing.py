@@ -153,6 +153,29 @@ def test_over_selection_with_the_noise_shared_out_is_accounted_likewise() -> Non
     assert 7.99 <= spent <= 8.0
 
 
+def test_fedbuff_with_the_noise_on_the_server_is_accounted_per_version() -> None:
+    from models.privacy import epsilon, noise_for_epsilon
+    from pollen.core.contracts import client_dp
+
+    dp = {"algorithm": "fedavg", "client-dp.noise-multiplier": 4.0, "fraction-train": 0.5,
+          "num-clients": 20, "num-rounds": 20, "async.buffer": 5}  # fmt: skip
+    cfg = resolve(dp)
+    mech = client_dp.mechanism(cfg)
+    assert mech is not None and mech.buffer == 5 and not client_dp.poisson_sampling(cfg)
+    # no sample, one client's update replaced in each version: z / 2 at rate 1, every version
+    assert mech.ledger_entry(1) == (2.0, 1.0, 1)
+    assert mech.denominator == 5  # the noisy sum over the buffer's K
+    assert client_dp.planned_epsilon(mech, 20) == pytest.approx(epsilon([(2.0, 1.0, 20)], 1e-5))
+    target = {**dp, "client-dp.noise-multiplier": 0.0, "client-dp.target-epsilon": 8.0}
+    calibrated = client_dp.mechanism(resolve(target))
+    assert calibrated is not None
+    assert calibrated.noise_multiplier == pytest.approx(2 * noise_for_epsilon(8.0, 1e-5, 1.0, 20))
+    assert client_dp.planned_epsilon(calibrated, 20) == pytest.approx(8.0, abs=0.02)
+    # synchronous rounds of the same settings sample: q = 0.5, sensitivity 1
+    sync = client_dp.mechanism(resolve({**dp, "async.buffer": 0}))
+    assert sync is not None and sync.ledger_entry(1) == (4.0, 0.5, 1) and sync.denominator == 10
+
+
 def test_the_pacing_settings_have_their_fixed_names() -> None:
     cfg = resolve({})
     assert cfg["round.deadline"] == 0.0 and cfg["round.over-selection"] == 0.0
@@ -169,7 +192,6 @@ def test_the_pacing_settings_have_their_fixed_names() -> None:
         ({"algorithm": "adept-ae"}, "adept-ae refuses buffered"),
         ({"round.deadline": 5.0}, "they pace synchronous rounds"),
         ({"secagg.enabled": True, "num-clients": 4}, "a buffer's clients are known only"),
-        ({"client-dp.noise-multiplier": 1.0}, "a buffer is not one"),
         ({"algorithm": "fedem", "fedem.unseen-protocol": "one-step"}, "'converge'"),
         ({"num-clients": 3, "async.buffer": 4}, "exceeds the 3 clients that train"),
     ],
@@ -182,10 +204,15 @@ def test_what_buffered_aggregation_cannot_take_is_refused_in_one_line(
     assert said in str(err.value) and "\n" not in str(err.value)
 
 
-def test_buffered_aggregation_takes_fedavg_fedprox_fedavg_plus_fedem_and_local_noise() -> None:
+def test_buffered_aggregation_takes_fedavg_fedprox_fedavg_plus_fedem_and_client_dp() -> None:
     for algorithm in ("fedavg", "fedprox", "fedavg-plus", "fedem"):
         assert resolve({"algorithm": algorithm, "async.buffer": 3})["async.buffer"] == 3
     local = {"client-dp.noise-multiplier": 1.0, "client-dp.noise-at": "client"}
     assert resolve({"async.buffer": 3, **local})["async.buffer"] == 3
+    # the noise on the server: no Poisson sample, so no minimum it would not honour
+    server = {"client-dp.noise-multiplier": 1.0, "fraction-train": 0.3, "min-train-clients": 2}
+    assert resolve({"async.buffer": 3, **server})["async.buffer"] == 3
+    with pytest.raises(SettingsError, match="honours no minimum"):
+        resolve(server)
     # every training client in each version: FedAvg's synchronous round (tests/server)
     assert resolve({"num-clients": 6, "async.buffer": 6})["async.buffer"] == 6

@@ -1,8 +1,9 @@
 """Buffered asynchronous aggregation (server.buffered, FedBuff) in process on a fake grid:
 with buffer = concurrency = every client and no devices it is synchronous FedAvg; on the
 virtual clock with scripted device times the staleness of every reply and the staleness bound
-are as specified, and a version takes one reply of each client; FedEM runs; a failing client
-cannot hold a version forever; resume goes on from the checkpoint's version and time."""
+are as specified, and a version takes one reply of each client; FedEM runs, with client-level
+DP noised on the server too; a failing client cannot hold a version forever; resume goes on
+from the checkpoint's version and time."""
 
 from __future__ import annotations
 
@@ -111,6 +112,25 @@ def test_fedem_runs_buffered(run_config: dict[str, Any]) -> None:
     rows = _rows(cfg)
     assert [r["phases"][0]["valid"] for r in rows] == [2, 2, 2]
     assert summary["final"]["eval"]["test-accuracy"] > 0.2
+
+
+def test_fedem_buffered_with_client_dp_noised_on_the_server(run_config: dict[str, Any]) -> None:
+    from models.privacy import epsilon
+
+    cfg = _settings(run_config, "fedem-buffered-dp", **{
+        "algorithm": "fedem", "fedem.components": 2, "num-rounds": 3, "async.buffer": 2,
+        "async.concurrency": 4, "client-dp.noise-multiplier": 2.0, "client-dp.clip": 1.0,
+    })  # fmt: skip
+    _, summary = _run(cfg)
+    assert summary["status"] == "completed"
+    rows = _rows(cfg)
+    # one release a version, however many clients were sent: z / 2 at rate 1
+    spent = [r["train"]["client-epsilon"] for r in rows]
+    assert spent == pytest.approx([epsilon([(1.0, 1.0, v)], 1e-5) for v in (1, 2, 3)])
+    # the M components of a client clipped together, the noise over K = 2
+    assert all(r["train"]["client-dp-noise-std"] == pytest.approx(1.0) for r in rows)
+    level = summary["privacy"]["client-level"]
+    assert level["accounted-rate"] == 1.0 and "FedBuff" in level["sensitivity"]
 
 
 def test_a_client_that_always_fails_cannot_hold_a_version(run_config: dict[str, Any]) -> None:

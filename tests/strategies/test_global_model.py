@@ -74,3 +74,42 @@ def test_the_models_kept_for_stale_replies_are_bounded_by_max_staleness() -> Non
     assert sorted(s._bases) == [6, 7]
     s.buffered_instruction(_client(0), 8)
     assert sorted(s._bases) == [6, 7, 8]
+
+
+def _clipped(update: dict[str, np.ndarray], bound: float) -> dict[str, np.ndarray]:
+    norm = float(np.sqrt(sum(float(np.sum(v.astype(np.float64) ** 2)) for v in update.values())))
+    return {k: v * min(1.0, bound / norm) for k, v in update.items()}
+
+
+def test_under_client_dp_a_buffered_step_is_the_noisy_sum_of_clipped_updates_over_k() -> None:
+    # noise 1e-6 x clip: the step is DP-FedAvg's fixed-denominator mean of the clipped,
+    # staleness-weighted updates, every client counting once (no example weights)
+    clip = 0.5
+    s = _strategy(**{"client-dp.noise-multiplier": 1e-6, "client-dp.clip": clip,
+                     "async.buffer": 3, "async.server-lr": 0.8})  # fmt: skip
+    rng = np.random.default_rng(2)
+    s.buffered_instruction(_client(0), 1)
+    w1 = {k: v.copy() for k, v in s.weights.items()}
+    small = {k: (v + 1e-3 * rng.normal(size=v.shape)).astype(v.dtype) for k, v in w1.items()}
+    large = {k: (v + rng.normal(size=v.shape)).astype(v.dtype) for k, v in w1.items()}
+    metrics = s.buffered_step(1, [_reply(0, small, 30, 1, 0), _reply(1, large, 5, 1, 3)])
+    d_small = {k: small[k].astype(np.float64) - w1[k] for k in w1}
+    d_large = _clipped({k: 0.5 * (large[k].astype(np.float64) - w1[k]) for k in w1}, clip)
+    for k in w1:
+        step = (d_small[k] + d_large[k]) / 3  # over K = 3, though two replies came
+        np.testing.assert_allclose(s.weights[k], w1[k] + 0.8 * step, rtol=1e-4, atol=1e-5)
+    assert metrics["client-dp-clip"] == clip
+    assert metrics["client-dp-noise-std"] == pytest.approx(1e-6 * clip / 3)
+
+
+def test_under_client_dp_each_version_is_one_release_whoever_was_sent() -> None:
+    from models.privacy import epsilon
+
+    s = _strategy(**{"client-dp.noise-multiplier": 3.0, "client-dp.clip": 1.0})
+    for rnd in (1, 2, 3):
+        for cid in range(4):  # four instructions a version: nothing charged for them
+            s.buffered_instruction(_client(cid), rnd)
+        trained = {k: v + 0.01 for k, v in s.weights.items()}
+        metrics = s.buffered_step(rnd, [_reply(rnd, trained, 5, rnd, 0)])
+        # one client's update replaced in the version's sum: z / 2, no amplification
+        assert metrics["client-epsilon"] == pytest.approx(epsilon([(1.5, 1.0, rnd)], 1e-5))

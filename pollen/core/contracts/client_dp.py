@@ -15,6 +15,16 @@ update out of the sum, so a neighbouring federation moves the sum by up to 2C (i
 another's out), and the round is the sampled Gaussian mechanism at z / 2 and rate q' (the
 mixture over who else was sampled and when each arrived keeps the analysis: Renyi divergence
 is jointly convex). Its epsilon after T rounds is that of [(z / 2, q', T)].
+Under FedBuff (`async.buffer` K: docs/pacing.md#buffered-asynchronous-aggregation) there is no
+sample: each model version releases the clipped, noised sum of its buffer's K staleness-weighted
+updates (each weight at most 1) over the fixed denominator K. Who is handed a model when, and
+when each reply comes, is taken to be independent of the clients' data (their devices and
+their numbers of examples set it); neighbouring federations then differ in everything one
+client holds, its place in the schedule kept, and since a version takes at most one reply of
+each client (server.buffered) its sum moves by up to 2C: every version is the Gaussian
+mechanism at z / 2 with no amplification, and T versions spend [(z / 2, 1, T)], whichever
+versions a client's replies went into (the accounting of noise on the clients, below, with the
+noise of one sum rather than of every update).
 
 Client-side noise: each client sends its update clipped to C plus N(0, (z C)^2). The server
 sees that row: against it, replacing everything the client holds moves the clipped update by
@@ -40,7 +50,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from pollen.core.pacing import RoundSettings
+from pollen.core.pacing import AsyncSettings, RoundSettings
 from pollen.core.protection import ClientDPSettings, SecAggSettings
 from pollen.core.settings import RunSettings, Scalar
 
@@ -70,7 +80,7 @@ class Mechanism:
     delta: float
     sample_rate: float
     """q: each training client takes part in a round with this probability (server side), 1
-    for the accounting of client-side noise."""
+    for the accounting of client-side noise and under FedBuff."""
     clients: int
     """N: the training clients (all but the held-out unseen ones)."""
     at_client: bool
@@ -84,18 +94,23 @@ class Mechanism:
     over_selection: float = 0.0
     """Noise on the server or shared out: `round.over-selection`, each round samples at
     q (1 + o) and keeps the first arrivals (the module's text)."""
+    buffer: int = 0
+    """Noise on the server under FedBuff: `async.buffer`, the replies each model version's
+    noisy sum takes (the module's text); 0: synchronous rounds."""
 
     @property
     def accounted_rate(self) -> float:
         """The rate at which a client's update can be in a round's release: q, or q' = min(1,
-        q (1 + o)) with over-selection."""
+        q (1 + o)) with over-selection; 1 under FedBuff (no sample)."""
+        if self.buffer:
+            return 1.0
         return min(1.0, self.sample_rate * (1 + self.over_selection))
 
     @property
     def sensitivity(self) -> float:
         """A round's l2 sensitivity in units of the clipping bound: 1, or 2 with over-selection
-        (one client in, another pushed out)."""
-        return 2.0 if self.over_selection > 0 else 1.0
+        (one client in, another pushed out) and under FedBuff (one client's update replaced)."""
+        return 2.0 if self.over_selection > 0 or self.buffer else 1.0
 
     @property
     def local(self) -> bool:
@@ -105,7 +120,10 @@ class Mechanism:
     @property
     def denominator(self) -> float:
         """m = q N: the expected number of clients a round, the fixed denominator of the
-        server's noisy mean (local noise: the server averages the replies it gets)."""
+        server's noisy mean (local noise: the server averages the replies it gets); under
+        FedBuff the buffer's K."""
+        if self.buffer:
+            return float(self.buffer)
         return self.sample_rate * self.clients
 
     def ledger_entry(self, rounds: int) -> tuple[float, float, int]:
@@ -143,12 +161,13 @@ def mechanism(settings: Mapping[str, Scalar]) -> Mechanism | None:
     at_client = dp.noise_at == "client"
     distributed = at_client and secagg.enabled
     local = at_client and not distributed
-    q = 1.0 if local else run.fraction_train
+    buffer = 0 if at_client else AsyncSettings.of(settings).buffer
+    q = 1.0 if local or buffer else run.fraction_train
     over = 0.0 if local else RoundSettings.of(settings).over_selection
     unit = float(1 << (secagg.bits - 1))
     mech = Mechanism(
         dp.noise_multiplier, dp.clip, dp.delta, q, run.training_clients, at_client, distributed,
-        unit, over,
+        unit, over, buffer,
     )  # fmt: skip
     if dp.target_epsilon <= 0:
         return mech
@@ -163,16 +182,17 @@ def mechanism(settings: Mapping[str, Scalar]) -> Mechanism | None:
         from models.privacy import noise_for_epsilon  # lazy: opacus
 
         z = noise_for_epsilon(dp.target_epsilon, dp.delta, rate, run.num_rounds)
-    # the calibrated z is per sensitivity: twice it with over-selection, and for local noise
-    # (its accounting is z / 2 at rate 1, module text)
+    # the calibrated z is per sensitivity: twice it with over-selection or FedBuff, and for
+    # local noise (its accounting is z / 2 at rate 1, module text)
     return replace(mech, noise_multiplier=(2.0 if local else sens) * z)
 
 
 def poisson_sampling(settings: Mapping[str, Scalar]) -> bool:
     """Whether rounds sample clients independently (Poisson sampling, as the privacy analysis
-    of a noised sum assumes): client-level DP with the noise on the server, or distributed."""
+    of a noised sum assumes): client-level DP with the noise on the server, or distributed,
+    in synchronous rounds (FedBuff has no rounds to sample for)."""
     mech = mechanism(settings)
-    return mech is not None and not mech.local
+    return mech is not None and not mech.local and not mech.buffer
 
 
 def planned_epsilon(mech: Mechanism, rounds: int) -> float:
