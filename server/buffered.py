@@ -146,10 +146,11 @@ class BufferedRounds:
         takes at most one reply of each client (a stale reply's client would otherwise train
         on this round's model and could answer into the same buffer)."""
         host = self.host
-        busy = {f.cid for f in self.flight.values()} | {r.cid for r in v.buffer}
+        busy = {f.cid for f in self.flight.values()}
+        buffered = {r.cid for r in v.buffer}
         free = [
             c for c in host.available()
-            if c.cid not in busy and self.last_round.get(c.cid) != server_round
+            if c.cid not in busy | buffered and self.last_round.get(c.cid) != server_round
         ]  # fmt: skip
         want = self.concurrency - len(busy)
         if want <= 0 or not free:
