@@ -102,6 +102,22 @@ def test_a_version_takes_one_reply_of_each_client(
     assert all(len(set(cids)) == len(cids) == 2 for cids in by_round.values()), by_round
 
 
+def test_a_client_waiting_for_its_version_frees_its_place(
+    run_config: dict[str, Any], tmp_path: Path
+) -> None:
+    # four devices of 1 s, two replies a version, two training: the first reply's client
+    # waits for the version, and a free client is sent in its place at once
+    csv = tmp_path / "equal.csv"
+    csv.write_text("example-ms,bandwidth-mbps,latency-ms\n" + "0,1e9,500\n" * 4)
+    cfg = _settings(run_config, "refill", **{
+        "num-clients": 4, "num-rounds": 3, "async.buffer": 2, "async.concurrency": 2,
+        "heterogeneity.profile": str(csv), "heterogeneity.clock": "virtual",
+    })  # fmt: skip
+    _, summary = _run(cfg)
+    assert summary["status"] == "completed"
+    assert _rows(cfg)[0]["phases"][0]["sent"] == 3
+
+
 def test_fedem_runs_buffered(run_config: dict[str, Any]) -> None:
     cfg = _settings(run_config, "fedem-buffered", **{
         "algorithm": "fedem", "fedem.components": 2, "num-rounds": 3, "async.buffer": 2,
