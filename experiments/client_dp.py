@@ -54,7 +54,7 @@ LEVELS: dict[str, tuple[float, ...]] = {
     "distributed": (51.0, 16.6, 6.23),
     "local": (51.0, 16.6, 6.23),
     "distributed-z": (1.0, 2.0),
-    "fedbuff": (51.0, 16.6, 6.23),
+    "fedbuff": (0.0, 51.0, 16.6, 6.23),
 }
 """Noise multipliers: client-level DP's z (fixed clipping at CLIP; adaptive clipping from CLIP
 towards the median update norm, whose count noise m / 20 = 2.5 admits z < 5), DP-SGD's
@@ -62,7 +62,7 @@ towards the median update norm, whose count noise m / 20 = 2.5 admits z < 5), DP
 the server reaches at z = 0.5, 1 and 2, each mode's noise calibrated to them for its own
 accounting (`client-dp.target-epsilon`). 'distributed-z': the noise shared out at the server
 noise's z = 1 and 2 (the same noise in the sum; its own epsilon). 'fedbuff': target epsilons
-too, the noise on the server under FedBuff."""
+too, the noise on the server under FedBuff (0: FedBuff without DP, its reference)."""
 TARGETED = ("distributed", "local", "fedbuff")
 """The levels whose `noise` is a target epsilon."""
 DELTA = 1e-5
@@ -89,9 +89,10 @@ class Case:
             if self.level == "adaptive":
                 cfg["client-dp.target-quantile"] = 0.5
         elif self.level == "fedbuff":  # the synchronous runs' expected 50 clients a version
-            cfg.update({"client-dp.target-epsilon": self.noise, "client-dp.clip": CLIP,
-                        "client-dp.delta": DELTA, "client-dp.reproducible": True,
-                        "async.buffer": 50, "async.concurrency": 50})  # fmt: skip
+            cfg.update({"async.buffer": 50, "async.concurrency": 50})
+            if self.noise > 0:
+                cfg.update({"client-dp.target-epsilon": self.noise, "client-dp.clip": CLIP,
+                            "client-dp.delta": DELTA, "client-dp.reproducible": True})  # fmt: skip
         elif self.level in TARGETED:
             cfg.update({"client-dp.target-epsilon": self.noise, "client-dp.clip": CLIP,
                         "client-dp.noise-at": "client", "client-dp.delta": DELTA,
@@ -199,6 +200,8 @@ def markdown(table: Mapping[str, Any]) -> str:
                      "local": "client-level, on each client",
                      "distributed-z": "client-level, distributed",
                      "fedbuff": "client-level, FedBuff"}[level]  # fmt: skip
+        if level == "fedbuff" and float(noise) == 0:
+            guarantee = "none, FedBuff"
         z = cell.get("noise-multiplier") if level in TARGETED else noise
         z_shown = "-" if level == "none" or z is None else f"{float(z):.3g}"
         lines.append(

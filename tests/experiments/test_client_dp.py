@@ -87,4 +87,6 @@ def test_fedbuff_is_the_server_noise_at_its_epsilons_with_versions_of_fifty(
     cfg = resolve(case.settings(tmp_path, tmp_path))
     assert cfg["client-dp.target-epsilon"] == 6.23 and cfg["client-dp.noise-at"] == "server"
     assert cfg["async.buffer"] == cfg["async.concurrency"] == 50
-    assert LEVELS["fedbuff"] == LEVELS["distributed"]
+    assert LEVELS["fedbuff"] == (0.0, *LEVELS["distributed"])
+    reference = resolve(Case("fedavg", "fedbuff", 0.0, 0).settings(tmp_path, tmp_path))
+    assert reference["async.buffer"] == 50 and reference["client-dp.target-epsilon"] == 0
