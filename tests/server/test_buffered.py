@@ -42,14 +42,25 @@ def test_one_buffer_of_every_client_is_synchronous_fedavg(run_config: dict[str, 
     assert final_b["test-accuracy"] == pytest.approx(final_a["test-accuracy"], abs=1e-9)
 
 
-def _scripted(run_config: dict[str, Any], tmp_path: Path, tag: str, **extra: Any) -> dict[str, Any]:
-    """Three devices answering in 1, 10 and 1 virtual seconds (their latency, nothing else)."""
+def _devices(
+    run_config: dict[str, Any], tmp_path: Path, tag: str, seconds: list[float], **extra: Any
+) -> dict[str, Any]:
+    """A client per entry of `seconds`, its device answering in that many virtual seconds
+    (its latency, nothing else)."""
     csv = tmp_path / f"{tag}.csv"
-    csv.write_text("example-ms,bandwidth-mbps,latency-ms\n0,1e9,500\n0,1e9,5000\n0,1e9,500\n")
+    rows = "".join(f"0,1e9,{500 * s:g}\n" for s in seconds)
+    csv.write_text("example-ms,bandwidth-mbps,latency-ms\n" + rows)
     return _settings(run_config, tag, **{
-        "num-clients": 3, "num-rounds": 24, "async.buffer": 1, "async.concurrency": 3,
-        "async.max-staleness": 1, "heterogeneity.profile": str(csv),
+        "num-clients": len(seconds), "heterogeneity.profile": str(csv),
         "heterogeneity.clock": "virtual", **extra,
+    })  # fmt: skip
+
+
+def _scripted(run_config: dict[str, Any], tmp_path: Path, tag: str, **extra: Any) -> dict[str, Any]:
+    """Three devices answering in 1, 10 and 1 virtual seconds."""
+    return _devices(run_config, tmp_path, tag, [1, 10, 1], **{
+        "num-rounds": 24, "async.buffer": 1, "async.concurrency": 3, "async.max-staleness": 1,
+        **extra,
     })  # fmt: skip
 
 
@@ -86,11 +97,8 @@ def test_a_version_takes_one_reply_of_each_client(
     # client 2's reply on round 3's model comes at 4 s into round 4's buffer (one version
     # old); handed round 4's model then, it would answer at 5 s, before either other client,
     # and fill that buffer a second time. It waits for the version instead.
-    csv = tmp_path / "one-each.csv"
-    csv.write_text("example-ms,bandwidth-mbps,latency-ms\n0,1e9,1000\n0,1e9,1000\n0,1e9,500\n")
-    cfg = _settings(run_config, "one-each", **{
-        "num-clients": 3, "num-rounds": 10, "async.buffer": 2, "async.concurrency": 3,
-        "heterogeneity.profile": str(csv), "heterogeneity.clock": "virtual",
+    cfg = _devices(run_config, tmp_path, "one-each", [2, 2, 1], **{
+        "num-rounds": 10, "async.buffer": 2, "async.concurrency": 3,
     })  # fmt: skip
     _, summary = _run(cfg)
     assert summary["status"] == "completed"
@@ -107,11 +115,8 @@ def test_a_client_waiting_for_its_version_frees_its_place(
 ) -> None:
     # four devices of 1 s, two replies a version, two training: the first reply's client
     # waits for the version, and a free client is sent in its place at once
-    csv = tmp_path / "equal.csv"
-    csv.write_text("example-ms,bandwidth-mbps,latency-ms\n" + "0,1e9,500\n" * 4)
-    cfg = _settings(run_config, "refill", **{
-        "num-clients": 4, "num-rounds": 3, "async.buffer": 2, "async.concurrency": 2,
-        "heterogeneity.profile": str(csv), "heterogeneity.clock": "virtual",
+    cfg = _devices(run_config, tmp_path, "refill", [1, 1, 1, 1], **{
+        "num-rounds": 3, "async.buffer": 2, "async.concurrency": 2,
     })  # fmt: skip
     _, summary = _run(cfg)
     assert summary["status"] == "completed"
