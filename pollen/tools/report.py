@@ -198,6 +198,11 @@ def _privacy_lines(summary: Summary) -> list[str]:
         spent = "no guarantee" if eps is not None and eps < 0 else f"epsilon {_fmt(eps, 3)}"
         how = [f"{k} {_cell(str(entry[k]))}" for k in ("mechanism", "noise-multiplier", "clip",
                "noise-at", "sample-rate", "epsilon-vs-server") if k in entry]  # fmt: skip
+        rate, sensitivity = entry.get("accounted-rate"), entry.get("sensitivity")
+        if rate is not None and rate != entry.get("sample-rate"):  # over-selection, FedBuff
+            how.append(f"accounted rate {_cell(str(rate))}")
+        if isinstance(sensitivity, str) and not sensitivity.startswith("1 x"):
+            how.append(f"sensitivity {_cell(sensitivity)}")
         if entry.get("adaptive-clipping"):
             how.append("adaptive clipping")
         lines.append(

@@ -371,6 +371,29 @@ def test_a_private_runs_epsilon_is_a_column_of_the_rounds_table(tmp_path: Path) 
     assert "| epsilon |" not in (write_report([plain]) / "report.md").read_text()
 
 
+def test_the_privacy_line_names_an_account_other_than_the_sample(tmp_path: Path) -> None:
+    from pollen.core.runconfig import resolve
+    from server.summary import privacy_summary
+
+    def line(extra: dict[str, Any]) -> str:
+        cfg = resolve({"num-clients": 10, "fraction-train": 0.5, "client-dp.clip": 1.0,
+                       "client-dp.noise-multiplier": 2.0, **extra})  # fmt: skip
+        run = make_run(tmp_path, f"dp-{len(list(tmp_path.iterdir()))}", "fedavg", 0.5)
+        summary = json.loads((run / "summary.json").read_text())
+        summary.update(privacy_summary(cfg, {"client-epsilon": 4.0}))
+        (run / "summary.json").write_text(json.dumps(summary))
+        text = (write_report([run]) / "report.md").read_text()
+        return next(x for x in text.splitlines() if x.startswith("- client-level DP"))
+
+    plain = line({})
+    assert "sample-rate 0.5" in plain and "accounted rate" not in plain
+    assert "sensitivity" not in plain
+    over = line({"round.over-selection": 0.3})
+    assert "accounted rate 0.65" in over and "sensitivity 2 x clip (over-selection" in over
+    buffered = line({"async.buffer": 2})
+    assert "sample-rate 1.0" in buffered and "sensitivity 2 x clip (FedBuff" in buffered
+
+
 def test_a_run_under_attack_and_its_robust_rule_are_named(tmp_path: Path) -> None:
     from pollen.tools.report import _threat_lines
     from pollen.tools.runs import load_run
