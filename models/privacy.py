@@ -245,7 +245,7 @@ def fractional_subsampled_rdp(order: float, q: float, rdp2: float, rdp3: float) 
     c0, c1, c2, c3 = dominating_cubics(order, q).T
     with np.errstate(over="ignore", invalid="ignore"):
         bound = c0 + c1 + np.where(c2 > 0, c2 * m2, c2) + np.where(c3 > 0, c3 * m3, c3)
-    best = float(np.nanmin(bound))
+    best = float(np.nanmin(bound)) * (1 + 1e-9)  # (the coefficients' rounding, covered)
     return math.log(best) / (order - 1) if best > 1 else 0.0
 
 
