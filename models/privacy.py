@@ -221,10 +221,11 @@ def fractional_subsampled_rdp(order: float, q: float, rdp2: float, rdp3: float) 
     """RDP of order a in (2, 3) of a symmetric mechanism (as `poisson_subsampled_rdp`) whose
     RDP at orders 2 and 3 is at most `rdp2`, `rdp3`, run on a Poisson sample of rate q.
 
-    As at integer orders, the removal direction is bounded by E_Q[f(L)], f(L) = (1-q + q L)^a
-    with L = P/Q, whose moments are E[L] = 1, E[L^2] = e^(D_2) <= M2 = e^(rdp2) and E[L^3] =
-    e^(2 D_3) <= M3 = e^(2 rdp3), and the addition direction never exceeds it (the two-point
-    argument of docs/privacy.md holds at every real order above 1). For 2 < a < 3 the fourth
+    As at integer orders, with M = (1-q) Q + q P the output with the client and Q without it,
+    D_a(M||Q) is log E_Q[f(L)] / (a - 1), f(L) = (1-q + q L)^a with L = P/Q, whose moments are
+    E[L] = 1, E[L^2] = e^(D_2) <= M2 = e^(rdp2) and E[L^3] = e^(2 D_3) <= M3 = e^(2 rdp3), and
+    D_a(Q||M) never exceeds it (the two-point argument of docs/privacy.md holds at every real
+    order above 1). For 2 < a < 3 the fourth
     derivative of f is negative, so the cubic p that meets f with equal slope at two points
     L1, L2 lies above it on [0, inf): f - p = f^(4)(xi) / 24 (L - L1)^2 (L - L2)^2 <= 0
     (Hermite interpolation's error). Then E_Q[f(L)] <= E_Q[p(L)] = c0 + c1 + c2 E[L^2] + c3
