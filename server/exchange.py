@@ -196,6 +196,7 @@ class Phase:
         self.repeat = 0 if message_type in NOT_REPEATABLE else host.run_settings.resend_limit
         self.replies: list[Reply] = []
         self.failures: dict[int, str] = {}
+        self.busy_keys: set[int] = set()  # clients skipped: their node still busy (_skip_busy)
         self.order = sorted(payloads) if fold is not None else []
         self.settled = 0  # order[:settled] are folded or failed
         self.ready: dict[int, Reply] = {}  # valid, waiting for the clients before them
@@ -287,6 +288,7 @@ class Phase:
             what = busy[node_id][1]
             for key in self.batches.pop(node_id):
                 self.failures[key] = f"{LATE}: its device is still at work on {what}"
+                self.busy_keys.add(key)
         if skipped:
             self.messages = [m for m in self.messages if m.metadata.dst_node_id in self.batches]
             self.target = min(self.target, sum(len(b) for b in self.batches.values()))
@@ -382,7 +384,7 @@ class Phase:
         late = [k for k in self.arrivals if k not in keep]
         late += [k for k, r in self.failures.items() if r.startswith(LATE)]
         for key in late:
-            if not self.failures.get(key, "").startswith(f"{LATE}: its device"):  # (busy)
+            if key not in self.busy_keys:  # (they keep why they were skipped)
                 self.failures[key] = why
             self.arrivals.pop(key, None)
             self.ready.pop(key, None)
