@@ -28,9 +28,10 @@ from typing import ClassVar
 
 import numpy as np
 
+from pollen.core.device_data import BANDWIDTH_MBPS, PHONE_CPU_SCORES
 from pollen.core.settings import Scalar, SettingsError, SettingsGroup, setting
 
-PROFILES = ("none", "tiers", "lognormal")
+PROFILES = ("none", "tiers", "lognormal", "phones")
 """The built-in device profiles (`heterogeneity.profile`); any other value is a CSV file."""
 
 CLOCKS = ("wall", "virtual")
@@ -119,9 +120,17 @@ class HeterogeneitySettings(SettingsGroup):
         "the clients' devices: 'none' (every client as fast as its machine), 'tiers' "
         "(slow-fraction of the clients slowdown times slower in compute and link), "
         "'lognormal' (each client's compute example-ms times a log-normal factor, FedScale's "
-        "model of device speeds; the link as 'tiers' fast one), or a CSV "
+        "model of device speeds; the link as 'tiers' fast one), 'phones' (each client's "
+        "compute and link drawn from published measurements of Android phones: AI "
+        "Benchmark's CPU scores and measured bandwidths on heterogeneity.network), or a CSV "
         "file with columns example-ms, bandwidth-mbps, latency-ms (row i: client i, rows "
         "repeated when fewer than the clients)",
+    )
+    network: str = setting(
+        "wifi",
+        "'phones': the measured links the clients' bandwidths are drawn from: 'wifi' (WiFi 4, "
+        "5 and 6 pooled, where production federations train), '4g' or '5g'",
+        choices=tuple(BANDWIDTH_MBPS),
     )
     clock: str = setting(
         "wall",
@@ -142,8 +151,8 @@ class HeterogeneitySettings(SettingsGroup):
     )
     example_ms: float = setting(
         5.0,
-        "milliseconds a fast device ('tiers'; 'lognormal': before its factor) takes per "
-        "training example on the virtual clock (FedScale's 5 ms); on the wall clock the "
+        "milliseconds a fast device ('tiers'; 'lognormal', 'phones': the median device) "
+        "takes per training example on the virtual clock (FedScale's 5 ms); on the wall clock the "
         "fastest device of the profile is the machine itself",
         minimum=0.0,
     )
@@ -151,7 +160,10 @@ class HeterogeneitySettings(SettingsGroup):
         20.0, "a fast client's link ('tiers', 'lognormal'), in megabits per second", minimum=1e-3
     )
     latency_ms: float = setting(
-        50.0, "a fast client's one-way latency ('tiers', 'lognormal'), in ms", minimum=0.0
+        50.0,
+        "a fast client's one-way latency ('tiers'; 'lognormal', 'phones': every client's), "
+        "in ms",
+        minimum=0.0,
     )
 
     @property
@@ -211,6 +223,14 @@ lognormal(1, 0.6), after Huba et al., PAPAYA, MLSys 2022), divided here by its m
 example-ms stays the median device's."""
 
 
+def draw(percentiles: tuple[float, ...], rng: np.random.Generator, size: int) -> np.ndarray:
+    """`size` values of the distribution whose percentiles 0, 1, ..., 100 are `percentiles`
+    (pollen.core.device_data): its quantile function, linear in the logarithm between adjacent
+    percentiles, at uniform draws."""
+    at = rng.random(size) * (len(percentiles) - 1)
+    return np.exp(np.interp(at, np.arange(len(percentiles)), np.log(percentiles)))
+
+
 def devices(settings: Mapping[str, Scalar], num_clients: int, seed: int) -> list[Device]:
     """Every client's device, by client id, for the run's `heterogeneity.*` (empty when off):
     fixed by the settings and the seed, so the server and every rerun agree. SettingsError
@@ -232,6 +252,15 @@ def devices(settings: Mapping[str, Scalar], num_clients: int, seed: int) -> list
         return [
             Device(het.example_ms * float(f), het.bandwidth_mbps, het.latency_ms)
             for f in factors
+        ]
+    if het.profile == "phones":
+        # a phone's time per example is inversely proportional to its score; compute first,
+        # so that the network chosen leaves each client's compute as it is
+        factor = PHONE_CPU_SCORES[50] / draw(PHONE_CPU_SCORES, rng, num_clients)
+        mbps = draw(BANDWIDTH_MBPS[het.network], rng, num_clients)
+        return [
+            Device(het.example_ms * float(f), float(b), het.latency_ms)
+            for f, b in zip(factor, mbps, strict=True)
         ]
     table = read_csv(Path(het.profile))
     return [table[c % len(table)] for c in range(num_clients)]

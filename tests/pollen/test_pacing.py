@@ -47,6 +47,51 @@ def test_lognormal_spreads_compute_around_example_ms() -> None:
     assert np.std(np.log(ms)) == pytest.approx(0.6, rel=0.05)
 
 
+def test_phones_draw_compute_and_link_from_the_measured_percentiles() -> None:
+    from pollen.core.device_data import BANDWIDTH_MBPS, PHONE_CPU_SCORES
+
+    cfg = resolve({"heterogeneity.profile": "phones", "heterogeneity.example-ms": 5.0,
+                   "heterogeneity.latency-ms": 30.0})  # fmt: skip
+    fleet = devices(cfg, 20_000, seed=0)
+    ms = np.array([d.example_ms for d in fleet])
+    mbps = np.array([d.bandwidth_mbps for d in fleet])
+    # a phone's time per example is example-ms times the median score over its score
+    scores = PHONE_CPU_SCORES[50] * 5.0 / ms
+    for q in (5, 25, 50, 75, 95):
+        assert np.percentile(scores, q) == pytest.approx(PHONE_CPU_SCORES[q], rel=0.06)
+        assert np.percentile(mbps, q) == pytest.approx(BANDWIDTH_MBPS["wifi"][q], rel=0.06)
+    assert np.median(ms) == pytest.approx(5.0, rel=0.03)
+    assert ms.min() >= 5.0 * PHONE_CPU_SCORES[50] / PHONE_CPU_SCORES[100]
+    assert ms.max() <= 5.0 * PHONE_CPU_SCORES[50] / PHONE_CPU_SCORES[0]
+    assert {d.latency_ms for d in fleet} == {30.0}
+    # the network changes the links only; the seed, who is which
+    cellular = devices(resolve({"heterogeneity.profile": "phones",
+                                "heterogeneity.network": "4g"}), 20_000, seed=0)  # fmt: skip
+    assert [d.example_ms for d in cellular] == pytest.approx(ms.tolist())
+    cell = np.array([d.bandwidth_mbps for d in cellular])
+    assert np.median(cell) == pytest.approx(BANDWIDTH_MBPS["4g"][50], rel=0.06)
+    assert devices(cfg, 20_000, seed=0) == fleet
+    assert devices(cfg, 100, seed=1) != fleet[:100]
+
+
+def test_draw_is_the_quantile_function_between_the_percentiles() -> None:
+    from pollen.core.pacing import draw
+
+    table = tuple(10.0 ** (k / 50) for k in range(101))
+    values = draw(table, np.random.default_rng(0), 50_000)
+    assert values.min() >= 1.0 and values.max() <= 100.0
+    # log-linear between percentiles of a log-uniform table: the draws are log-uniform
+    assert np.histogram(np.log10(values), bins=4, range=(0, 2))[0] / 50_000 == pytest.approx(
+        [0.25] * 4, abs=0.01
+    )
+
+
+def test_an_unknown_network_is_one_line() -> None:
+    with pytest.raises(SettingsError) as err:
+        resolve({"heterogeneity.profile": "phones", "heterogeneity.network": "3g"})
+    assert "heterogeneity.network" in str(err.value) and "\n" not in str(err.value)
+
+
 def test_a_devices_slowness_is_its_largest_ratio_to_the_best() -> None:
     from pollen.core.pacing import slowness
 
@@ -97,8 +142,9 @@ def test_a_bad_csv_is_one_line_naming_the_file(tmp_path: Path, text: str | None,
 
 
 def test_a_profile_that_is_neither_built_in_nor_csv_is_refused() -> None:
-    with pytest.raises(SettingsError, match=r"not one of none, tiers, lognormal nor a \.csv"):
-        resolve({"heterogeneity.profile": "phones"})
+    said = r"not one of none, tiers, lognormal, phones nor a \.csv"
+    with pytest.raises(SettingsError, match=said):
+        resolve({"heterogeneity.profile": "laptops"})
 
 
 def test_over_selection_with_client_dp_is_accounted_at_twice_the_sensitivity() -> None:
