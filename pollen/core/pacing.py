@@ -267,16 +267,17 @@ def devices(settings: Mapping[str, Scalar], num_clients: int, seed: int) -> list
 
 
 def slowness(devices_: list[Device]) -> list[float]:
-    """How many times longer each device may take for a message than the profile's best (the
-    fastest compute, the widest link, the shortest latency, each the profile's own): its
-    largest ratio, so that its time for any message is at most that times the best's; 1 for
-    the best. The server lets a slow device's instruction wait as much longer before it sends
-    it again (server.resend)."""
+    """How many times longer each device may take for a message than the profile's typical
+    device (each resource's median over the clients: compute, link and latency): its largest
+    ratio to those medians, at least 1, so that its time for any message is at most that times
+    the typical device's. A phase's resend wait is a multiple of its typical reply time (the
+    time by which half of its messages were answered: server.resend), so the server lets a
+    slow device's instruction wait as much longer before it sends it again (server.resend)."""
     if not devices_:
         return []
-    ms = min(d.example_ms for d in devices_)
-    mbps = max(d.bandwidth_mbps for d in devices_)
-    latency = min(d.latency_ms for d in devices_)
+    ms = float(np.median([d.example_ms for d in devices_]))
+    mbps = float(np.median([d.bandwidth_mbps for d in devices_]))
+    latency = float(np.median([d.latency_ms for d in devices_]))
     return [
         max(
             d.example_ms / ms if ms > 0 else 1.0,

@@ -92,17 +92,23 @@ def test_an_unknown_network_is_one_line() -> None:
     assert "heterogeneity.network" in str(err.value) and "\n" not in str(err.value)
 
 
-def test_a_devices_slowness_is_its_largest_ratio_to_the_best() -> None:
+def test_a_devices_slowness_is_its_largest_ratio_to_the_typical_device() -> None:
     from pollen.core.pacing import slowness
 
     cfg = resolve({"num-clients": 10, "heterogeneity.profile": "tiers",
                    "heterogeneity.slowdown": 10.0, "heterogeneity.slow-fraction": 0.2})  # fmt: skip
     fleet = devices(cfg, 10, seed=0)
     assert sorted(slowness(fleet)) == pytest.approx([1.0] * 8 + [10.0] * 2)
-    # each resource's best may be another device's: the ratio to each best, the largest
+    # the typical device is each resource's median (2 ms, 10 Mbit/s, 20 ms here): the ratio
+    # to each, the largest, and never below 1 for a device faster than it
     mixed = [Device(2.0, 10.0, 20.0), Device(8.0, 40.0, 20.0), Device(2.0, 1.0, 100.0)]
-    assert slowness(mixed) == pytest.approx([4.0, 4.0, 40.0])
+    assert slowness(mixed) == pytest.approx([1.0, 4.0, 10.0])
     assert slowness([]) == []
+    # measured phones: the median phone waits about as long as the typical reply, not the
+    # hundreds of times its link is thinner than the fastest phone's
+    phones = devices(resolve({"heterogeneity.profile": "phones"}), 1000, seed=0)
+    ratios = slowness(phones)
+    assert float(np.median(ratios)) < 3.0 and max(ratios) > 10.0
 
 
 def test_no_profile_no_devices() -> None:
