@@ -3,10 +3,12 @@ against deadline rounds with over-selection and against buffered asynchronous ag
 (FedBuff), for FedAvg and FedEM on `mnist-5k` with 100
 simulated clients of which 20 % are 10 times slower in compute and link (`heterogeneity.profile
 = tiers`), on the virtual clock, three seeds; and the time each run takes to reach the
-synchronous run's final accuracy.
+synchronous run's final accuracy. `--profile phones` runs the same grid with devices drawn
+from published measurements of Android phones instead (docs/pacing.md#devices: AI Benchmark's
+CPU scores, measured WiFi bandwidths), nothing else changed.
 
     python -m experiments.pacing run --out DIR [--algorithms fedavg,fedem] [--seeds 0,1,2]
-        [--modes sync,deadline,fedbuff] [--clients 100]
+        [--modes sync,deadline,fedbuff] [--clients 100] [--profile tiers]
     python -m experiments.pacing tabulate DIR
     python -m experiments.pacing deploy --out DIR [--rounds 4] [--deadline S]
         [--modes sync,deadline] [--bandwidth MBPS]
@@ -81,6 +83,12 @@ ALGORITHM: dict[str, dict[str, Any]] = {
 """FedEM averages the clients it sampled ('renormalize'): its default ('stale', the reference
 code's) moves the components by the sampled clients' share of the pool only, a tenth of a step
 here, which FedBuff's step (server-lr 1) does not do; the three modes then take the same step."""
+PROFILES: dict[str, dict[str, Any]] = {
+    "tiers": {},
+    "phones": {"heterogeneity.profile": "phones"},
+}
+"""The device profiles the grid runs on: BASE's tiers, or the measured phones (their link drawn
+from the WiFi tests; 5 ms an example for the median phone, 50 ms latency)."""
 PER_ROUND = {"fedavg": ("server-eval", "test-accuracy"), "fedem": ("train", "test-accuracy")}
 """The per-round accuracy each algorithm's time-to-accuracy reads (module docstring)."""
 
@@ -91,13 +99,16 @@ class Case:
     mode: str
     clients: int
     seed: int
+    profile: str = "tiers"
 
     @property
     def name(self) -> str:
-        return f"{self.algorithm}-{self.mode}-n{self.clients}-s{self.seed}"
+        devices = "" if self.profile == "tiers" else f"-{self.profile}"
+        return f"{self.algorithm}-{self.mode}-n{self.clients}-s{self.seed}{devices}"
 
     def settings(self, out: Path, cache: Path) -> dict[str, Any]:
         cfg = {**BASE, **MODES[self.mode], **ALGORITHM[self.algorithm], "seed": self.seed}
+        cfg.update(PROFILES[self.profile])
         if self.mode == "deadline":
             cfg["round.deadline"] = DEADLINE[self.algorithm]
         if self.mode == "fedbuff":  # a buffer of a synchronous round's count, twice as many busy
@@ -117,9 +128,19 @@ class Case:
 
 
 def cases(
-    algorithms: Iterable[str], modes: Iterable[str], clients: Iterable[int], seeds: Iterable[int]
+    algorithms: Iterable[str],
+    modes: Iterable[str],
+    clients: Iterable[int],
+    seeds: Iterable[int],
+    profile: str = "tiers",
 ) -> list[Case]:
-    return [Case(a, m, n, s) for a in algorithms for n in clients for s in seeds for m in modes]
+    return [
+        Case(a, m, n, s, profile)
+        for a in algorithms
+        for n in clients
+        for s in seeds
+        for m in modes
+    ]
 
 
 def curve(out: Path, name: str, algorithm: str) -> list[tuple[int, float, float]]:
@@ -152,11 +173,12 @@ def summarise(out: Path, results: list[dict[str, Any]]) -> dict[str, Any]:
         if c["mode"] != "sync":
             continue
         alg = c["algorithm"]
+        profile = c.get("profile", "tiers")
         sync = curve(out, r["name"], alg)
         target = sync[-1][2]
         cell: dict[str, Any] = {"sync-accuracy": target, "sync-time": sync[-1][1], "modes": {}}
         for mode in MODES:
-            name = Case(alg, mode, c["clients"], c["seed"]).name
+            name = Case(alg, mode, c["clients"], c["seed"], profile).name
             if name not in by:
                 continue
             points = curve(out, name, alg)
@@ -175,7 +197,8 @@ def summarise(out: Path, results: list[dict[str, Any]]) -> dict[str, Any]:
                 "late": late,
                 "seconds": r["seconds"] if mode == "sync" else by[name]["seconds"],
             }
-        table[f"{alg}/n{c['clients']}/s{c['seed']}"] = cell
+        devices = "" if profile == "tiers" else f"/{profile}"
+        table[f"{alg}/n{c['clients']}/s{c['seed']}{devices}"] = cell
     return dict(sorted(table.items()))
 
 
@@ -283,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--algorithms", default="fedavg,fedem")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--clients", default="100")
+    p.add_argument("--profile", choices=tuple(PROFILES), default="tiers")
     args = parser.parse_args(argv)
     if args.command == "run":
         todo = cases(
@@ -290,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             names(args.modes),
             [int(x) for x in names(args.clients)],
             [int(x) for x in names(args.seeds)],
+            args.profile,
         )
         run(todo, args.out, args.jobs)
         return 0

@@ -272,7 +272,7 @@ def slowness(devices_: list[Device]) -> list[float]:
     ratio to those medians, at least 1, so that its time for any message is at most that times
     the typical device's. A phase's resend wait is a multiple of its typical reply time (the
     time by which half of its messages were answered: server.resend), so the server lets a
-    slow device's instruction wait as much longer before it sends it again (server.resend)."""
+    slow device's instruction wait as much longer before it sends it again."""
     if not devices_:
         return []
     ms = float(np.median([d.example_ms for d in devices_]))
