@@ -18,8 +18,9 @@ statistics, NumPy's default), rounded to four significant digits.
     python -m experiments.device_tables print --ai-benchmark FILE --bandwidth DIR
     python -m experiments.device_tables check --ai-benchmark FILE --bandwidth DIR
 
-`print` writes the tables as Python; `check` compares them with pollen.core.device_data and
-exits 1 naming the first table that differs.
+`print` writes the tables as pollen.core.device_data holds them (its docstrings aside);
+`check` compares them with pollen.core.device_data and exits 1 naming the first table that
+differs.
 """
 
 from __future__ import annotations
@@ -95,9 +96,20 @@ def differences(
     return [name for name in names if derived.get(name) != kept.get(name)]
 
 
-def render(name: str, table: Sequence[float]) -> str:
+def _rows(table: Sequence[float], indent: str) -> str:
     rows = [", ".join(f"{v:g}" for v in table[i : i + 10]) for i in range(0, len(table), 10)]
-    return f"{name} = (\n" + "".join(f"    {row},\n" for row in rows) + ")"
+    return "".join(f"{indent}{row},\n" for row in rows)
+
+
+def render(derived: dict[str, tuple[float, ...]]) -> str:
+    """The tables as pollen.core.device_data writes them (its docstrings aside)."""
+    text = "PHONE_CPU_SCORES: tuple[float, ...] = (\n"
+    text += _rows(derived["PHONE_CPU_SCORES"], "    ") + ")\n"
+    text += "BANDWIDTH_MBPS: dict[str, tuple[float, ...]] = {\n"
+    for network in NETWORK_FILES:
+        table = derived[f"BANDWIDTH_MBPS[{network!r}]"]
+        text += f'    "{network}": (\n' + _rows(table, "        ") + "    ),\n"
+    return text + "}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,8 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"device_tables: cannot read the sources: {exc.__class__.__name__}: {exc}")
         return 2
     if args.command == "print":
-        for name, table in derived.items():
-            print(render(name, table))
+        print(render(derived))
         return 0
     different = differences(derived, committed())
     if different:
