@@ -154,8 +154,13 @@ class Phase:
         fold: Fold | None = None,
         record_clients: bool = True,
         target: int | None = None,
+        enough: Callable[[set[int]], bool] | None = None,
     ) -> None:
         self.host = host
+        self.enough = enough
+        """With a `target`: whether the clients of the first `target` replies suffice (a secure
+        sum's masked stage: every neighbourhood keeps its threshold); while they do not, the
+        phase keeps the next replies in order of arrival too."""
         self.record_clients = record_clients and not hello
         self.message_type = message_type
         self.payloads = payloads
@@ -230,7 +235,7 @@ class Phase:
                 break
             if host.clock() >= deadline:
                 break
-            if self.paced and not self.virtual and len(self.arrivals) >= self.target:
+            if self.paced and not self.virtual and self._has_enough():
                 break  # the phase has the replies it wants: the others are late
             if self._send_again():
                 break  # every node left was asked repeat + 1 times: greeted again later
@@ -359,15 +364,25 @@ class Phase:
         self.arrivals[key] = value
         return None
 
+    def _has_enough(self) -> bool:
+        """Whether the valid replies so far are all the phase wants (`target`, and `enough` of
+        the first `target` of them and those after them)."""
+        if len(self.arrivals) < self.target:
+            return False
+        return self.enough is None or self.enough(set(self.arrivals))
+
     def _close(self) -> None:
         """Which valid replies the phase keeps: those that arrived by the deadline, the first
         `target` of them in order of arrival (ties: lower client id first); the others, and
         the clients whose replies had not come, are late (class docstring)."""
         limit = self.deadline if self.deadline > 0 else math.inf
         order = sorted(self.arrivals.items(), key=lambda item: (item[1], item[0]))
-        kept = [k for k, t in order if t <= limit][: self.target]
+        within = [k for k, t in order if t <= limit]
+        kept = within[: self.target]
+        while self.enough is not None and len(kept) < len(within) and not self.enough(set(kept)):
+            kept.append(within[len(kept)])  # (a secure sum's neighbourhoods need more)
         keep = set(kept)
-        if len(kept) == self.target and kept:
+        if len(kept) >= self.target and kept:
             closed = self.arrivals[kept[-1]]
         elif self.deadline > 0:
             closed = self.deadline
@@ -378,7 +393,7 @@ class Phase:
         self.closed_at = closed
         why = (
             f"late: the phase closed with the {self.target} valid replies it wanted"
-            if len(kept) == self.target
+            if len(kept) >= self.target
             else f"late: no valid reply within the deadline ({self.deadline:g} s)"
         )
         late = [k for k in self.arrivals if k not in keep]
@@ -513,7 +528,7 @@ class Phase:
         closed = (
             self.paced
             and not self.virtual
-            and (len(self.arrivals) >= self.target or 0 < self.deadline <= waited < timeout)
+            and (self._has_enough() or 0 < self.deadline <= waited < timeout)
         )
         for mid in self.pending:
             node_id = self.by_message[mid]
