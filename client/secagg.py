@@ -12,6 +12,14 @@ is never taken up with another. In the unmasking it never reveals, for one neigh
 share of its masking key (the neighbour dropped) and that of its self-mask seed (the neighbour
 is in the sum), within one request or across requests, and it answers only with at least t
 clients in its neighbourhood's part of the sum.
+
+It also holds the server to the client's own settings, whatever the server's instructions say:
+a threshold raised for `secagg.collusion`; a sum of at least m = `secagg.fewest()` clients; the
+noise and the clip of its own client-level DP (or FedSC's DP-CalR noise) in every masked input;
+and no two unmasked sums of one input (the same round and phase, or the same vector) over member
+sets that differ by fewer than m clients: a later sum of the same input is over a subset of
+every earlier one, missing at least m of its clients, or over the same set. Otherwise the
+difference of the two sums would be the contribution of the few clients between them.
 """
 
 from __future__ import annotations
@@ -30,11 +38,13 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from client.env import ClientEnv
 from pollen.core import protocol
+from pollen.core.contracts import client_dp
 from pollen.core.contracts import secagg as contract
+from pollen.core.contracts.fedsc import CORRELATION_PHASE, FedSCSettings
 from pollen.core.contracts.secagg import Summing
 from pollen.core.files import atomic_write_bytes
 from pollen.core.protection import SecAggSettings
-from secagg import encoding, graph, keys, masks, noise
+from secagg import encoding, keys, masks, noise
 
 _SESSION = re.compile(r"^(\d{1,9})-[A-Za-z0-9._]{1,64}-[0-9a-f]{16}$")
 KEEP_ROUNDS = 2
@@ -78,6 +88,40 @@ class Sessions:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
+    def no_differencing(
+        self, session: str, st: Mapping[str, Any], members: list[int], fewest: int
+    ) -> None:
+        """SecAggRefused when another session of the same input (its round and phase, or its
+        vector's digest) was unmasked over a member set that `members` is not a subset of, or
+        misses fewer than `fewest` clients of (and is not equal to): the two sums' difference
+        would be the input of fewer clients than a sum may hold. Called under the lock."""
+        now = set(members)
+        for path in sorted(self.dir.glob("*.json")):
+            if path.stem == session:
+                continue
+            try:
+                other = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if "members" not in other:
+                continue
+            same = other.get("input") == st.get("input") or (
+                other.get("input-digest") is not None
+                and other.get("input-digest") == st.get("input-digest")
+            )
+            if not same:
+                continue
+            earlier = set(other["members"])
+            if now == earlier:
+                continue
+            if not now <= earlier or len(earlier - now) < fewest:
+                raise SecAggRefused(
+                    f"secagg: this input was summed in session {path.stem} over other clients; "
+                    f"a sum of it again must leave out {fewest} of them at least, and add none "
+                    "(else the difference of the two sums gives away the input of the few "
+                    "between them)"
+                )
+
     def _forget_old(self, server_round: int) -> None:
         for path in self.dir.glob("*.json"):
             head = path.name.split("-", 1)[0]
@@ -91,8 +135,39 @@ def _session(content: RecordDict) -> tuple[ConfigRecord, str]:
 
 
 def _threshold(env: ClientEnv, k: int) -> int:
-    """t, from the run's setting (never from the message): a server cannot lower it."""
-    return graph.threshold(k, SecAggSettings.of(env.settings).threshold)
+    """t, from the client's settings (never from the message): a server cannot lower it."""
+    try:
+        return SecAggSettings.of(env.settings).threshold_for(k)
+    except ValueError as exc:
+        raise SecAggRefused(f"secagg: {exc}") from None
+
+
+_MECHANISMS: dict[str, client_dp.Mechanism | None] = {}
+
+
+def _own_mechanism(env: ClientEnv) -> client_dp.Mechanism | None:
+    """The client's own client-level DP (calibrated once per settings: a target epsilon takes
+    Opacus' accountant)."""
+    key = json.dumps(sorted((k, str(v)) for k, v in env.settings.items()))
+    if key not in _MECHANISMS:
+        _MECHANISMS.clear()
+        _MECHANISMS[key] = client_dp.mechanism(env.settings)
+    return _MECHANISMS[key]
+
+
+def own_floor(env: ClientEnv, phase: str) -> tuple[float, float]:
+    """What the client's own settings require of a masked input of `phase`: the standard
+    deviation of the noise the whole sum must carry, in the values' units (client-level DP's
+    z x l2 clip when its noise is distributed; FedSC's DP-CalR noise for its correlation
+    matrices when shared out in the sum), and the largest l2 clip (0: none required)."""
+    mech = _own_mechanism(env)
+    clip = mech.clip if mech is not None and mech.distributed else 0.0
+    if phase == CORRELATION_PHASE:
+        fedsc = FedSCSettings.of(env.settings)
+        return (fedsc.noise_std if fedsc.noise_at == "sum" else 0.0), clip
+    if mech is None or not mech.distributed:
+        return 0.0, 0.0
+    return mech.noise_multiplier, clip
 
 
 def _reply(content: RecordDict, env: ClientEnv, items: Mapping[str, bytes]) -> RecordDict:
@@ -116,13 +191,27 @@ def advertise(content: RecordDict, env: ClientEnv) -> RecordDict:
     keys and the seed's hash."""
     cfg, session = _session(content)
     neighbours = contract.ids(cfg.get(contract.NEIGHBOURS), "neighbours")
+    cohort = contract.ids(cfg.get(contract.COHORT, []), "cohort")
+    if not _SESSION.match(session):
+        raise SecAggRefused(f"secagg: {session!r} is not a session name")
     if not neighbours or env.cid in neighbours or len(set(neighbours)) != len(neighbours):
         raise SecAggRefused("secagg: a neighbourhood must name other clients, each once")
+    if len(set(cohort)) != len(cohort) or not {env.cid, *neighbours} <= set(cohort):
+        raise SecAggRefused("secagg: the cohort must name every client of the sum once, this "
+                            "client and its neighbours among them")  # fmt: skip
+    fewest = SecAggSettings.of(env.settings).fewest()
+    if len(cohort) < fewest:
+        raise SecAggRefused(
+            f"secagg: a sum of {len(cohort)} clients asked; this client sums with {fewest} at "
+            "least (secagg.min-clients, secagg.collusion)"
+        )
+    _threshold(env, len(neighbours))  # a neighbourhood too small for the collusion: refused
     with Sessions(env).open(session) as st:
-        if "c" in st and st["neighbours"] != sorted(neighbours):
+        if "c" in st and (st["neighbours"], st["cohort"]) != (sorted(neighbours), sorted(cohort)):
             raise SecAggRefused(f"secagg: session {session} was set up with other neighbours")
         if "c" not in st:
             st["neighbours"] = sorted(neighbours)
+            st["cohort"] = sorted(cohort)
             st["c"] = keys.private_bytes(keys.new_private_key()).hex()
             st["s"] = keys.private_bytes(keys.new_private_key()).hex()
             st["b"] = os.urandom(keys.SEED_BYTES).hex()
@@ -208,6 +297,10 @@ def masked(reply: RecordDict, instruction: RecordDict, env: ClientEnv) -> Record
     client's self mask and its pairwise masks with the neighbours whose shares it received."""
     summing = Summing.of(contract.config_of(instruction))
     session = summing.session
+    rnd = protocol.round_of(instruction)
+    phase = str(instruction[protocol.ENVELOPE][protocol.MESSAGE_TYPE])  # type: ignore[index]
+    if not session.startswith(f"{rnd}-{phase}-"):
+        raise SecAggRefused(f"secagg: session {session} is not of round {rnd}, phase {phase}")
     inbox = _incoming(instruction)
     with Sessions(env).open(session) as st:
         if "sealed" not in st:
@@ -228,12 +321,16 @@ def masked(reply: RecordDict, instruction: RecordDict, env: ClientEnv) -> Record
         t = _threshold(env, len(st["neighbours"]))
         if len(received) + 1 < t:
             raise SecAggRefused(f"secagg: shares of {len(received)} neighbours, {t - 1} needed")
+        _hold_to_own_floor(env, phase, summing, len(st["cohort"]))
         st["masked-request"] = request
         st["received"] = received
+        st["input"] = f"{rnd}/{phase}"
         seed = bytes.fromhex(st["b"])
         s = keys.private_key(bytes.fromhex(st["s"]))
         peers = {int(j): bytes.fromhex(st["peers"][j]) for j in received}
-    vector, clipped = _encoded(reply, instruction, summing, env)
+    vector, digest = _encoded(reply, instruction, summing, env)
+    with Sessions(env).open(session) as st:
+        st["input-digest"] = digest
     enc = encoding.Encoding(summing.clip, summing.bits, summing.modulus_bits)
     y = encoding.to_ring(vector, enc).astype(np.uint64)
     y = encoding.add(y, masks.mask(masks.self_key(seed, session), y.size, enc.modulus_bits), enc)
@@ -247,16 +344,43 @@ def masked(reply: RecordDict, instruction: RecordDict, env: ClientEnv) -> Record
     out = RecordDict(
         {n: r for n, r in reply.items() if not isinstance(r, ArrayRecord)}  # metrics, envelope
     )
-    protocol.metrics_of(out)[contract.CLIPPED] = clipped
+    metrics = protocol.metrics_of(out)
+    for name in contract.PROTECTED_METRICS:  # functions of what the sum protects
+        if name in metrics:
+            del metrics[name]
     out[contract.MASKED] = protocol.to_record({contract.Y: y.astype(enc.dtype)})
     return out
 
 
+def _hold_to_own_floor(env: ClientEnv, phase: str, summing: Summing, cohort: int) -> None:
+    """SecAggRefused unless the masked input the server asks for carries at least the noise,
+    and at most the l2 clip, of the client's own settings (`own_floor`): its share of the
+    noise, over the `cohort` clients the keys stage named, reaches the standard deviation the
+    whole sum must carry."""
+    std, clip = own_floor(env, phase)
+    if clip > 0 and not 0 < summing.l2_clip <= clip * (1 + 1e-9):
+        raise SecAggRefused(
+            f"secagg: asked to clip its update to l2 norm {summing.l2_clip:g}; this client's "
+            f"client-dp.clip is {clip:g}"
+        )
+    if std <= 0:
+        return
+    l2 = summing.l2_clip if phase != CORRELATION_PHASE else 1.0
+    scale = 2.0 ** (summing.bits - 1) / summing.clip
+    wanted = (std * l2 * scale) ** 2 / max(cohort, 1)
+    if summing.noise_variance < wanted * (1 - 1e-9):
+        raise SecAggRefused(
+            f"secagg: asked to add noise of variance {summing.noise_variance:.6g} (encoded "
+            f"units); this client's privacy settings need {wanted:.6g} for a sum of {cohort}"
+        )
+
+
 def _encoded(
     reply: RecordDict, instruction: RecordDict, summing: Summing, env: ClientEnv
-) -> tuple[np.ndarray, float]:
+) -> tuple[np.ndarray, str]:
     """This client's contribution, encoded (secagg.encoding), with its share of distributed
-    DP's integer noise; and the share of values its range clipped."""
+    DP's integer noise; and a digest of the vector it encodes (its input, before rounding:
+    `unmask` compares the sums it takes part in by it)."""
     records = summing.records()
     carried = [n for n, r in reply.items() if isinstance(r, ArrayRecord)]
     if sorted(carried) != sorted(records):
@@ -288,11 +412,12 @@ def _encoded(
     rnd = protocol.round_of(instruction)
     phase = str(instruction[protocol.ENVELOPE][protocol.MESSAGE_TYPE])  # type: ignore[index]
     rounding = np.random.default_rng(env.seed(rnd, f"secagg-rounding/{phase}"))
-    encoded, clipped = encoding.encode(vector, encoding.weight_units(weight, enc), enc, rounding)
+    encoded, _ = encoding.encode(vector, encoding.weight_units(weight, enc), enc, rounding)
     if summing.noise_variance > 0:
         private = np.random.default_rng(env.private_seed(rnd, f"secagg-noise/{phase}"))
         encoded[:-1] += noise.skellam(summing.noise_variance, vector.size, private)
-    return encoded, clipped
+    digest = hashlib.sha256(np.ascontiguousarray(vector, np.float64).tobytes()).hexdigest()
+    return encoded, digest
 
 
 # ---- stage 4: unmask ------------------------------------------------------------------------
@@ -304,7 +429,9 @@ def unmask(content: RecordDict, env: ClientEnv) -> RecordDict:
     cfg, session = _session(content)
     survivors = contract.ids(cfg.get(contract.SURVIVORS), "survivors")
     dropped = contract.ids(cfg.get(contract.DROPPED), "dropped")
-    with Sessions(env).open(session, durable=True) as st:
+    members = sorted(contract.ids(cfg.get(contract.SUM, []), "clients of the sum"))
+    sessions = Sessions(env)
+    with sessions.open(session, durable=True) as st:
         if "received" not in st:
             raise SecAggRefused(f"secagg: this client sent no masked input in session {session}")
         held = {int(j) for j in st["received"]} | {env.cid}
@@ -318,6 +445,18 @@ def unmask(content: RecordDict, env: ClientEnv) -> RecordDict:
         t = _threshold(env, len(st["neighbours"]))
         if len(survivors) < t:
             raise SecAggRefused(f"secagg: {len(survivors)} clients in the sum, {t} needed")
+        neighbourhood = {*st["neighbours"], env.cid}
+        if sorted(neighbourhood & set(members)) != sorted(survivors):
+            raise SecAggRefused(
+                "secagg: the clients of the sum and this client's survivors do not agree"
+            )
+        fewest = SecAggSettings.of(env.settings).fewest()
+        if len(members) < fewest or not set(members) <= set(st["cohort"]):
+            raise SecAggRefused(
+                f"secagg: a sum of {len(members)} clients of the cohort; this client sums with "
+                f"{fewest} at least"
+            )
+        sessions.no_differencing(session, st, members, fewest)
         revealed_b = set(st.get("revealed-b", [])) | set(survivors)
         revealed_s = set(st.get("revealed-s", [])) | set(dropped)
         if revealed_b & revealed_s:
@@ -326,6 +465,7 @@ def unmask(content: RecordDict, env: ClientEnv) -> RecordDict:
                 "in this session; refused"
             )
         st["revealed-b"], st["revealed-s"] = sorted(revealed_b), sorted(revealed_s)
+        st["members"] = members
         shares = {str(env.cid): st["own"], **st["received"]}
     items = {f"b/{j}": bytes.fromhex(shares[str(j)]["b"]) for j in survivors}
     items.update({f"s/{j}": bytes.fromhex(shares[str(j)]["s"]) for j in dropped})

@@ -122,6 +122,9 @@ class Engine:
         profile's best (a slow device's instruction is sent again that much later)."""
         self._target: int | None = None
         """The count of valid replies the round's first phase wants (over-selection)."""
+        self._secure_sums: dict[tuple[int, str], list[frozenset[int]]] = {}
+        """The member sets of the round's secure sums, by (round, phase): a later sum of one
+        input differs from them by m clients at least (server.secagg)."""
         self.time = 0.0
         """The run's time when its last round ended (RoundRow.time); a resumed run's starts
         at the checkpoint's."""
@@ -210,7 +213,10 @@ class Engine:
             return Secured({}, {}, 0.0)
         target, self._target = self._target, None
         sizes = {cid: info.num_train for cid, info in self.roster.clients.items()}
-        return SecureSum(
+        key = (self.server_round, message_type)
+        self._secure_sums = {k: v for k, v in self._secure_sums.items() if k[0] == key[0]}
+        earlier = self._secure_sums.setdefault(key, [])
+        secured = SecureSum(
             self,
             message_type,
             payloads,
@@ -220,7 +226,10 @@ class Engine:
             sizes,
             min_replies,
             target,
+            earlier,
         ).run()
+        earlier.append(frozenset(secured.clients))
+        return secured
 
     def require(
         self,

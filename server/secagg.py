@@ -16,9 +16,13 @@ reported. A client lost at any stage is left out of the sum:
 The sum can be unmasked only while every client whose secret is needed keeps t shares among
 the clients that answer the unmasking; when a stage leaves a client's neighbourhood with
 fewer, the client is left out before anything of it is in the sum, and when the clients of
-the sum can no longer be unmasked the phase fails before any share is asked for: nothing is
-revealed. The unmasked sum is checked before the strategy sees it: a weight outside what the
-clients of the sum can carry means a client did not follow the protocol.
+the sum can no longer be unmasked, fall into groups with no neighbours between them, hold fewer
+than m clients or differ from an earlier sum of the same input by fewer than m (`SecAggSettings.
+fewest`), the phase fails before any share is asked for: nothing is revealed. A client lost
+during the unmasking itself can still leave too few shares after others were revealed, each a
+share of one secret of a neighbour, never of both. The unmasked sum is checked before the
+strategy sees it: a weight outside what the clients of the sum can carry means a client did not
+follow the protocol.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ class SecureSum:
         sizes: Mapping[int, int],
         min_replies: int | None = None,
         target: int | None = None,
+        earlier: Collection[frozenset[int]] = (),
     ) -> None:
         self.host = host
         self.message_type = message_type
@@ -74,7 +79,16 @@ class SecureSum:
         stage closes once it has them and the others drop out, as a client lost there does."""
         self.cohort = sorted(payloads)
         self.k = graph.degree(len(self.cohort), settings.degree)
-        self.t = graph.threshold(self.k, settings.threshold)
+        self.fewest = settings.fewest()
+        self.earlier = list(earlier)
+        """The member sets of this round's earlier sums of the same phase (its input)."""
+        try:
+            self.t = settings.threshold_for(self.k)
+        except ValueError as exc:
+            raise PhaseFailed(
+                f"round {host.server_round}, phase {message_type}: secure aggregation over "
+                f"{len(self.cohort)} clients: {exc}"
+            ) from None
         self.neighbours = graph.neighbours(self.cohort, self.k, np.random.default_rng())
         self.session = f"{host.server_round}-{message_type}-{os.urandom(8).hex()}"
         self.layout = contract.layout_of(summed.records)
@@ -94,11 +108,34 @@ class SecureSum:
                 f"needs 2 clients at least, {len(self.cohort)} asked (a sum of one is that "
                 "client's update)"
             )
+        self._no_differencing("asked", set(self.cohort))
         advertised = self._keys()
         sealed = self._shares(advertised)
         masked, replies = self._masked(sealed)
         total = self._unmask(advertised, sealed, masked, set(replies))
         return self._decoded(total, replies, len(sealed))
+
+    def _no_differencing(self, what: str, members: set[int]) -> None:
+        """PhaseFailed, before any share is revealed, when the sum would hold fewer than m
+        clients, or differ from an earlier sum of the same input by fewer than m clients
+        (client.secagg's rule, which every client enforces too): the difference of the two
+        would give the input of those few away. A later sum of one input is over the same
+        clients, or over a subset that leaves out m of them at least."""
+        if len(members) < self.fewest:
+            raise PhaseFailed(
+                f"round {self.host.server_round}, phase {self.message_type}: secure aggregation "
+                f"{what} {len(members)} clients, fewer than the {self.fewest} a sum may hold "
+                "(secagg.min-clients, secagg.collusion); nothing is revealed"
+            )
+        for earlier in self.earlier:
+            if members == earlier or (members <= earlier and len(earlier - members) >= self.fewest):
+                continue
+            raise PhaseFailed(
+                f"round {self.host.server_round}, phase {self.message_type}: secure aggregation "
+                f"{what} a set of clients that differs from an earlier sum of the same input by "
+                f"fewer than {self.fewest} clients, or adds some; the difference of the two sums "
+                "would give their input away, so this sum is not unmasked"
+            )
 
     def _stage(
         self,
@@ -108,6 +145,7 @@ class SecureSum:
         record_clients: bool = False,
         fold: Callable[[int, RecordDict], None] | None = None,
         target: int | None = None,
+        enough: Callable[[set[int]], bool] | None = None,
     ) -> dict[int, RecordDict]:
         answered, failures = Phase(
             self.host,
@@ -117,6 +155,7 @@ class SecureSum:
             record_clients=record_clients,
             fold=fold,
             target=target,
+            enough=enough,
         ).run()
         self.failures.update(failures)
         return {r.key: r.content for r in answered}
@@ -175,7 +214,10 @@ class SecureSum:
     # ---- stage 1: keys ------------------------------------------------------------------
     def _keys(self) -> dict[int, Advertised]:
         payloads = {
-            c: self._instruction(contract.KEYS, {contract.NEIGHBOURS: sorted(self.neighbours[c])})
+            c: self._instruction(
+                contract.KEYS,
+                {contract.NEIGHBOURS: sorted(self.neighbours[c]), contract.COHORT: self.cohort},
+            )
             for c in self.cohort
         }
         out: dict[int, Advertised] = {}
@@ -275,12 +317,29 @@ class SecureSum:
             v = protocol.arrays_of(content, contract.MASKED, copy=False)[contract.Y]
             total = encoding.add(total, v, self.enc)
 
+        def enough(in_sum: set[int]) -> bool:
+            """Over-selection closes the stage at `target` replies only where the sum can be
+            unmasked: every secret to rebuild keeps t holders in it."""
+            return all(
+                len((self.neighbours[j] | {j}) & in_sum) >= self.t
+                for j in self._to_rebuild(alive, in_sum)
+            )
+
         replies = self._stage(
             self.message_type, payloads, validate, record_clients=True, fold=fold,
-            target=self.target,
+            target=self.target, enough=enough,
         )  # fmt: skip
         in_sum = set(replies)
         self._require("masked", in_sum)
+        self._no_differencing("would sum", in_sum)
+        parts = graph.components(self.neighbours, in_sum)
+        if len(parts) > 1:
+            raise PhaseFailed(
+                f"round {self.host.server_round}, phase {self.message_type}: the clients of the "
+                f"sum fall into {len(parts)} groups with no neighbours between them, whose sums "
+                "the unmasking would give one by one; the sum is not unmasked and nothing of it "
+                "is revealed"
+            )
         # every secret to rebuild needs t shares among the clients in the sum: else stop now,
         # before any share is asked for
         for j in sorted(self._to_rebuild(alive, in_sum)):
@@ -333,6 +392,7 @@ class SecureSum:
                 {
                     contract.SURVIVORS: sorted((self.neighbours[c] | {c}) & in_sum),
                     contract.DROPPED: sorted(self.neighbours[c] & dropped),
+                    contract.SUM: sorted(in_sum),
                 },
             )
             for c in sorted(in_sum)

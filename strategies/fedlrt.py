@@ -51,8 +51,8 @@ phase's updates of S̃ and the dense parameters around the point every client st
 server no longer sees: it sends G itself (`mean-grads`) and each client, which kept its G_c
 (`own-correction`), corrects by the difference. A client lost after the basis phase leaves
 the sums over different clients; the round then starts again from the basis phase with the
-clients still in every sum (their gradients at the same point, asked again), as the plain
-round restarts with the clients that answered.
+clients still in every sum less m more (`SecAggSettings.fewest`): the same gradients summed
+over the clients less the lost one alone would give the server that client's gradient.
 """
 
 from __future__ import annotations
@@ -86,6 +86,7 @@ from pollen.core.contracts.fedlrt import (
     START,
     FeDLRTSettings,
 )
+from pollen.core.protection import resummed
 from pollen.core.runmodel import run_model
 from pollen.core.settings import Scalar
 from strategies.aggregate import (
@@ -313,15 +314,16 @@ class FeDLRT(Strategy):
         return metrics
 
     def _secure_round(self, fed: Federation, config: dict[str, Scalar]) -> dict[str, float]:
-        """A round under secure aggregation (module docstring): each phase a secure sum over
-        the same clients, the round started again from the basis phase with the clients still
-        in every sum when one is lost."""
+        """A round under secure aggregation (module docstring): each phase a secure sum over the
+        same clients; one lost, the round starts again with the others in every sum less m."""
         rnd = fed.server_round
         config = {**config, contract.OWN_CORRECTION: True}
         members = [c.cid for c in fed.sample()]
         down = {protocol.ARRAYS: protocol.to_record(self.global_arrays())}
         restarts = 0
         while True:
+            if restarts:  # the clients left less m more (module docstring)
+                members = resummed(self.settings, members, (self.run.seed, rnd, restarts))
             basis = self._secure_phase(
                 fed, self.basis_phase, config, members, {GRADS: self._basis_grads()}, down
             )

@@ -6,10 +6,13 @@ registry entry says which it takes."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from pollen.core.settings import SettingsError, SettingsGroup, setting
+import numpy as np
+
+from pollen.core.settings import Scalar, SettingsError, SettingsGroup, setting
 from robust.attacks import KINDS
 from robust.rules import RULES
 
@@ -184,6 +187,43 @@ class SecAggSettings(SettingsGroup):
         minimum=0.5,
         maximum=1.0,
     )
+    collusion: int = setting(
+        0,
+        "secure aggregation: clients of one sum that may collude with the server (c): the "
+        "threshold t is raised until 2t > k + 1 + c, so that no split view gathers both of an "
+        "honest client's secrets, and no sum, nor the difference of two sums of one input, "
+        "holds fewer than c + 2 clients; docs/security.md#threat-model",
+        minimum=0,
+    )
+    min_clients: int = setting(
+        0,
+        "secure aggregation: the fewest clients a secure sum may hold, and the fewest by which "
+        "a later sum of the same input may differ from an earlier one; each client refuses to "
+        "unmask otherwise; 0: collusion + 2",
+        minimum=0,
+    )
+
+    def fewest(self) -> int:
+        """m: the fewest clients of a sum, and of the difference of two sums of one input."""
+        return max(self.min_clients, self.collusion + 2)
+
+    def threshold_for(self, k: int) -> int:
+        """t for neighbourhoods of k + 1 (secagg.graph.threshold with the collusion)."""
+        from secagg import graph  # lazy: the secagg package imports its cryptography
+
+        return graph.threshold(k, self.threshold, self.collusion)
+
+
+def resummed(
+    settings: Mapping[str, Scalar], clients: Sequence[int], seed: Sequence[int]
+) -> list[int]:
+    """The clients of a later sum of an input already summed over `clients` (a restart):
+    `clients` less m (SecAggSettings.fewest) drawn from `seed`, so that the two sums differ by
+    a sum of m clients, never by the input of fewer (docs/security.md)."""
+    from secagg import graph  # lazy: the secagg package imports its cryptography
+
+    rng = np.random.default_rng([*seed, 0x5EC])
+    return graph.fewer(clients, SecAggSettings.of(settings).fewest(), rng)
 
 
 ROBUST_RULES = RULES

@@ -360,8 +360,20 @@ def _check_secagg(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
             "two clients at least (a sum of one is that client's update); raise "
             "fraction-train or num-clients"
         )
+    s = SecAggSettings.of(cfg)
+    if expected < s.fewest():
+        raise SettingsError(
+            f"secagg.enabled=true with {expected:g} clients a round: each client sums with "
+            f"{s.fewest()} at least (secagg.min-clients, at least secagg.collusion + 2); raise "
+            "fraction-train or num-clients"
+        )
     from pollen.core.contracts import secagg  # lazy: the secagg package's encoding
+    from secagg import graph  # lazy: as above
 
+    try:
+        s.threshold_for(graph.degree(max(int(expected), 2), s.degree))
+    except ValueError as exc:
+        raise SettingsError(f"secagg.collusion={s.collusion}: {exc}") from None
     secagg.modulus_bits(cfg)
 
 

@@ -33,6 +33,8 @@ def _instruction(
     stage: str, config: dict[str, Any], items: dict[str, bytes] | None = None
 ) -> RecordDict:
     content = protocol.instruction(1, stage)
+    if stage == contract.UNMASK and contract.SUM not in config:
+        config = {**config, contract.SUM: config[contract.SURVIVORS]}  # neighbourhoods: all
     content[contract.CONFIG] = ConfigRecord({contract.SESSION: SESSION, **config})
     if items is not None:
         content[contract.BYTES] = protocol.to_record(contract.to_bytes_record(items))
@@ -46,7 +48,8 @@ def _items(reply: RecordDict) -> dict[str, bytes]:
 def _keys(envs: dict[int, ClientEnv]) -> dict[int, dict[str, bytes]]:
     return {
         c: _items(secagg.advertise(
-            _instruction(contract.KEYS, {contract.NEIGHBOURS: [j for j in CLIENTS if j != c]}),
+            _instruction(contract.KEYS, {contract.NEIGHBOURS: [j for j in CLIENTS if j != c],
+                                         contract.COHORT: list(CLIENTS)}),
             env,
         ))
         for c, env in envs.items()
@@ -159,7 +162,8 @@ def test_keys_and_shares_are_answered_alike_and_refused_when_asked_differently(
     pk = _keys(envs)
     assert _keys(envs) == pk  # a resent keys request: the same keys
     with pytest.raises(secagg.SecAggRefused, match="other neighbours"):
-        secagg.advertise(_instruction(contract.KEYS, {contract.NEIGHBOURS: [1]}), envs[0])
+        cfg = {contract.NEIGHBOURS: [1], contract.COHORT: list(CLIENTS)}
+        secagg.advertise(_instruction(contract.KEYS, cfg), envs[0])
     public = _public(pk)
     first = _items(secagg.share(_instruction(contract.SHARES, {}, public), envs[0]))
     again = _items(secagg.share(_instruction(contract.SHARES, {}, public), envs[0]))

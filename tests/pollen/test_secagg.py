@@ -58,6 +58,9 @@ def test_each_algorithm_takes_secure_aggregation_or_says_why_not() -> None:
             },
             "with 1 clients a round",
         ),
+        ({"num-clients": 3, "secagg.collusion": 2}, "each client sums with 4 at least"),
+        ({"num-clients": 20, "secagg.degree": 4, "secagg.collusion": 5},
+         "collusion=5: .* neighbourhood of 5 needs a threshold of 6 shares"),
         ({"num-clients": 1000, "secagg.modulus-bits": 30}, "could wrap modulo 2\\^30; give at"),
         ({"num-clients": 100000, "secagg.bits": 48}, "above 64; lower secagg.bits"),
         ({"algorithm": "fedsc", "fedsc.noise-at": "sum", "fedsc.noise-std": 0.1,
@@ -80,6 +83,7 @@ def test_what_it_can_honour_starts() -> None:
     resolve({**ON, "client-dp.noise-multiplier": 1.0, "client-dp.noise-at": "client"})
     resolve({**ON, "dp.noise-multiplier": 1.0})  # DP-SGD is the clients' own
     resolve({**ON, "num-clients": 1000, "secagg.modulus-bits": 32})
+    resolve({**ON, "num-clients": 20, "secagg.collusion": 3})  # t = 13 of 21 (k = 20)
     resolve({**ON, "algorithm": "fedsc", "fedsc.noise-at": "sum", "fedsc.noise-std": 0.1})
 
 

@@ -90,6 +90,7 @@ def _run(
     clients: int = 5,
     faults: Iterable[Any] = (),
     settings: Mapping[str, Any] | None = None,
+    errors_as_replies: bool = False,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     spec = ALGORITHMS[algorithm]
     cfg = settings_of({
@@ -99,6 +100,7 @@ def _run(
     })  # fmt: skip
     grid = RecordingGrid(record, client_app, clients, cfg)
     grid.faults.extend(faults)
+    grid.errors_as_replies = errors_as_replies  # a client's refusal: its error reply
     clock = FakeClock()
     engine = RecordingEngine(grid, cfg, strategy_class(spec)(cfg), ResultsWriter(cfg["out-dir"]),
                              clock=clock, sleep=clock.sleep)  # fmt: skip
@@ -118,8 +120,8 @@ def _check_sums(record: Record, cfg: Mapping[str, Any]) -> int:
     for index, (_, phase, payloads, summed, secured) in enumerate(record.sums):
         clients = secured.clients
         replies = {c: record.clear[(index, c)] for c in clients}
-        for reply in secured.replies.values():  # nothing was clipped: the bound is the rounding's
-            assert protocol.metrics_of(reply)[contract.CLIPPED] == 0.0
+        for reply in secured.replies.values():  # no metric of what the sum hides
+            assert not set(contract.PROTECTED_METRICS) & set(protocol.metrics_of(reply))
         oracle = exact_sum(payloads, replies, summed, secured.weights)
         scale = max(secured.weights.values()) if summed.weighted else 1.0
         step = (summed.clip or secagg.clip) / 2 ** (secagg.bits - 1)
@@ -395,23 +397,95 @@ def test_every_algorithm_s_secure_round_ends_where_its_plain_round_does(
     assert moved > 0  # the round changed the state: the comparison is not of two initial states
 
 
-def test_fedlrt_starts_its_round_again_with_the_clients_left_in_every_sum(
-    run_config: dict[str, Any], record: Record
+def _no_two_sums_differ_by_few(record: Record, fewest: int) -> None:
+    """Of every two sums of one phase in a round, the later is over the earlier's clients or a
+    subset missing `fewest` of them at least: no difference is the input of fewer clients."""
+    by_phase: dict[tuple[int, str], list[set[int]]] = {}
+    for rnd, phase, _, _, secured in record.sums:
+        by_phase.setdefault((rnd, phase), []).append(set(secured.clients))
+    for sets in by_phase.values():
+        for i, earlier in enumerate(sets):
+            for later in sets[i + 1 :]:
+                assert later == earlier or (later <= earlier and len(earlier - later) >= fewest)
+
+
+@pytest.mark.parametrize("lost_in", ["query.fedlrt_coef_grad", "train.fedlrt_coef"])
+def test_fedlrt_starts_its_round_again_without_a_sum_that_differs_by_one_client(
+    run_config: dict[str, Any], record: Record, lost_in: str
 ) -> None:
-    """A client lost in the train phase leaves the corrections of the others built from a
-    mean over it: the round starts again from the basis phase with the clients in the train
-    phase's sum, as the plain round restarts with the clients that answered."""
-    train = "train.fedlrt_coef"
-    summary, cfg = _run(run_config, record, "fedlrt", clients=4,
-                        faults=[_drop(train, {1})], settings={"phase-timeout": 5.0})  # fmt: skip
+    """A client lost after the basis phase leaves the corrections of the others built from a
+    mean over it: the round starts again from the basis phase with the clients still in every
+    sum less m = 2 more (drawn from the run's seed), since the basis gradients are the same
+    input in both starts: the difference of two sums of them is never one client's."""
+    summary, cfg = _run(run_config, record, "fedlrt", clients=7,
+                        faults=[_drop(lost_in, {1})], settings={"phase-timeout": 5.0})  # fmt: skip
     assert summary["status"] == "completed", summary.get("reason")
     row = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")[0]
     assert row["train"]["restarts"] == 1.0
     phases = [p for _, p, *_ in record.sums]
-    assert phases == ["query.fedlrt_basis", "query.fedlrt_coef_grad", train] * 2
-    clients = [sorted(s.clients) for *_, s in record.sums]
-    assert clients[:2] == [[0, 1, 2, 3]] * 2 and clients[2:] == [[0, 2, 3]] * 4
-    assert _check_sums(record, cfg) == 6
+    first = phases.index(lost_in) + 1
+    assert phases[first:] == ["query.fedlrt_basis", "query.fedlrt_coef_grad", "train.fedlrt_coef"]
+    clients = [set(s.clients) for *_, s in record.sums]
+    assert clients[0] == set(range(7)) and 1 not in clients[first - 1]
+    assert clients[first] < clients[first - 1] and len(clients[first - 1] - clients[first]) == 2
+    _no_two_sums_differ_by_few(record, 2)
+    assert _check_sums(record, cfg) == len(record.sums)
+
+
+def _basis_difference(record: Record) -> tuple[np.ndarray, np.ndarray]:
+    """The difference of the round's two sums of basis gradients, and the weighted gradient of
+    the one client between them (its clear reply, as it encoded its weight)."""
+    basis = [(i, s) for i, (_, p, _, _, s) in enumerate(record.sums) if p == "query.fedlrt_basis"]
+    (i, first), (_, second) = basis[:2]
+    (lost,) = set(first.clients) - set(second.clients)
+    grads = "grads"
+    diff = np.concatenate([
+        (first.sums[grads][k] - second.sums[grads][k]).ravel() for k in sorted(first.sums[grads])
+    ])  # fmt: skip
+    clear = protocol.arrays_of(record.clear[(i, lost)], grads)
+    own = np.concatenate([
+        np.asarray(clear[k], np.float64).ravel() * first.weights[lost]
+        for k in sorted(first.sums[grads])
+    ])  # fmt: skip
+    return diff, own
+
+
+def test_fedlrt_s_restart_would_give_the_lost_client_s_gradient_without_the_defence(
+    run_config: dict[str, Any], record: Record, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attack the defence stops: restarted over the clients less the lost one alone, with
+    the server's and the clients' checks off, the two basis sums differ by exactly the lost
+    client's weighted gradient (to the encoding's rounding). With the checks on, that restart
+    is refused by the server and, the server's check off too, by the clients."""
+    from strategies import fedlrt
+
+    monkeypatch.setattr(fedlrt, "resummed", lambda settings, clients, seed: list(clients))
+    settings = {"phase-timeout": 5.0}
+    fault = [_drop("train.fedlrt_coef", {1})]
+    summary, _ = _run(run_config, record, "fedlrt", clients=5, faults=fault, settings=settings)
+    assert summary["status"] == "failed"
+    assert "differs from an earlier sum of the same input" in summary["reason"]
+
+    from server.secagg import SecureSum
+
+    monkeypatch.setattr(SecureSum, "_no_differencing", lambda self, what, members: None)
+    again = {**run_config, "out-dir": f"{run_config['out-dir']}-2"}
+    summary, _ = _run(again, record, "fedlrt", clients=5, faults=fault, settings=settings,
+                      errors_as_replies=True)  # fmt: skip
+    assert summary["status"] == "failed"  # every client of the second basis sum refused
+    assert "cannot unmask the sum: 0 shares" in summary["reason"]
+
+    monkeypatch.setattr(client_secagg.Sessions, "no_differencing", lambda *a: None)
+    record.sums.clear()
+    record.clear.clear()
+    undefended = {**run_config, "out-dir": f"{run_config['out-dir']}-3"}
+    summary, cfg = _run(undefended, record, "fedlrt", clients=5, faults=fault, settings=settings)
+    assert summary["status"] == "completed", summary.get("reason")
+    diff, own = _basis_difference(record)
+    step = SecAggSettings.of(cfg).clip / 2 ** (SecAggSettings.of(cfg).bits - 1)
+    scale = max(record.sums[0][4].weights.values())
+    assert np.abs(own).max() > 100 * step * scale  # a gradient, not rounding
+    np.testing.assert_allclose(diff, own, atol=10 * step * scale)
 
 
 DISTRIBUTED = {
@@ -529,3 +603,98 @@ def test_a_sampled_round_sums_its_sample(run_config: dict[str, Any], record: Rec
     keys = [m for m in record.received if m.metadata.message_type == contract.KEYS]
     assert len(keys) == 6
     assert _check_sums(record, cfg) == 2
+
+
+class _InOrder:
+    """A generator whose permutation is the identity: the Harary graph over the clients' ids."""
+
+    def permutation(self, n: int) -> np.ndarray:
+        return np.arange(n)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("check", [True, False])
+def test_survivors_in_two_groups_with_no_neighbours_between_them_are_not_unmasked(
+    run_config: dict[str, Any], record: Record, monkeypatch: pytest.MonkeyPatch, check: bool
+) -> None:
+    """22 clients, k = 10 on a ring in id order; clients 5-9 and 16-20 lost in the masked
+    stage: every neighbourhood keeps its t = 6, but the survivors fall into {10..15} and
+    {21, 0..4}, with no pairwise masks between them, so the unmasking would give each group's
+    sum. The round stops before any share is revealed; with the check off it unmasks."""
+    import server.secagg as server_secagg
+    from secagg import graph
+
+    drawn, components = graph.neighbours, graph.components
+    monkeypatch.setattr(server_secagg.graph, "neighbours",
+                        lambda clients, k, rng: drawn(clients, k, _InOrder()))  # type: ignore[arg-type]  # fmt: skip
+    if not check:
+        monkeypatch.setattr(server_secagg.graph, "components", lambda nb, members: [set(members)])
+    lost = set(range(5, 10)) | set(range(16, 21))
+    settings = {"secagg.degree": 10, "phase-timeout": 5.0, "min-replies": 2}
+    summary, _ = _run(run_config, record, clients=22, faults=[_drop("train", lost)],
+                      settings=settings)  # fmt: skip
+    unmasks = [m for m in record.received if m.metadata.message_type == contract.UNMASK]
+    if check:
+        assert summary["status"] == "failed"
+        assert "fall into 2 groups with no neighbours between them" in summary["reason"]
+        assert unmasks == []  # no share was asked for
+    else:
+        assert summary["status"] == "completed", summary.get("reason")
+        assert len(unmasks) == 12
+        parts = components(drawn(list(range(22)), 10, _InOrder()),  # type: ignore[arg-type]
+                           set(range(22)) - lost)  # fmt: skip
+        assert sorted(map(sorted, parts)) == [[0, 1, 2, 3, 4, 21], list(range(10, 16))]
+
+
+@pytest.mark.parametrize("wait_for_neighbourhoods", [True, False])
+def test_over_selection_closes_the_masked_stage_only_where_the_sum_can_be_unmasked(
+    run_config: dict[str, Any],
+    record: Record,
+    monkeypatch: pytest.MonkeyPatch,
+    wait_for_neighbourhoods: bool,
+) -> None:
+    """10 clients on a ring in id order (k = 4, t = 3), over-selected for 7 replies: the first
+    7 (clients 0-6, all arriving at once, lower ids first) leave dropped client 7's masking key
+    with 2 holders. The stage keeps the next replies until every secret keeps t holders (client
+    7's: 8 in the sum); closed at the first 7 as before, the round would fail."""
+    import server.exchange as exchange
+    import server.secagg as server_secagg
+    from secagg import graph
+
+    drawn = graph.neighbours
+    monkeypatch.setattr(server_secagg.graph, "neighbours",
+                        lambda clients, k, rng: drawn(clients, k, _InOrder()))  # type: ignore[arg-type]  # fmt: skip
+    if not wait_for_neighbourhoods:
+        init = exchange.Phase.__init__
+
+        def closing_at_target(self: Any, *args: Any, **kwargs: Any) -> None:
+            init(self, *args, **{**kwargs, "enough": None})
+
+        monkeypatch.setattr(exchange.Phase, "__init__", closing_at_target)
+    summary, cfg = _run(run_config, record, clients=10, settings={
+        "secagg.degree": 4, "fraction-train": 0.7, "round.over-selection": 0.43,
+    })  # fmt: skip
+    if wait_for_neighbourhoods:
+        assert summary["status"] == "completed", summary.get("reason")
+        ((_, _, payloads, _, secured),) = record.sums
+        assert len(payloads) == 10 and secured.clients == list(range(8))
+        assert _check_sums(record, cfg) == 1
+    else:
+        assert summary["status"] == "failed"
+        assert "client 7's masks with its neighbours needs 3 shares and 2" in summary["reason"]
+
+
+@pytest.mark.slow
+def test_over_selection_with_secure_aggregation_completes_every_round_at_130_clients(
+    run_config: dict[str, Any], record: Record
+) -> None:
+    """The run of `pollen simulate --clients 130 --set fraction-train=0.3 --set
+    round.over-selection=0.3 --set secagg.enabled=true`: closed at its target alone, about one
+    masked stage in seven left a dropped client's neighbourhood short and failed the run."""
+    summary, cfg = _run({**run_config, "num-rounds": 8}, record, clients=130, settings={
+        "num-rounds": 8, "fraction-train": 0.3, "round.over-selection": 0.3,
+    })  # fmt: skip
+    assert summary["status"] == "completed", summary.get("reason")
+    rows = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")
+    assert len(rows) == len(record.sums) == 8
+    assert all(len(s.clients) >= 39 for *_, s in record.sums)  # the target, or more

@@ -52,11 +52,16 @@ Y = "y"
 
 SESSION = "session"
 NEIGHBOURS = "neighbours"
+COHORT = "cohort"
+"""Keys stage: every client asked for the sum (the clients among which noise is shared out)."""
 SURVIVORS = "survivors"
 DROPPED = "dropped"
+SUM = "sum"
+"""Unmask stage: every client whose masked input is in the sum."""
 
-CLIPPED = "secagg-clipped"
-"""Metric of a masked reply: the share of its values the encoding's range clipped."""
+PROTECTED_METRICS = ("control-norm", "pi-entropy")
+"""Reply metrics that are functions of what a client keeps hidden (SCAFFOLD's control variate,
+FedEM's mixture weights): a masked reply leaves them out."""
 
 
 def to_bytes_record(items: Mapping[str, bytes]) -> dict[str, np.ndarray]:

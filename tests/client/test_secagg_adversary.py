@@ -1,0 +1,331 @@
+"""A malicious server against client.secagg: a server half that deviates from the protocol drives
+real clients stage by stage and tries each attack of docs/security.md#threat-model: a split view
+with a colluding client, a second sum of the same input over one client fewer (by a restart, a
+replay in another session, or the same input in another round), zero noise or a larger clip sent
+to clients whose own settings ask for noise, and a sum smaller than the clients accept. Each is
+refused, or gathers fewer shares than rebuild a secret; and each succeeds with the defence that
+stops it turned off, so the defence is what stops it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, RecordDict
+
+from client import secagg
+from client.env import ClientEnv
+from pollen.core import protocol
+from pollen.core.contracts import secagg as contract
+from pollen.core.contracts.secagg import Summing
+from pollen.core.protection import SecAggSettings
+from secagg import encoding, keys, masks
+from tests.fakes import settings_of
+
+ENC = encoding.Encoding(4.0, 16, 24)
+SIZE = 40
+
+
+class MaliciousServer:
+    """Drives the clients `envs` through one session of a secure sum over the complete graph
+    (every client the neighbour of every other), with whatever unmask requests the attack
+    needs."""
+
+    def __init__(self, envs: Mapping[int, ClientEnv], session: str, phase: str = "train") -> None:
+        self.envs = dict(envs)
+        self.cohort = sorted(envs)
+        self.session = session
+        self.phase = phase
+        self.round = int(session.split("-", 1)[0])
+        self.public: dict[int, dict[str, bytes]] = {}
+        self.sealed: dict[int, dict[int, bytes]] = {}
+        self.y: dict[int, np.ndarray] = {}
+
+    def instruction(
+        self, stage: str, config: Mapping[str, Any], items: Mapping[str, bytes] | None = None
+    ) -> RecordDict:
+        content = protocol.instruction(self.round, stage)
+        content[contract.CONFIG] = ConfigRecord({contract.SESSION: self.session, **config})
+        if items is not None:
+            content[contract.BYTES] = protocol.to_record(contract.to_bytes_record(items))
+        return content
+
+    def keys_and_shares(self) -> None:
+        for c, env in self.envs.items():
+            others = [j for j in self.cohort if j != c]
+            cfg = {contract.NEIGHBOURS: others, contract.COHORT: self.cohort}
+            self.public[c] = _items(secagg.advertise(self.instruction(contract.KEYS, cfg), env))
+        public = {f"{side}/{j}": self.public[j][side] for j in self.cohort for side in "cs"}
+        for c, env in self.envs.items():
+            reply = secagg.share(self.instruction(contract.SHARES, {}, public), env)
+            self.sealed[c] = {int(n.split("/")[1]): ct for n, ct in _items(reply).items()}
+
+    def masked(
+        self, values: Mapping[int, np.ndarray], summing: Mapping[str, Any] | None = None
+    ) -> None:
+        """The masked stage with each client's `values` as its reply; `summing`: fields of the
+        Summing record the server sends (noise, clips)."""
+        spec = Summing(self.session, (("arrays", "w", (SIZE,)),), clip=ENC.clip, bits=ENC.bits,
+                       modulus_bits=ENC.modulus_bits, **(summing or {}))  # fmt: skip
+        for c, env in self.envs.items():
+            content = protocol.instruction(self.round, self.phase,
+                                           arrays={"w": np.zeros(SIZE, np.float32)})  # fmt: skip
+            content[contract.CONFIG] = spec.to_config()
+            inbox = {f"from/{j}": self.sealed[j][c] for j in self.cohort if j != c}
+            content[contract.BYTES] = protocol.to_record(contract.to_bytes_record(inbox))
+            reply = protocol.reply(content, c, {protocol.NUM_EXAMPLES: 10},
+                                   arrays={"w": values[c]})  # fmt: skip
+            out = secagg.masked(reply, content, env)
+            self.y[c] = protocol.arrays_of(out, contract.MASKED)[contract.Y]
+
+    def unmask(self, c: int, survivors: list[int], dropped: list[int]) -> dict[str, bytes]:
+        cfg = {contract.SURVIVORS: survivors, contract.DROPPED: dropped, contract.SUM: survivors}
+        return _items(secagg.unmask(self.instruction(contract.UNMASK, cfg), self.envs[c]))
+
+    def held_by(self, c: int) -> dict[str, dict[int, bytes]]:
+        """What a colluding client hands the server: every share it holds, of both secrets."""
+        with secagg.Sessions(self.envs[c]).open(self.session) as st:
+            received = {int(j): v for j, v in st["received"].items()}
+        return {
+            "b": {j: bytes.fromhex(v["b"]) for j, v in received.items()},
+            "s": {j: bytes.fromhex(v["s"]) for j, v in received.items()},
+        }
+
+    def input_of(self, victim: int, seed: bytes, s_key: bytes) -> np.ndarray:
+        """The victim's input from its masked vector, its self-mask seed and its masking key."""
+        y = self.y[victim].astype(np.uint64)
+        y = encoding.subtract(y, masks.mask(masks.self_key(seed, self.session), SIZE + 1,
+                                            ENC.modulus_bits), ENC)  # fmt: skip
+        key = keys.private_key(s_key)
+        for j in self.cohort:
+            if j == victim:
+                continue
+            agreed = keys.agreed_key(key, self.public[j]["s"])
+            pair = masks.mask(masks.pairwise_key(agreed, self.session), SIZE + 1, ENC.modulus_bits)
+            if masks.pairwise_sign(victim, j) > 0:
+                y = encoding.subtract(y, pair, ENC)
+            else:
+                y = encoding.add(y, pair, ENC)
+        values, weight = encoding.decode(y, ENC)
+        assert weight == pytest.approx(1.0)
+        return values
+
+
+def _items(reply: RecordDict) -> dict[str, bytes]:
+    return contract.byte_strings(protocol.arrays_of(reply, contract.BYTES))
+
+
+def _envs(run_config: dict[str, Any], tmp_path: Path, n: int, **extra: Any) -> dict[int, ClientEnv]:
+    settings = settings_of({**run_config, "num-clients": n, "secagg.enabled": True, **extra})
+    cache = Path(str(settings["cache-dir"]))
+    return {c: ClientEnv(c, settings, tmp_path / "state", "run", cache, None) for c in range(n)}
+
+
+def _values(n: int) -> dict[int, np.ndarray]:
+    rng = np.random.default_rng(7)
+    return {c: rng.uniform(-1, 1, SIZE).astype(np.float32) for c in range(n)}
+
+
+SESSION = "1-train-00000000000000aa"
+
+
+# ---- a split view with one colluding client ----------------------------------------------
+def _split_view(envs: dict[int, ClientEnv]) -> tuple[MaliciousServer, dict[str, list[bytes]]]:
+    """5 clients, victim 0, client 4 colluding: clients 1 and 2 are told the victim dropped
+    (they reveal its masking key's share), client 3 and the victim itself that it survived
+    (they reveal its seed's share), and the colluder hands over both of its shares. Each honest
+    client reveals one share of the victim's, as the per-client rule allows."""
+    server = MaliciousServer(envs, SESSION)
+    server.keys_and_shares()
+    values = _values(5)
+    server.masked(values)
+    got: dict[str, list[bytes]] = {"b": [], "s": []}
+    for c in (1, 2):
+        items = server.unmask(c, [1, 2, 3, 4], [0])
+        got["s"].append(items["s/0"])
+    for c in (3, 0):
+        items = server.unmask(c, [0, 1, 2, 3, 4], [])
+        got["b"].append(items["b/0"])
+    colluder = server.held_by(4)
+    got["b"].append(colluder["b"][0])
+    got["s"].append(colluder["s"][0])
+    return server, got
+
+
+def test_a_split_view_with_one_colluder_recovers_the_victim_s_input_at_the_majority_threshold(
+    run_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """The attack with the defence off (secagg.collusion=0: t = 3 of 5, a majority): three
+    shares of each secret reach the server, which unmasks the victim's input alone."""
+    envs = _envs(run_config, tmp_path, 5)
+    assert SecAggSettings.of(envs[0].settings).threshold_for(4) == 3
+    server, got = _split_view(envs)
+    seed, s_key = keys.combine(got["b"][:3]), keys.combine(got["s"][:3])
+    assert keys.seed_hash(SESSION, seed) == server.public[0]["b-hash"]
+    recovered = server.input_of(0, seed, s_key)
+    np.testing.assert_allclose(recovered, _values(5)[0], atol=2 * ENC.step)
+
+
+def test_a_split_view_with_one_colluder_gathers_too_few_shares_with_collusion_1(
+    run_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """secagg.collusion=1 raises t until 2t > k + 1 + c (4 of 5): the same split view gathers
+    three shares of each secret, one too few for either."""
+    envs = _envs(run_config, tmp_path, 5, **{"secagg.collusion": 1})
+    assert SecAggSettings.of(envs[0].settings).threshold_for(4) == 4
+    server, got = _split_view(envs)
+    assert len(got["b"]) == len(got["s"]) == 3
+    seed = keys.combine(got["b"])
+    assert keys.seed_hash(SESSION, seed) != server.public[0]["b-hash"]
+    try:
+        key = keys.private_key(keys.combine(got["s"]))
+    except keys.ShareError:  # not a scalar of the curve at all
+        return
+    assert keys.public_bytes(key) != server.public[0]["s"]
+
+
+def test_the_clients_refuse_a_collusion_their_neighbourhood_cannot_meet(
+    run_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """The run's graph (k = 10 for 20 clients) holds 2t > k + 1 + c for c = 5, but a server
+    that hands a client a neighbourhood of 5 cannot: the client refuses the keys stage (a run
+    set up so is refused before start-up: tests/pollen/test_secagg.py)."""
+    envs = _envs(run_config, tmp_path, 20, **{"secagg.collusion": 5})
+    cfg = {contract.NEIGHBOURS: [1, 2, 3, 4], contract.COHORT: list(range(20))}
+    server = MaliciousServer(envs, SESSION)
+    with pytest.raises(secagg.SecAggRefused, match="needs a threshold of 6 shares"):
+        secagg.advertise(server.instruction(contract.KEYS, cfg), envs[0])
+
+
+# ---- sums smaller than the clients accept --------------------------------------------------
+def test_a_sum_smaller_than_the_client_s_minimum_is_refused(
+    run_config: dict[str, Any], tmp_path: Path
+) -> None:
+    envs = _envs(run_config, tmp_path, 4, **{"secagg.min-clients": 4})
+    server = MaliciousServer(envs, SESSION)
+    server.keys_and_shares()
+    server.masked(_values(4))
+    with pytest.raises(secagg.SecAggRefused, match="a sum of 3 clients"):
+        server.unmask(0, [0, 1, 2], [3])  # 3 declared dropped: a sum of 3
+    assert server.unmask(0, [0, 1, 2, 3], [])  # the whole cohort: answered
+    five = _envs(run_config, tmp_path / "small", 5, **{"secagg.collusion": 1})
+    small = {c: five[c] for c in (0, 1)}  # a cohort of 2 where the clients accept 3
+    with pytest.raises(secagg.SecAggRefused, match=r"a sum of 2 clients asked; .* 3 at least"):
+        MaliciousServer(small, SESSION).keys_and_shares()
+
+
+# ---- differencing: the same input summed again over fewer clients --------------------------
+def _session(rnd: int, phase: str, tag: int) -> str:
+    return f"{rnd}-{phase}-{tag:016x}"
+
+
+def _sum_again(
+    envs: dict[int, ClientEnv], session: str, members: list[int], phase: str = "train"
+) -> None:
+    """A second session with the same values; all of `envs` take part up to the masked stage,
+    then client 0 is asked to unmask a sum over `members`."""
+    server = MaliciousServer(envs, session, phase)
+    server.keys_and_shares()
+    server.masked(_values(len(envs)))
+    server.unmask(0, members, [c for c in server.cohort if c not in members])
+
+
+@pytest.mark.parametrize("again", ["restart", "another round"])
+def test_a_second_sum_of_the_same_input_over_one_client_fewer_is_refused(
+    run_config: dict[str, Any], tmp_path: Path, again: str
+) -> None:
+    """Client 0 took part in a sum over 0-5; the server asks it to unmask a sum of the same
+    input over 0-4 (a restart in the same round and phase, or the same vector in another
+    round): their difference would be client 5's input. Refused; a sum over the same clients,
+    or missing two (m = 2), is answered; one that adds a client is refused."""
+    envs = _envs(run_config, tmp_path, 6)
+    _sum_again(envs, _session(1, "train", 1), list(range(6)))
+    rnd = 1 if again == "restart" else 2
+    with pytest.raises(secagg.SecAggRefused, match="must leave out 2 of them at least"):
+        _sum_again(envs, _session(rnd, "train", 2), [0, 1, 2, 3, 4])
+    _sum_again(envs, _session(rnd, "train", 3), list(range(6)))  # the same set: the same sum
+    _sum_again(envs, _session(rnd, "train", 4), [0, 1, 2, 3])
+    with pytest.raises(secagg.SecAggRefused, match="and add none"):
+        _sum_again(envs, _session(rnd, "train", 5), [0, 1, 2, 3, 4])
+
+
+def test_without_the_client_s_check_two_sums_give_one_client_s_input(
+    run_config: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attack the check stops: with it off, the sums over 0-5 and 0-4 of the same inputs,
+    unmasked with the shares the clients reveal, differ by client 5's input."""
+    monkeypatch.setattr(secagg.Sessions, "no_differencing", lambda *a: None)
+    envs = _envs(run_config, tmp_path, 6)
+    totals = []
+    for tag, members in ((1, list(range(6))), (2, [0, 1, 2, 3, 4])):
+        server = MaliciousServer(envs, _session(1, "train", tag))
+        server.keys_and_shares()
+        server.masked(_values(6))
+        dropped = [c for c in server.cohort if c not in members]
+        shares: dict[str, list[bytes]] = {}
+        for c in members:
+            for name, share in server.unmask(c, members, dropped).items():
+                shares.setdefault(name, []).append(share)
+        total = np.zeros(SIZE + 1, np.uint64)
+        for c in members:
+            total = encoding.add(total, server.y[c], ENC)
+        t = SecAggSettings.of(envs[0].settings).threshold_for(5)
+        for c in members:
+            seed = keys.combine(shares[f"b/{c}"][:t])
+            own = masks.mask(masks.self_key(seed, server.session), SIZE + 1, ENC.modulus_bits)
+            total = encoding.subtract(total, own, ENC)
+        for gone in dropped:
+            key = keys.private_key(keys.combine(shares[f"s/{gone}"][:t]))
+            for i in members:
+                agreed = keys.agreed_key(key, server.public[i]["s"])
+                pair_key = masks.pairwise_key(agreed, server.session)
+                pair = masks.mask(pair_key, SIZE + 1, ENC.modulus_bits)
+                sign = masks.pairwise_sign(i, gone)
+                total = (encoding.subtract if sign > 0 else encoding.add)(total, pair, ENC)
+        totals.append(encoding.decode(total, ENC)[0])
+    np.testing.assert_allclose(totals[0] - totals[1], _values(6)[5], atol=12 * ENC.step)
+
+
+# ---- the clients' own privacy settings --------------------------------------------------------
+DP = {"client-dp.noise-multiplier": 0.5, "client-dp.clip": 1.0, "client-dp.noise-at": "client"}
+
+
+def test_zero_noise_or_a_larger_clip_from_the_server_is_refused(
+    run_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """Clients whose settings ask for distributed noise (z = 0.5 at clip 1) refuse a masked
+    stage with no noise, less than their share over the cohort, or a larger l2 clip; the
+    honest request is answered."""
+    envs = _envs(run_config, tmp_path, 4, **DP)
+    server = MaliciousServer(envs, SESSION)
+    server.keys_and_shares()
+    scale = 2.0 ** (ENC.bits - 1) / ENC.clip
+    share = (0.5 * 1.0 * scale) ** 2 / 4
+    with pytest.raises(secagg.SecAggRefused, match="noise of variance 0"):
+        server.masked(_values(4), {"l2_clip": 1.0, "noise_variance": 0.0})
+    with pytest.raises(secagg.SecAggRefused, match="clip its update to l2 norm 10"):
+        server.masked(_values(4), {"l2_clip": 10.0, "noise_variance": 100 * share})
+    with pytest.raises(secagg.SecAggRefused, match="privacy settings need"):
+        server.masked(_values(4), {"l2_clip": 1.0, "noise_variance": share / 2})
+    server.masked(_values(4), {"l2_clip": 1.0, "noise_variance": share})
+    assert len(server.y) == 4
+
+
+def test_without_the_floor_a_client_sends_its_update_unnoised(
+    run_config: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The attack the floor stops: with the client's own floor off, a server's variance 0 is
+    followed and the masked input carries no noise (unmasked, it is the update itself)."""
+    monkeypatch.setattr(secagg, "own_floor", lambda env, phase: (0.0, 0.0))
+    envs = _envs(run_config, tmp_path, 4, **DP)
+    server = MaliciousServer(envs, SESSION)
+    server.keys_and_shares()
+    values = {c: v * 0.1 for c, v in _values(4).items()}  # within the clip: not scaled
+    server.masked(values, {"l2_clip": 1.0, "noise_variance": 0.0})
+    seed_shares = [server.held_by(c)["b"][0] for c in (1, 2, 3)]
+    s_shares = [server.held_by(c)["s"][0] for c in (1, 2, 3)]
+    recovered = server.input_of(0, keys.combine(seed_shares), keys.combine(s_shares))
+    np.testing.assert_allclose(recovered, values[0], atol=2 * ENC.step)
