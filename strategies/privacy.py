@@ -18,7 +18,8 @@ clients, under secure aggregation) is charged once the round's sum is known (`re
 Skellam mechanism with the noise of the clients in the sum, or, for a round without one, the
 server's own Gaussian noise; beside `client-epsilon` (with the sampling's amplification,
 against readers of the models) the metrics carry `client-epsilon-vs-server` (without it,
-against the server, which knows whom it sampled).
+against the server, which knows whom it sampled, at the replace-one sensitivity 2C that the
+noise on each client is accounted at too: docs/privacy.md#accounting).
 """
 
 from __future__ import annotations
@@ -120,13 +121,20 @@ class PrivacyLedger:
 
     def client_epsilon(self, amplified: bool = True) -> float:
         """Client-level DP's epsilon so far (local noise: the largest over the clients;
-        distributed noise without `amplified`: against the server, every round at rate 1)."""
+        distributed noise without `amplified`: against the server, every round at rate 1 and,
+        as for the noise on each client, with the replace-one sensitivity 2C: the server knows
+        whom it asked, so a neighbouring federation replaces a client's data, where against
+        the readers of the models one adds or removes a client)."""
         mech = self.client_level
         if mech is not None and mech.distributed:
             from models.privacy import distributed_epsilon  # lazy: torch (models), opacus
 
-            server = self.released.get(-1, [])
-            return distributed_epsilon(self.distributed, mech.delta, server, amplified)
+            server, releases = self.released.get(-1, []), self.distributed
+            if not amplified and mech.sensitivity < 2:  # (over-selection's is 2C already)
+                grow = 2.0 / mech.sensitivity
+                releases = [(v, grow * l1, grow * l2, q, n) for v, l1, l2, q, n in releases]
+                server = [(z / grow, q, n) for z, q, n in server]
+            return distributed_epsilon(releases, mech.delta, server, amplified)
         if mech is None or not self.released:
             return 0.0
         from models.privacy import epsilon  # lazy: torch (models), opacus

@@ -80,3 +80,29 @@ def test_a_client_without_examples_spends_nothing() -> None:
     ledger = PrivacyLedger(resolve({"dp.target-epsilon": 1.0}))
     ledger.charge([_client(0, 0)])  # a client without examples takes no step
     assert ledger.epsilon(0) == 0.0 and not math.isinf(ledger.metrics()["epsilon"])
+
+
+def test_against_the_server_distributed_noise_is_accounted_as_the_noise_on_each_client() -> None:
+    """One convention against the server, which knows whom it asked: a neighbouring federation
+    replaces one client's data (sensitivity 2C), for the noise shared out in a secure sum as
+    for the noise on each client; against the readers of the models (sampled, add/remove) C.
+    At the same z and rounds the two epsilons against the server agree (the Skellam noise of
+    these variances is the Gaussian's to 1e-3), and the add/remove figure is well below."""
+    from models.privacy import distributed_epsilon, epsilon
+    from secagg import encoding
+    from strategies.base import Secured
+
+    base = {"num-clients": 10, "fraction-train": 0.5, "client-dp.noise-multiplier": 1.0,
+            "client-dp.clip": 1.0, "client-dp.noise-at": "client"}  # fmt: skip
+    ledger = PrivacyLedger(resolve({**base, "secagg.enabled": True}))
+    enc = encoding.Encoding(1.0, 22, 32)
+    l2 = encoding.rounded_l2_bound(1.0, 100, enc)
+    release = ((1.0 * enc.scale) ** 2, 10 * l2, l2)
+    for _ in range(5):
+        ledger.secured(Secured({}, {}, 1.0, release=release))
+    vs_server = ledger.metrics()["client-epsilon-vs-server"]
+    local = PrivacyLedger(resolve(base)).client_level
+    assert local is not None and local.local
+    assert vs_server == pytest.approx(epsilon([local.ledger_entry(5)], 1e-5), rel=0.01)
+    add_remove = distributed_epsilon([(*release, 1.0, 5)], 1e-5, amplified=False)
+    assert vs_server > 2 * add_remove
