@@ -322,16 +322,19 @@ def test_full_rank_fedlrt_is_fedlin_with_full_correction_and_fedavg_without(
     want = dense.dense if isinstance(dense, FedLin) else dense.weights
     start = FedAvgFromFactors(dense_cfg)
     start.initialize(int(dense_cfg["seed"]))
-    moved = max(np.abs(want[k] - v).max() for k, v in start.weights.items())
-    worst = max(np.abs(got[k] - want[k].astype(np.float64)).max() for k in want)
-    print(f"{var_cor} vs {dense_algorithm}: max |diff| {worst:.1e}, weights moved {moved:.1e}")
+    moved = np.sqrt(sum(np.sum((want[k] - v) ** 2) for k, v in start.weights.items()))
+    gap = np.sqrt(sum(np.sum((got[k] - want[k].astype(np.float64)) ** 2) for k in want))
+    print(f"{var_cor} vs {dense_algorithm}: |diff| {gap:.1e}, weights moved {moved:.1e}")
     if equal:
-        # float32 on the wire and in the client, summed in another order: 2e-7 here; a ReLU
-        # whose input sits within rounding of 0 for one example may flip in one run and not in
-        # the other, which has cost up to 2e-5 (seen with other corrections)
-        assert worst < 1e-3 * moved
+        # (Frobenius norms over every weight.) float32 on the wire and in the client, summed
+        # in another order: 1.5e-6 of the step with torch's default kernels; with the vector
+        # kernels of one AVX-512 machine (its AVX2 ones too) a ReLU whose input sits within
+        # rounding of 0 for an example flips in one run and not in the other, which moved the
+        # full correction by 2.5e-3 of the step (7e-4 on one weight); the simplified
+        # correction differs by 0.16 of it
+        assert gap < 2e-2 * moved
     else:
-        assert worst > 5e-2 * moved
+        assert gap > 5e-2 * moved
 
 
 def test_identical_client_data_makes_the_corrections_vanish(
