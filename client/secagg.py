@@ -215,18 +215,16 @@ def advertise(content: RecordDict, env: ClientEnv) -> RecordDict:
             st["c"] = keys.private_bytes(keys.new_private_key()).hex()
             st["s"] = keys.private_bytes(keys.new_private_key()).hex()
             st["b"] = os.urandom(keys.SEED_BYTES).hex()
+            st["v"] = keys.signing_private_bytes(keys.new_signing_key()).hex()
         seed = bytes.fromhex(st["b"])
         c = keys.private_key(bytes.fromhex(st["c"]))
         s = keys.private_key(bytes.fromhex(st["s"]))
-    return _reply(
-        content,
-        env,
-        {
-            "c": keys.public_bytes(c),
-            "s": keys.public_bytes(s),
-            "b-hash": keys.seed_hash(session, seed),
-        },
-    )
+        v = keys.signing_key(bytes.fromhex(st["v"]))
+    items = {"c": keys.public_bytes(c), "s": keys.public_bytes(s)}
+    items["b-hash"] = keys.seed_hash(session, seed)
+    if SecAggSettings.of(env.settings).consistency:
+        items["v"] = keys.verify_key_bytes(v)
+    return _reply(content, env, items)
 
 
 # ---- stage 2: shares --------------------------------------------------------------------
@@ -247,8 +245,11 @@ def share(content: RecordDict, env: ClientEnv) -> RecordDict:
             return _reply(content, env, {f"to/{j}": ct for j, ct in sorted(sealed.items())})
         neighbourhood = sorted([*st["neighbours"], env.cid])
         t = _threshold(env, len(st["neighbours"]))
-        if set(public) != {f"{side}/{j}" for j in group for side in ("c", "s")}:
-            raise SecAggRefused("secagg: the forwarded keys are not a c and an s key per client")
+        sides = ("c", "s", "v") if SecAggSettings.of(env.settings).consistency else ("c", "s")
+        if set(public) != {f"{side}/{j}" for j in group for side in sides}:
+            raise SecAggRefused(
+                f"secagg: the forwarded keys are not a {', '.join(sides)} key per client"
+            )
         if not set(group) <= set(neighbourhood) or env.cid not in group:
             raise SecAggRefused("secagg: keys forwarded for clients outside the neighbourhood")
         if len(group) < t:
@@ -281,6 +282,11 @@ def share(content: RecordDict, env: ClientEnv) -> RecordDict:
                 "own": {"b": b_shares[me].hex(), "s": s_shares[me].hex()},
                 "peers": {str(j): public[f"s/{j}"].hex() for j in group if j != env.cid},
                 "peer-c": {str(j): public[f"c/{j}"].hex() for j in group if j != env.cid},
+                "peer-v": {
+                    str(j): public[f"v/{j}"].hex()
+                    for j in group
+                    if j != env.cid and f"v/{j}" in public
+                },
             }
         )
     return _reply(content, env, {f"to/{j}": ct for j, ct in sorted(sealed.items())})
@@ -420,6 +426,48 @@ def _encoded(
     return encoded, digest
 
 
+# ---- the consistency round ------------------------------------------------------------------
+def consistency(content: RecordDict, env: ClientEnv) -> RecordDict:
+    """This client's signature on the list of the sum's clients, once per session: a second,
+    different list is refused (the unmasking then needs t signatures on the same list)."""
+    cfg, session = _session(content)
+    members = sorted(contract.ids(cfg.get(contract.SUM, []), "clients of the sum"))
+    with Sessions(env).open(session, durable=True) as st:
+        if "received" not in st:
+            raise SecAggRefused(f"secagg: this client sent no masked input in session {session}")
+        if env.cid not in members or not set(members) <= set(st["cohort"]):
+            raise SecAggRefused("secagg: the sum's list leaves out this client or names others")
+        fewest = SecAggSettings.of(env.settings).fewest()
+        if len(members) < fewest:
+            raise SecAggRefused(
+                f"secagg: a sum of {len(members)} clients of the cohort; this client sums with "
+                f"{fewest} at least"
+            )
+        if st.setdefault("signed", members) != members:
+            raise SecAggRefused(f"secagg: a second, different list of the sum in {session}")
+        key = keys.signing_key(bytes.fromhex(st["v"]))
+    return _reply(content, env, {"sig": keys.sign_members(key, session, members)})
+
+
+def _consistent(
+    st: Mapping[str, Any], session: str, members: list[int], sigs: Mapping[str, bytes], t: int
+) -> None:
+    """SecAggRefused unless this client signed `members` and, with its own, t of its
+    neighbourhood's clients in the sum signed the same list (`sigs`: sig/<id>)."""
+    if st.get("signed") != members:
+        raise SecAggRefused("secagg: the unmasking names a sum this client did not sign")
+    peers = {int(j): bytes.fromhex(v) for j, v in st["peer-v"].items()}
+    valid = 1 + sum(
+        keys.signed_members(peers[j], sigs[f"sig/{j}"], session, members)
+        for j in sorted(set(members) & set(peers))
+        if f"sig/{j}" in sigs
+    )
+    if valid < t:
+        raise SecAggRefused(
+            f"secagg: {valid} of this client's neighbourhood signed the sum's list, {t} needed"
+        )
+
+
 # ---- stage 4: unmask ------------------------------------------------------------------------
 def unmask(content: RecordDict, env: ClientEnv) -> RecordDict:
     """The shares of the self-mask seeds of the neighbours in the sum (this client's own
@@ -457,6 +505,8 @@ def unmask(content: RecordDict, env: ClientEnv) -> RecordDict:
                 f"{fewest} at least"
             )
         sessions.no_differencing(session, st, members, fewest)
+        if SecAggSettings.of(env.settings).consistency:
+            _consistent(st, session, members, _incoming(content), t)
         revealed_b = set(st.get("revealed-b", [])) | set(survivors)
         revealed_s = set(st.get("revealed-s", [])) | set(dropped)
         if revealed_b & revealed_s:
@@ -472,4 +522,9 @@ def unmask(content: RecordDict, env: ClientEnv) -> RecordDict:
     return _reply(content, env, items)
 
 
-HANDLERS = {contract.KEYS: advertise, contract.SHARES: share, contract.UNMASK: unmask}
+HANDLERS = {
+    contract.KEYS: advertise,
+    contract.SHARES: share,
+    contract.CONSISTENCY: consistency,
+    contract.UNMASK: unmask,
+}

@@ -20,8 +20,9 @@ import hashlib
 from dataclasses import dataclass
 
 from Crypto.Protocol.SecretSharing import Shamir
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import (
     decrypt,
     encrypt,
@@ -158,3 +159,45 @@ def unseal(key: bytes, src: int, dst: int, ciphertext: bytes) -> Shares:
             f"shares said to be from client {src} to {dst} are from {actual_src} to {actual_dst}"
         )
     return Shares(b, s)
+
+
+# ---- the consistency round: signatures on the list of the sum's clients ---------------------
+def new_signing_key() -> ed25519.Ed25519PrivateKey:
+    """A fresh Ed25519 signing key (the consistency round: Bonawitz et al., CCS 2017, Sec. 4,
+    the malicious-server variant's ConsistencyCheck)."""
+    return ed25519.Ed25519PrivateKey.generate()
+
+
+def signing_private_bytes(key: ed25519.Ed25519PrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
+
+
+def signing_key(data: bytes) -> ed25519.Ed25519PrivateKey:
+    return ed25519.Ed25519PrivateKey.from_private_bytes(bytes(data))
+
+
+def verify_key_bytes(key: ed25519.Ed25519PrivateKey) -> bytes:
+    """The public key that checks `key`'s signatures, 32 raw bytes."""
+    return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def _members_message(session: str, members: list[int]) -> bytes:
+    return hashlib.sha256(f"{session}/sum/{sorted(members)}".encode()).digest()
+
+
+def sign_members(key: ed25519.Ed25519PrivateKey, session: str, members: list[int]) -> bytes:
+    """A signature on the session's list of the clients in its sum."""
+    return key.sign(_members_message(session, members))
+
+
+def signed_members(public: bytes, signature: bytes, session: str, members: list[int]) -> bool:
+    """Whether `signature` is the holder of `public`'s on this session's list `members`."""
+    try:
+        ed25519.Ed25519PublicKey.from_public_bytes(bytes(public)).verify(
+            bytes(signature), _members_message(session, members)
+        )
+    except (InvalidSignature, ValueError):
+        return False
+    return True

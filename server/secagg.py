@@ -50,6 +50,7 @@ class Advertised:
     c: bytes  # public key that seals the shares sent to it
     s: bytes  # public key that agrees its pairwise masks
     b_hash: bytes  # SHA-256 of the session and its self-mask seed
+    v: bytes = b""  # the key that checks its signature on the sum's list (consistency round)
 
 
 class SecureSum:
@@ -112,7 +113,8 @@ class SecureSum:
         advertised = self._keys()
         sealed = self._shares(advertised)
         masked, replies = self._masked(sealed)
-        total = self._unmask(advertised, sealed, masked, set(replies))
+        signatures = self._consistency(advertised, set(replies))
+        total = self._unmask(advertised, sealed, masked, set(replies), signatures)
         return self._decoded(total, replies, len(sealed))
 
     def _no_differencing(self, what: str, members: set[int]) -> None:
@@ -222,13 +224,15 @@ class SecureSum:
         }
         out: dict[int, Advertised] = {}
 
+        signed = self.settings.consistency
+
         def validate(cid: int, content: RecordDict) -> None:
-            items = _byte_strings(content, {"c", "s", "b-hash"})
+            items = _byte_strings(content, {"c", "s", "b-hash", *(("v",) if signed else ())})
             for name in ("c", "s"):
                 keys.public_key(items[name])
-            if len(items["b-hash"]) != 32:
-                raise InvalidReply("secagg: the seed's hash is not 32 bytes")
-            out[cid] = Advertised(items["c"], items["s"], items["b-hash"])
+            if len(items["b-hash"]) != 32 or (signed and len(items["v"]) != 32):
+                raise InvalidReply("secagg: the seed's hash or the signing key is not 32 bytes")
+            out[cid] = Advertised(items["c"], items["s"], items["b-hash"], items.get("v", b""))
 
         replies = self._stage(contract.KEYS, payloads, validate)
         alive = self._keep(set(replies), "keys")
@@ -251,6 +255,8 @@ class SecureSum:
             group = sorted((self.neighbours[c] | {c}) & alive)
             public = {f"c/{j}": advertised[j].c for j in group}
             public.update({f"s/{j}": advertised[j].s for j in group})
+            if self.settings.consistency:
+                public.update({f"v/{j}": advertised[j].v for j in group})
             payloads[c] = self._instruction(contract.SHARES, {}, public)
         sealed: dict[int, dict[int, bytes]] = {}
 
@@ -373,6 +379,38 @@ class SecureSum:
         over-selection the `target` first arrivals the sum keeps."""
         return clients if self.target is None else min(clients, self.target)
 
+    # ---- the consistency round ----------------------------------------------------------
+    def _consistency(
+        self, advertised: Mapping[int, Advertised], in_sum: set[int]
+    ) -> dict[int, bytes]:
+        """Each client of the sum's signature on its list (secagg.consistency; {} without):
+        every client of the sum must then hold t signatures of its neighbourhood, or the round
+        stops before any share is revealed."""
+        if not self.settings.consistency:
+            return {}
+        members = sorted(in_sum)
+        payloads = {
+            c: self._instruction(contract.CONSISTENCY, {contract.SUM: members}) for c in members
+        }
+        signatures: dict[int, bytes] = {}
+
+        def validate(cid: int, content: RecordDict) -> None:
+            sig = _byte_strings(content, {"sig"})["sig"]
+            if not keys.signed_members(advertised[cid].v, sig, self.session, members):
+                raise InvalidReply("secagg: the signature on the sum's list does not verify")
+            signatures[cid] = sig
+
+        signed = set(self._stage(contract.CONSISTENCY, payloads, validate))
+        for c in members:
+            have = len((self.neighbours[c] | {c}) & signed)
+            if have < self.t:
+                raise PhaseFailed(
+                    f"round {self.host.server_round}, phase {self.message_type}: secure "
+                    f"aggregation's consistency round left client {c} with {have} signatures of "
+                    f"its neighbourhood, {self.t} needed; nothing of the sum is revealed"
+                )
+        return {c: signatures[c] for c in members if c in signed}
+
     # ---- stage 4: unmask ----------------------------------------------------------------
     def _unmask(
         self,
@@ -380,6 +418,7 @@ class SecureSum:
         sealed: Mapping[int, Mapping[int, bytes]],
         total: np.ndarray,
         in_sum: set[int],
+        signatures: Mapping[int, bytes],
     ) -> np.ndarray:
         """The masked sum `total` of the clients `in_sum` without their masks: the shares the
         survivors reveal rebuild the self-mask seeds of the clients in it and the masking keys of
@@ -394,6 +433,9 @@ class SecureSum:
                     contract.DROPPED: sorted(self.neighbours[c] & dropped),
                     contract.SUM: sorted(in_sum),
                 },
+                {f"sig/{j}": signatures[j] for j in sorted(self.neighbours[c]) if j in signatures}
+                if signatures
+                else None,
             )
             for c in sorted(in_sum)
         }

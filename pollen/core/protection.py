@@ -195,6 +195,13 @@ class SecAggSettings(SettingsGroup):
         "holds fewer than c + 2 clients; docs/security.md#threat-model",
         minimum=0,
     )
+    consistency: bool = setting(
+        True,
+        "secure aggregation: a consistency round before the unmasking: every client of the sum "
+        "signs the list of its clients, and a client reveals shares only after t signatures "
+        "on the same list from its neighbourhood (against a server that gives clients "
+        "different lists); one more exchange a secure sum",
+    )
     min_clients: int = setting(
         0,
         "secure aggregation: the fewest clients a secure sum may hold, and the fewest by which "

@@ -24,7 +24,10 @@ CLIENTS = (0, 1, 2)
 
 
 def _envs(run_config: dict[str, Any], tmp_path: Path, **extra: Any) -> dict[int, ClientEnv]:
-    settings = settings_of({**run_config, "secagg.enabled": True, **extra})
+    """Three clients; the consistency round is off here (its own tests are in
+    test_secagg_adversary.py): these drive the other rules alone."""
+    settings = settings_of({**run_config, "secagg.enabled": True, "secagg.consistency": False,
+                            **extra})  # fmt: skip
     cache = Path(str(settings["cache-dir"]))
     return {c: ClientEnv(c, settings, tmp_path / "state", "run", cache, None) for c in CLIENTS}
 

@@ -58,7 +58,8 @@ class MaliciousServer:
             others = [j for j in self.cohort if j != c]
             cfg = {contract.NEIGHBOURS: others, contract.COHORT: self.cohort}
             self.public[c] = _items(secagg.advertise(self.instruction(contract.KEYS, cfg), env))
-        public = {f"{side}/{j}": self.public[j][side] for j in self.cohort for side in "cs"}
+        sides = "csv" if "v" in self.public[self.cohort[0]] else "cs"
+        public = {f"{side}/{j}": self.public[j][side] for j in self.cohort for side in sides}
         for c, env in self.envs.items():
             reply = secagg.share(self.instruction(contract.SHARES, {}, public), env)
             self.sealed[c] = {int(n.split("/")[1]): ct for n, ct in _items(reply).items()}
@@ -81,9 +82,35 @@ class MaliciousServer:
             out = secagg.masked(reply, content, env)
             self.y[c] = protocol.arrays_of(out, contract.MASKED)[contract.Y]
 
-    def unmask(self, c: int, survivors: list[int], dropped: list[int]) -> dict[str, bytes]:
+    def sign(self, c: int, members: list[int]) -> bytes:
+        """Client c's signature on `members` as the sum's list (the consistency round); a
+        colluder's is made with its key, whatever it signed before."""
+        cfg = {contract.SUM: members}
+        return _items(secagg.consistency(self.instruction(contract.CONSISTENCY, cfg),
+                                         self.envs[c]))["sig"]  # fmt: skip
+
+    def forged(self, c: int, members: list[int]) -> bytes:
+        with secagg.Sessions(self.envs[c]).open(self.session) as st:
+            key = keys.signing_key(bytes.fromhex(st["v"]))
+        return keys.sign_members(key, self.session, members)
+
+    def unmask(
+        self,
+        c: int,
+        survivors: list[int],
+        dropped: list[int],
+        sigs: Mapping[int, bytes] | None = None,
+    ) -> dict[str, bytes]:
+        """Client c's answer to the unmasking of a sum of `survivors`; with the consistency
+        round, `sigs` (default: every survivor's own signature on that list, asked now)."""
         cfg = {contract.SURVIVORS: survivors, contract.DROPPED: dropped, contract.SUM: survivors}
-        return _items(secagg.unmask(self.instruction(contract.UNMASK, cfg), self.envs[c]))
+        items = None
+        if "v" in self.public[c]:
+            if sigs is None:
+                sigs = {j: self.sign(j, survivors) for j in survivors}
+            items = {f"sig/{j}": sig for j, sig in sigs.items() if j != c}
+        content = self.instruction(contract.UNMASK, cfg, items)
+        return _items(secagg.unmask(content, self.envs[c]))
 
     def held_by(self, c: int) -> dict[str, dict[int, bytes]]:
         """What a colluding client hands the server: every share it holds, of both secrets."""
@@ -143,12 +170,17 @@ def _split_view(envs: dict[int, ClientEnv]) -> tuple[MaliciousServer, dict[str, 
     values = _values(5)
     server.masked(values)
     got: dict[str, list[bytes]] = {"b": [], "s": []}
-    for c in (1, 2):
-        items = server.unmask(c, [1, 2, 3, 4], [0])
-        got["s"].append(items["s/0"])
-    for c in (3, 0):
-        items = server.unmask(c, [0, 1, 2, 3, 4], [])
-        got["b"].append(items["b/0"])
+    # the consistency round: each group signs its own list, the colluder both
+    gone, alive = [1, 2, 3, 4], [0, 1, 2, 3, 4]
+    on_gone = {1: server.sign(1, gone), 2: server.sign(2, gone), 4: server.forged(4, gone)}
+    on_alive = {0: server.sign(0, alive), 3: server.sign(3, alive), 4: server.forged(4, alive)}
+    asks = [(1, gone, [0], on_gone, "s"), (2, gone, [0], on_gone, "s")]
+    asks += [(3, alive, [], on_alive, "b"), (0, alive, [], on_alive, "b")]
+    for c, told, dropped, sigs, side in asks:
+        try:
+            got[side].append(server.unmask(c, told, dropped, sigs)[f"{side}/0"])
+        except secagg.SecAggRefused:  # too few signatures on its list: nothing revealed
+            continue
     colluder = server.held_by(4)
     got["b"].append(colluder["b"][0])
     got["s"].append(colluder["s"][0])
@@ -172,11 +204,17 @@ def test_a_split_view_with_one_colluder_recovers_the_victim_s_input_at_the_major
 def test_a_split_view_with_one_colluder_gathers_too_few_shares_with_collusion_1(
     run_config: dict[str, Any], tmp_path: Path
 ) -> None:
-    """secagg.collusion=1 raises t until 2t > k + 1 + c (4 of 5): the same split view gathers
-    three shares of each secret, one too few for either."""
+    """secagg.collusion=1 raises t until 2t > k + 1 + c (4 of 5): with the consistency round
+    each group holds three signatures on its list, one too few, and no honest client reveals
+    anything; without it, the same split view gathers three shares of each secret, one too few
+    for either."""
     envs = _envs(run_config, tmp_path, 5, **{"secagg.collusion": 1})
     assert SecAggSettings.of(envs[0].settings).threshold_for(4) == 4
     server, got = _split_view(envs)
+    assert len(got["b"]) == len(got["s"]) == 1  # the colluder's own
+    unsigned = _envs(run_config, tmp_path / "unsigned", 5,
+                     **{"secagg.collusion": 1, "secagg.consistency": False})  # fmt: skip
+    server, got = _split_view(unsigned)
     assert len(got["b"]) == len(got["s"]) == 3
     seed = keys.combine(got["b"])
     assert keys.seed_hash(SESSION, seed) != server.public[0]["b-hash"]
@@ -329,3 +367,36 @@ def test_without_the_floor_a_client_sends_its_update_unnoised(
     s_shares = [server.held_by(c)["s"][0] for c in (1, 2, 3)]
     recovered = server.input_of(0, keys.combine(seed_shares), keys.combine(s_shares))
     np.testing.assert_allclose(recovered, values[0], atol=2 * ENC.step)
+
+
+# ---- the consistency round -------------------------------------------------------------------
+def test_a_client_unmasks_only_a_list_it_signed_with_t_signatures_of_its_neighbourhood(
+    run_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """6 clients (t = 4): client 0 signed the sum's list; told another list, or given fewer
+    than t - 1 valid signatures of others on its list (one forged by the server), it refuses."""
+    envs = _envs(run_config, tmp_path, 6)
+    server = MaliciousServer(envs, SESSION)
+    server.keys_and_shares()
+    server.masked(_values(6))
+    members = list(range(6))
+    sigs = {j: server.sign(j, members) for j in members}
+    with pytest.raises(secagg.SecAggRefused, match="did not sign"):
+        server.unmask(0, [0, 1, 2, 3, 4], [5], {j: sigs[j] for j in range(1, 5)})
+    with pytest.raises(secagg.SecAggRefused, match="a second, different list"):
+        server.sign(0, [0, 1, 2, 3, 4])
+    fake = {1: sigs[1], 2: sigs[2], 3: server.forged(5, [0, 1, 2])}  # 3's is not 3's
+    with pytest.raises(secagg.SecAggRefused, match="3 of this client's neighbourhood signed"):
+        server.unmask(0, members, [], fake)
+    assert server.unmask(0, members, [], {j: sigs[j] for j in (1, 2, 3)})  # t = 4 with its own
+
+
+def test_without_the_consistency_round_a_client_unmasks_a_list_it_never_saw(
+    run_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """The defence off (secagg.consistency=false): the server's list is taken as it comes."""
+    envs = _envs(run_config, tmp_path, 6, **{"secagg.consistency": False})
+    server = MaliciousServer(envs, SESSION)
+    server.keys_and_shares()
+    server.masked(_values(6))
+    assert server.unmask(0, [0, 1, 2, 3], [4, 5])

@@ -253,7 +253,8 @@ def test_server_client_and_run_commands(tmp_path: Path, shared_cache: Path) -> N
         assert done.returncode == 0, done.stdout + done.stderr
         rows = read_jsonl(secure / "metrics.jsonl")
         assert [p["phase"] for p in rows[0]["phases"]] == [
-            "query.secagg_keys", "query.secagg_shares", "train", "query.secagg_unmask"
+            "query.secagg_keys", "query.secagg_shares", "train", "query.secagg_consistency",
+            "query.secagg_unmask",
         ]  # fmt: skip
         assert rows[0]["train"]["clients"] == 2.0
         assert json.loads((secure / "summary.json").read_text())["secure-aggregation"]

@@ -2,8 +2,8 @@
 the clients' (client.secagg): the stages of a secure sum, the records its messages carry, and
 what a client sums (docs/security.md#secure-aggregation).
 
-A secure sum is four exchanges, one SecAgg+ stage each (Bell et al., CCS 2020, Fig. 1; the
-stages of Bonawitz et al., CCS 2017, Sec. 4 over a sparse graph):
+A secure sum is four exchanges (five with the consistency round), one SecAgg+ stage each (Bell
+et al., CCS 2020, Fig. 1; the stages of Bonawitz et al., CCS 2017, Sec. 4 over a sparse graph):
 
   KEYS      advertise keys: each client draws two key pairs and a self-mask seed for the
             session and answers its public keys and a hash of the seed.
@@ -14,9 +14,13 @@ stages of Bonawitz et al., CCS 2017, Sec. 4 over a sparse graph):
             sealed shares addressed to the client and a `secagg-config` record that says what
             it sums: the client runs the phase, then answers, in place of the summed records,
             their encoding plus its self mask and its pairwise masks (`secagg-masked`).
+  CONSISTENCY  (`secagg.consistency`) the clients in the sum get its list and answer their
+            signature on it (each advertised a signing key with its keys, Bonawitz et al.,
+            CCS 2017, Sec. 4: ConsistencyCheck).
   UNMASK    the clients in the sum get the lists of their neighbours who are in it and who
-            dropped out, and answer the shares of the first's seeds and of the second's masking
-            keys, never both for one neighbour.
+            dropped out (and their neighbours' signatures on the sum's list), and answer the
+            shares of the first's seeds and of the second's masking keys, never both for one
+            neighbour (and only after t signatures from their neighbourhood on the same list).
 
 Every stage's records are array bundles (pollen.core.protocol), byte strings as uint8 arrays,
 and a ConfigRecord `secagg-config`.
@@ -38,8 +42,9 @@ from secagg.noise import tail
 
 KEYS = "query.secagg_keys"
 SHARES = "query.secagg_shares"
+CONSISTENCY = "query.secagg_consistency"
 UNMASK = "query.secagg_unmask"
-STAGES = (KEYS, SHARES, UNMASK)
+STAGES = (KEYS, SHARES, CONSISTENCY, UNMASK)
 """The message types of the protocol's own stages (the masked stage is the algorithm's)."""
 
 BYTES = "secagg"
