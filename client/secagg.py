@@ -435,18 +435,25 @@ def consistency(content: RecordDict, env: ClientEnv) -> RecordDict:
     with Sessions(env).open(session, durable=True) as st:
         if "received" not in st:
             raise SecAggRefused(f"secagg: this client sent no masked input in session {session}")
-        if env.cid not in members or not set(members) <= set(st["cohort"]):
-            raise SecAggRefused("secagg: the sum's list leaves out this client or names others")
-        fewest = SecAggSettings.of(env.settings).fewest()
-        if len(members) < fewest:
-            raise SecAggRefused(
-                f"secagg: a sum of {len(members)} clients of the cohort; this client sums with "
-                f"{fewest} at least"
-            )
+        if env.cid not in members:
+            raise SecAggRefused("secagg: the sum's list leaves out this client")
+        _enough_members(env, st, members)
         if st.setdefault("signed", members) != members:
             raise SecAggRefused(f"secagg: a second, different list of the sum in {session}")
         key = keys.signing_key(bytes.fromhex(st["v"]))
     return _reply(content, env, {"sig": keys.sign_members(key, session, members)})
+
+
+def _enough_members(env: ClientEnv, st: Mapping[str, Any], members: list[int]) -> int:
+    """m (SecAggSettings.fewest); SecAggRefused unless `members`, the sum's clients, are m at
+    least, all of the cohort the keys stage named."""
+    fewest = SecAggSettings.of(env.settings).fewest()
+    if len(members) < fewest or not set(members) <= set(st["cohort"]):
+        raise SecAggRefused(
+            f"secagg: a sum of {len(members)} clients of the cohort; this client sums with "
+            f"{fewest} at least"
+        )
+    return fewest
 
 
 def _consistent(
@@ -498,12 +505,7 @@ def unmask(content: RecordDict, env: ClientEnv) -> RecordDict:
             raise SecAggRefused(
                 "secagg: the clients of the sum and this client's survivors do not agree"
             )
-        fewest = SecAggSettings.of(env.settings).fewest()
-        if len(members) < fewest or not set(members) <= set(st["cohort"]):
-            raise SecAggRefused(
-                f"secagg: a sum of {len(members)} clients of the cohort; this client sums with "
-                f"{fewest} at least"
-            )
+        fewest = _enough_members(env, st, members)
         sessions.no_differencing(session, st, members, fewest)
         if SecAggSettings.of(env.settings).consistency:
             _consistent(st, session, members, _incoming(content), t)
