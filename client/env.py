@@ -100,6 +100,12 @@ class ClientEnv:
     """The user's data in place of the run's dataset partition (pollen.flower)."""
     num_partitions: int = 0
     """The node's num-partitions (what `data_fn` is told; 0: the run's num-clients)."""
+    secagg_key: str | None = None
+    """Node config `secagg-key`: the node's authentication key (`pollen client --auth-key`),
+    which signs the keys its clients advertise in secure aggregation."""
+    secagg_peers: str | None = None
+    """Node config `secagg-peers`: a directory of the registered nodes' public keys (`pollen
+    client --peer-keys`): secure aggregation then takes only keys signed by one of them."""
     _extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -134,6 +140,8 @@ class ClientEnv:
             model_fn=model_fn,
             data_fn=data_fn,
             num_partitions=int(node.get("num-partitions", 0) or 0),
+            secagg_key=str(node.get("secagg-key") or "") or None,
+            secagg_peers=str(node.get("secagg-peers") or "") or None,
         )
 
     @property

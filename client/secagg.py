@@ -31,6 +31,7 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,7 +45,7 @@ from pollen.core.contracts.fedsc import CORRELATION_PHASE, FedSCSettings
 from pollen.core.contracts.secagg import Summing
 from pollen.core.files import atomic_write_bytes
 from pollen.core.protection import SecAggSettings
-from secagg import encoding, keys, masks, noise
+from secagg import encoding, graph, keys, masks, noise
 
 _SESSION = re.compile(r"^(\d{1,9})-[A-Za-z0-9._]{1,64}-[0-9a-f]{16}$")
 KEEP_ROUNDS = 2
@@ -142,6 +143,15 @@ def _threshold(env: ClientEnv, k: int) -> int:
         raise SecAggRefused(f"secagg: {exc}") from None
 
 
+def _parameters(env: ClientEnv, clients: int) -> tuple[int, int]:
+    """k and t of a graph of `clients`, from the client's settings (secagg.degree, .threshold,
+    .collusion, .dropout), never from the message."""
+    try:
+        return SecAggSettings.of(env.settings).graph_for(clients)
+    except ValueError as exc:
+        raise SecAggRefused(f"secagg: {exc}") from None
+
+
 _MECHANISMS: dict[str, client_dp.Mechanism | None] = {}
 
 
@@ -190,106 +200,195 @@ def advertise(content: RecordDict, env: ClientEnv) -> RecordDict:
     """Two key pairs and a self-mask seed for the session (drawn once), answered as the public
     keys and the seed's hash."""
     cfg, session = _session(content)
-    neighbours = contract.ids(cfg.get(contract.NEIGHBOURS), "neighbours")
     cohort = contract.ids(cfg.get(contract.COHORT, []), "cohort")
     if not _SESSION.match(session):
         raise SecAggRefused(f"secagg: {session!r} is not a session name")
-    if not neighbours or env.cid in neighbours or len(set(neighbours)) != len(neighbours):
-        raise SecAggRefused("secagg: a neighbourhood must name other clients, each once")
-    if len(set(cohort)) != len(cohort) or not {env.cid, *neighbours} <= set(cohort):
+    if len(set(cohort)) != len(cohort) or env.cid not in cohort:
         raise SecAggRefused("secagg: the cohort must name every client of the sum once, this "
-                            "client and its neighbours among them")  # fmt: skip
-    fewest = SecAggSettings.of(env.settings).fewest()
+                            "client among them")  # fmt: skip
+    settings = SecAggSettings.of(env.settings)
+    fewest = settings.fewest()
     if len(cohort) < fewest:
         raise SecAggRefused(
             f"secagg: a sum of {len(cohort)} clients asked; this client sums with {fewest} at "
             "least (secagg.min-clients, secagg.collusion)"
         )
-    _threshold(env, len(neighbours))  # a neighbourhood too small for the collusion: refused
+    _parameters(env, len(cohort))  # a cohort no graph can serve: refused now
     with Sessions(env).open(session) as st:
-        if "c" in st and (st["neighbours"], st["cohort"]) != (sorted(neighbours), sorted(cohort)):
-            raise SecAggRefused(f"secagg: session {session} was set up with other neighbours")
+        if "c" in st and st["cohort"] != sorted(cohort):
+            raise SecAggRefused(f"secagg: session {session} was set up with another cohort")
         if "c" not in st:
-            st["neighbours"] = sorted(neighbours)
             st["cohort"] = sorted(cohort)
             st["c"] = keys.private_bytes(keys.new_private_key()).hex()
             st["s"] = keys.private_bytes(keys.new_private_key()).hex()
             st["b"] = os.urandom(keys.SEED_BYTES).hex()
             st["v"] = keys.signing_private_bytes(keys.new_signing_key()).hex()
-        seed = bytes.fromhex(st["b"])
-        c = keys.private_key(bytes.fromhex(st["c"]))
-        s = keys.private_key(bytes.fromhex(st["s"]))
-        v = keys.signing_key(bytes.fromhex(st["v"]))
-    items = {"c": keys.public_bytes(c), "s": keys.public_bytes(s)}
-    items["b-hash"] = keys.seed_hash(session, seed)
-    if SecAggSettings.of(env.settings).consistency:
-        items["v"] = keys.verify_key_bytes(v)
+    items = _advertised(st, session, settings.consistency)
+    if env.secagg_key:
+        key = _node_key(env.secagg_key)
+        items["a"] = keys.node_sign(key, keys.bundle_digest(session, env.cid, items))
+        items["p"] = keys.node_key_id(key.public_key())
     return _reply(content, env, items)
 
 
+_NODE_KEYS: dict[str, Any] = {}
+
+
+def _node_key(path: str) -> Any:
+    """The node's authentication key, read once a process."""
+    if path not in _NODE_KEYS:
+        try:
+            _NODE_KEYS[path] = keys.read_node_key(Path(path))
+        except keys.NodeKeyError as exc:
+            raise SecAggRefused(f"secagg: {exc}") from None
+    return _NODE_KEYS[path]
+
+
+def _peer_keys(directory: str) -> dict[bytes, Any]:
+    if directory not in _NODE_KEYS:
+        try:
+            _NODE_KEYS[directory] = keys.read_peer_keys(Path(directory))
+        except keys.NodeKeyError as exc:
+            raise SecAggRefused(f"secagg: {exc}") from None
+    return dict(_NODE_KEYS[directory])
+
+
+def _authenticated(
+    env: ClientEnv, members: list[int], digests: Mapping[int, bytes], public: Mapping[str, bytes]
+) -> None:
+    """With `secagg-peers` (the registered nodes' keys): SecAggRefused unless every member's
+    digest is signed by a registered node key, no key signs for two members, and this
+    client's own is its node's: the server cannot add clients of its own making, stand in for
+    a neighbour with keys of its own, or make the sum look larger than it is."""
+    if not env.secagg_peers:
+        return
+    peers = _peer_keys(env.secagg_peers)
+    seen: set[bytes] = set()
+    for j in members:
+        key_id, sig = public.get(f"p/{j}"), public.get(f"a/{j}")
+        if key_id is None or sig is None:
+            raise SecAggRefused(f"secagg: client {j}'s keys come without its node's signature")
+        if key_id in seen or key_id not in peers:
+            raise SecAggRefused(
+                f"secagg: client {j}'s keys are signed by a node key that is not registered "
+                "or signs for another client too"
+            )
+        if not keys.node_signed(peers[key_id], sig, digests[j]):
+            raise SecAggRefused(f"secagg: client {j}'s node signature does not verify")
+        seen.add(key_id)
+    if env.secagg_key and public[f"p/{env.cid}"] != keys.node_key_id(
+        _node_key(env.secagg_key).public_key()
+    ):
+        raise SecAggRefused("secagg: the node key named as this client's is not its node's")
+
+
+def _advertised(st: Mapping[str, Any], session: str, signed: bool) -> dict[str, bytes]:
+    """What the client advertises of a session's keys (and what its digest is of)."""
+    c = keys.private_key(bytes.fromhex(st["c"]))
+    s = keys.private_key(bytes.fromhex(st["s"]))
+    items = {"c": keys.public_bytes(c), "s": keys.public_bytes(s)}
+    items["b-hash"] = keys.seed_hash(session, bytes.fromhex(st["b"]))
+    if signed:
+        items["v"] = keys.verify_key_bytes(keys.signing_key(bytes.fromhex(st["v"])))
+    return items
+
+
 # ---- stage 2: shares --------------------------------------------------------------------
+_SIDES = {"c": "c", "s": "s", "h": "b-hash", "v": "v"}
+"""A forwarded key's prefix -> the name it was advertised under."""
+
+
 def share(content: RecordDict, env: ClientEnv) -> RecordDict:
     """The seed and the masking key split into k + 1 shares (t rebuild either), one sealed for
-    each neighbour whose keys the server forwarded; the same ciphertexts when asked again."""
-    _, session = _session(content)
+    each neighbour; the same ciphertexts when asked again. The graph is drawn here from the
+    digests of every member's keys (secagg.graph.seed_of), and the forwarded keys must be
+    exactly this client's neighbourhood in it, each matching its digest."""
+    cfg, session = _session(content)
     public = _incoming(content)
+    settings = SecAggSettings.of(env.settings)
     with Sessions(env).open(session) as st:
         if "c" not in st:
             raise SecAggRefused(f"secagg: no keys were drawn for session {session}")
-        group = sorted({int(n.split("/", 1)[1]) for n in public})
-        request = _digest(sorted(public.items()))
+        members = contract.ids(cfg.get(contract.MEMBERS, []), "members")
+        request = _digest(sorted(public.items()), members)
         if "sealed" in st:
             if st["shares-request"] != request:
                 raise SecAggRefused(f"secagg: a second, different share request in {session}")
             sealed = {int(j): bytes.fromhex(ct) for j, ct in st["sealed"].items()}
             return _reply(content, env, {f"to/{j}": ct for j, ct in sorted(sealed.items())})
-        neighbourhood = sorted([*st["neighbours"], env.cid])
-        t = _threshold(env, len(st["neighbours"]))
-        sides = ("c", "s", "v") if SecAggSettings.of(env.settings).consistency else ("c", "s")
-        if set(public) != {f"{side}/{j}" for j in group for side in sides}:
-            raise SecAggRefused(
-                f"secagg: the forwarded keys are not a {', '.join(sides)} key per client"
-            )
-        if not set(group) <= set(neighbourhood) or env.cid not in group:
-            raise SecAggRefused("secagg: keys forwarded for clients outside the neighbourhood")
-        if len(group) < t:
-            raise SecAggRefused(
-                f"secagg: {len(group)} clients left in the neighbourhood, {t} needed"
-            )
+        seed, neighbourhood, t = _drawn(env, st, session, members, public)
         c = keys.private_key(bytes.fromhex(st["c"]))
         s = keys.private_key(bytes.fromhex(st["s"]))
-        if public[f"c/{env.cid}"] != keys.public_bytes(c) or public[
-            f"s/{env.cid}"
-        ] != keys.public_bytes(s):
-            raise SecAggRefused("secagg: the server forwarded other keys as this client's")
-        if len(set(public.values())) != len(public):
-            raise SecAggRefused("secagg: two clients' forwarded keys are the same")
         count = len(neighbourhood)
         b_shares = keys.split(bytes.fromhex(st["b"]), t, count)
         s_shares = keys.split(keys.private_bytes(s), t, count)
         position = {j: i for i, j in enumerate(neighbourhood)}
+        others = [j for j in neighbourhood if j != env.cid]
         sealed = {}
-        for j in group:
-            if j == env.cid:
-                continue
+        for j in others:
             mine = keys.Shares(b_shares[position[j]], s_shares[position[j]])
             sealed[j] = keys.seal(keys.agreed_key(c, public[f"c/{j}"]), env.cid, j, mine)
         me = position[env.cid]
         st.update(
             {
+                "members-all": members,
+                "graph": seed.hex(),
+                "neighbours": others,
                 "shares-request": request,
                 "sealed": {str(j): ct.hex() for j, ct in sealed.items()},
                 "own": {"b": b_shares[me].hex(), "s": s_shares[me].hex()},
-                "peers": {str(j): public[f"s/{j}"].hex() for j in group if j != env.cid},
-                "peer-c": {str(j): public[f"c/{j}"].hex() for j in group if j != env.cid},
-                "peer-v": {
-                    str(j): public[f"v/{j}"].hex()
-                    for j in group
-                    if j != env.cid and f"v/{j}" in public
-                },
+                "peers": {str(j): public[f"s/{j}"].hex() for j in others},
+                "peer-c": {str(j): public[f"c/{j}"].hex() for j in others},
+                "peer-v": {str(j): public[f"v/{j}"].hex() for j in others if settings.consistency},
             }
         )
     return _reply(content, env, {f"to/{j}": ct for j, ct in sorted(sealed.items())})
+
+
+def _drawn(
+    env: ClientEnv,
+    st: Mapping[str, Any],
+    session: str,
+    members: list[int],
+    public: Mapping[str, bytes],
+) -> tuple[bytes, list[int], int]:
+    """The graph's seed, this client's neighbourhood (itself included, in id order) and t,
+    drawn from the members' digests; SecAggRefused unless the members are of the cohort, this
+    client's own digest is of what it advertised, and the forwarded keys are exactly its
+    neighbourhood's, each matching its digest."""
+    settings = SecAggSettings.of(env.settings)
+    if len(set(members)) != len(members) or env.cid not in members:
+        raise SecAggRefused("secagg: the members must name each client once, this one among them")
+    _enough_members(env, {"members-all": st["cohort"]}, members)
+    try:
+        digests = contract.digests_of(members, public.get(contract.DIGESTS, b""))
+    except ValueError as exc:
+        raise SecAggRefused(str(exc)) from None
+    if digests[env.cid] != keys.bundle_digest(
+        session, env.cid, _advertised(st, session, settings.consistency)
+    ):
+        raise SecAggRefused("secagg: the digest named as this client's is not of its keys")
+    _authenticated(env, members, digests, public)
+    seed = graph.seed_of(session, digests)
+    k, t = _parameters(env, len(members))
+    neighbourhood = sorted(graph.neighbours(members, k, seed)[env.cid] | {env.cid})
+    sides = [p for p, name in _SIDES.items() if name != "v" or settings.consistency]
+    wanted = {contract.DIGESTS} | {f"{p}/{j}" for j in neighbourhood for p in sides}
+    signed = {n for n in public if n[:2] in ("a/", "p/") and n[2:].isdigit()}
+    if set(public) - signed != wanted or not {int(n[2:]) for n in signed} <= set(members):
+        raise SecAggRefused(
+            "secagg: the forwarded keys are not those of this client's neighbourhood in the "
+            "graph its members' keys draw"
+        )
+    for j in neighbourhood:
+        theirs = {_SIDES[p]: public[f"{p}/{j}"] for p in sides}
+        if keys.bundle_digest(session, j, theirs) != digests[j]:
+            raise SecAggRefused(f"secagg: the keys forwarded as client {j}'s are not its digest's")
+    if len(set(public[f"c/{j}"] for j in neighbourhood) | set(
+        public[f"s/{j}"] for j in neighbourhood
+    )) != 2 * len(neighbourhood):
+        raise SecAggRefused("secagg: two clients' forwarded keys are the same")
+    return seed, neighbourhood, t
 
 
 # ---- stage 3: the masked input ------------------------------------------------------------
@@ -327,7 +426,7 @@ def masked(reply: RecordDict, instruction: RecordDict, env: ClientEnv) -> Record
         t = _threshold(env, len(st["neighbours"]))
         if len(received) + 1 < t:
             raise SecAggRefused(f"secagg: shares of {len(received)} neighbours, {t - 1} needed")
-        _hold_to_own_floor(env, phase, summing, len(st["cohort"]))
+        _hold_to_own_floor(env, phase, summing, len(st["members-all"]))
         st["masked-request"] = request
         st["received"] = received
         st["input"] = f"{rnd}/{phase}"
@@ -361,8 +460,8 @@ def masked(reply: RecordDict, instruction: RecordDict, env: ClientEnv) -> Record
 def _hold_to_own_floor(env: ClientEnv, phase: str, summing: Summing, cohort: int) -> None:
     """SecAggRefused unless the masked input the server asks for carries at least the noise,
     and at most the l2 clip, of the client's own settings (`own_floor`): its share of the
-    noise, over the `cohort` clients the keys stage named, reaches the standard deviation the
-    whole sum must carry."""
+    noise, over the `cohort` members of the graph (the shares stage), reaches the standard
+    deviation the whole sum must carry."""
     std, clip = own_floor(env, phase)
     if clip > 0 and not 0 < summing.l2_clip <= clip * (1 + 1e-9):
         raise SecAggRefused(
@@ -441,14 +540,15 @@ def consistency(content: RecordDict, env: ClientEnv) -> RecordDict:
         if st.setdefault("signed", members) != members:
             raise SecAggRefused(f"secagg: a second, different list of the sum in {session}")
         key = keys.signing_key(bytes.fromhex(st["v"]))
-    return _reply(content, env, {"sig": keys.sign_members(key, session, members)})
+    graph_seed = bytes.fromhex(st["graph"])
+    return _reply(content, env, {"sig": keys.sign_members(key, session, graph_seed, members)})
 
 
 def _enough_members(env: ClientEnv, st: Mapping[str, Any], members: list[int]) -> int:
     """m (SecAggSettings.fewest); SecAggRefused unless `members`, the sum's clients, are m at
-    least, all of the cohort the keys stage named."""
+    least, all members of the graph the shares stage named."""
     fewest = SecAggSettings.of(env.settings).fewest()
-    if len(members) < fewest or not set(members) <= set(st["cohort"]):
+    if len(members) < fewest or not set(members) <= set(st["members-all"]):
         raise SecAggRefused(
             f"secagg: a sum of {len(members)} clients of the cohort; this client sums with "
             f"{fewest} at least"
@@ -464,8 +564,9 @@ def _consistent(
     if st.get("signed") != members:
         raise SecAggRefused("secagg: the unmasking names a sum this client did not sign")
     peers = {int(j): bytes.fromhex(v) for j, v in st["peer-v"].items()}
+    seed = bytes.fromhex(st["graph"])
     valid = 1 + sum(
-        keys.signed_members(peers[j], sigs[f"sig/{j}"], session, members)
+        keys.signed_members(peers[j], sigs[f"sig/{j}"], session, seed, members)
         for j in sorted(set(members) & set(peers))
         if f"sig/{j}" in sigs
     )

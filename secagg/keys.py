@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from Crypto.Protocol.SecretSharing import Shamir
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import (
     decrypt,
@@ -50,6 +52,17 @@ def seed_hash(session: str, seed: bytes) -> bytes:
     """SHA-256 of a session and a self-mask seed: what a client commits to in the keys stage,
     so that the server can check the seed it rebuilds from shares."""
     return hashlib.sha256(session.encode() + b"/" + seed).digest()
+
+
+def bundle_digest(session: str, client: int, advertised: Mapping[str, bytes]) -> bytes:
+    """SHA-256 of what a client advertised in a session's keys stage (its public keys, its
+    seed's hash, its verifying key: name -> bytes), with its id: what the graph's seed is drawn
+    from (secagg.graph.seed_of) and what each client checks its neighbours' forwarded keys by."""
+    h = hashlib.sha256(f"pollen-secagg-keys/{session}/{client}".encode())
+    for name in sorted(advertised):
+        value = bytes(advertised[name])
+        h.update(name.encode() + b"=" + len(value).to_bytes(4, "big") + value)
+    return h.digest()
 
 
 def new_private_key() -> ec.EllipticCurvePrivateKey:
@@ -183,21 +196,108 @@ def verify_key_bytes(key: ed25519.Ed25519PrivateKey) -> bytes:
     return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
-def _members_message(session: str, members: list[int]) -> bytes:
-    return hashlib.sha256(f"{session}/sum/{sorted(members)}".encode()).digest()
+def _members_message(session: str, graph: bytes, members: list[int]) -> bytes:
+    return hashlib.sha256(f"{session}/{graph.hex()}/sum/{sorted(members)}".encode()).digest()
 
 
-def sign_members(key: ed25519.Ed25519PrivateKey, session: str, members: list[int]) -> bytes:
-    """A signature on the session's list of the clients in its sum."""
-    return key.sign(_members_message(session, members))
+def sign_members(
+    key: ed25519.Ed25519PrivateKey, session: str, graph: bytes, members: list[int]
+) -> bytes:
+    """A signature on the session's graph (its seed: the keys every client advertised) and
+    the list of the clients in its sum."""
+    return key.sign(_members_message(session, graph, members))
 
 
-def signed_members(public: bytes, signature: bytes, session: str, members: list[int]) -> bool:
-    """Whether `signature` is the holder of `public`'s on this session's list `members`."""
+def signed_members(
+    public: bytes, signature: bytes, session: str, graph: bytes, members: list[int]
+) -> bool:
+    """Whether `signature` is the holder of `public`'s on this session's graph and list."""
     try:
         ed25519.Ed25519PublicKey.from_public_bytes(bytes(public)).verify(
-            bytes(signature), _members_message(session, members)
+            bytes(signature), _members_message(session, graph, members)
         )
     except (InvalidSignature, ValueError):
         return False
     return True
+
+
+# ---- binding a client's keys to its node's authentication key ------------------------------
+class NodeKeyError(ValueError):
+    """A node key (or a directory of them) that cannot be read or is of no supported kind."""
+
+
+def _node_message(digest: bytes) -> bytes:
+    return b"pollen-secagg-node-signature/" + bytes(digest)
+
+
+def node_key_id(public: ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey) -> bytes:
+    """SHA-256 of a node's public key in OpenSSH form: how the server names the key that
+    signed a client's advertised keys."""
+    raw = public.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    return hashlib.sha256(raw).digest()
+
+
+def node_sign(private: object, digest: bytes) -> bytes:
+    """The node's signature (ECDSA with SHA-256 for an EC key, as `ssh-keygen -t ecdsa`
+    makes SuperNode keys; Ed25519 otherwise) on the digest of the keys it advertised
+    (`bundle_digest`, which names the session and the client)."""
+    if isinstance(private, ec.EllipticCurvePrivateKey):
+        return private.sign(_node_message(digest), ec.ECDSA(hashes.SHA256()))
+    if isinstance(private, ed25519.Ed25519PrivateKey):
+        return private.sign(_node_message(digest))
+    raise NodeKeyError(f"a node key of type {type(private).__name__} cannot sign; give an ECDSA "
+                       "or Ed25519 key")  # fmt: skip
+
+
+def node_signed(public: object, signature: bytes, digest: bytes) -> bool:
+    """Whether `signature` is `public`'s on `digest` (`node_sign`)."""
+    try:
+        if isinstance(public, ec.EllipticCurvePublicKey):
+            public.verify(bytes(signature), _node_message(digest), ec.ECDSA(hashes.SHA256()))
+        elif isinstance(public, ed25519.Ed25519PublicKey):
+            public.verify(bytes(signature), _node_message(digest))
+        else:
+            return False
+    except (InvalidSignature, ValueError):
+        return False
+    return True
+
+
+def read_node_key(path: Path) -> ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey:
+    """A node's private key (OpenSSH or PEM, unencrypted); NodeKeyError naming the file."""
+    try:
+        data = path.read_bytes()
+        key = (
+            serialization.load_ssh_private_key(data, password=None)
+            if b"OPENSSH PRIVATE KEY" in data
+            else serialization.load_pem_private_key(data, password=None)
+        )
+    except (OSError, ValueError, TypeError) as exc:
+        raise NodeKeyError(f"node key {path} cannot be read as a private key ({exc})") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey):
+        raise NodeKeyError(f"node key {path} is a {type(key).__name__}, not ECDSA or Ed25519")
+    return key
+
+
+def read_peer_keys(
+    directory: Path,
+) -> dict[bytes, ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey]:
+    """The registered nodes' public keys (the `*.pub` files of `directory`, OpenSSH, as the
+    SuperLink's allow-list), by `node_key_id`; NodeKeyError naming a file that is not one, or
+    a directory that holds none."""
+    out: dict[bytes, ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey] = {}
+    try:
+        files = sorted(directory.glob("*.pub"))
+    except OSError as exc:
+        raise NodeKeyError(f"peer keys {directory} cannot be read ({exc})") from None
+    for path in files:
+        try:
+            key = serialization.load_ssh_public_key(path.read_bytes())
+        except (OSError, ValueError, TypeError, IndexError) as exc:
+            raise NodeKeyError(f"peer key {path} is not an OpenSSH public key ({exc})") from None
+        if not isinstance(key, ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey):
+            raise NodeKeyError(f"peer key {path} is a {type(key).__name__}, not ECDSA or Ed25519")
+        out[node_key_id(key)] = key
+    if not out:
+        raise NodeKeyError(f"peer keys {directory}: no *.pub file in it")
+    return out

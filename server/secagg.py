@@ -51,6 +51,8 @@ class Advertised:
     s: bytes  # public key that agrees its pairwise masks
     b_hash: bytes  # SHA-256 of the session and its self-mask seed
     v: bytes = b""  # the key that checks its signature on the sum's list (consistency round)
+    digest: bytes = b""  # secagg.keys.bundle_digest of the above: the graph's seed is drawn from it
+    node: dict[str, bytes] | None = None  # its node's signature on the digest and key id (a, p)
 
 
 class SecureSum:
@@ -79,18 +81,13 @@ class SecureSum:
         """Over-selection (docs/pacing.md): the masked replies the round wants; the masked
         stage closes once it has them and the others drop out, as a client lost there does."""
         self.cohort = sorted(payloads)
-        self.k = graph.degree(len(self.cohort), settings.degree)
         self.fewest = settings.fewest()
         self.earlier = list(earlier)
         """The member sets of this round's earlier sums of the same phase (its input)."""
-        try:
-            self.t = settings.threshold_for(self.k)
-        except ValueError as exc:
-            raise PhaseFailed(
-                f"round {host.server_round}, phase {message_type}: secure aggregation over "
-                f"{len(self.cohort)} clients: {exc}"
-            ) from None
-        self.neighbours = graph.neighbours(self.cohort, self.k, np.random.default_rng())
+        self._parameters(len(self.cohort))
+        self.neighbours: dict[int, frozenset[int]] = {}
+        """The graph, drawn once the keys stage is answered (`_draw`)."""
+        self.seed = b""
         self.session = f"{host.server_round}-{message_type}-{os.urandom(8).hex()}"
         self.layout = contract.layout_of(summed.records)
         self.size = contract.size_of(self.layout)
@@ -100,6 +97,23 @@ class SecureSum:
         self.scale = max([sizes.get(c, 1) for c in self.cohort] + [1]) if summed.weighted else 1.0
         """Examples per unit of weight: every client's weight in the vector is at most 1."""
         self.failures: dict[int, str] = {}
+
+    def _parameters(self, clients: int) -> None:
+        """k and t for a graph of `clients`; PhaseFailed when the settings cannot give them."""
+        try:
+            self.k, self.t = self.settings.graph_for(clients)
+        except ValueError as exc:
+            raise PhaseFailed(
+                f"round {self.host.server_round}, phase {self.message_type}: secure aggregation "
+                f"over {clients} clients: {exc}"
+            ) from None
+
+    def _draw(self, advertised: Mapping[int, Advertised]) -> None:
+        """The graph over the clients whose keys were taken, from the seed their keys give
+        (secagg.graph.seed_of): every client draws it again and checks its neighbourhood."""
+        self._parameters(len(advertised))
+        self.seed = graph.seed_of(self.session, {c: a.digest for c, a in advertised.items()})
+        self.neighbours = graph.neighbours(set(advertised), self.k, self.seed)
 
     # ---- the run ------------------------------------------------------------------------
     def run(self) -> Secured:
@@ -216,10 +230,7 @@ class SecureSum:
     # ---- stage 1: keys ------------------------------------------------------------------
     def _keys(self) -> dict[int, Advertised]:
         payloads = {
-            c: self._instruction(
-                contract.KEYS,
-                {contract.NEIGHBOURS: sorted(self.neighbours[c]), contract.COHORT: self.cohort},
-            )
+            c: self._instruction(contract.KEYS, {contract.COHORT: self.cohort})
             for c in self.cohort
         }
         out: dict[int, Advertised] = {}
@@ -227,15 +238,22 @@ class SecureSum:
         signed = self.settings.consistency
 
         def validate(cid: int, content: RecordDict) -> None:
-            items = _byte_strings(content, {"c", "s", "b-hash", *(("v",) if signed else ())})
+            wanted = {"c", "s", "b-hash", *(("v",) if signed else ())}
+            node = _byte_strings(content, wanted | {"a", "p"}, optional={"a", "p"})
+            items = {n: node.pop(n) for n in wanted}
+            if node and (set(node) != {"a", "p"} or len(node["p"]) != 32):
+                raise InvalidReply("secagg: a node signature comes as 'a' and a 32-byte key id 'p'")
             for name in ("c", "s"):
                 keys.public_key(items[name])
             if len(items["b-hash"]) != 32 or (signed and len(items["v"]) != 32):
                 raise InvalidReply("secagg: the seed's hash or the signing key is not 32 bytes")
-            out[cid] = Advertised(items["c"], items["s"], items["b-hash"], items.get("v", b""))
+            digest = keys.bundle_digest(self.session, cid, items)
+            out[cid] = Advertised(
+                items["c"], items["s"], items["b-hash"], items.get("v", b""), digest, node or None
+            )
 
         replies = self._stage(contract.KEYS, payloads, validate)
-        alive = self._keep(set(replies), "keys")
+        alive = set(replies)
         advertised = {c: out[c] for c in alive}
         seen = [a.c for a in advertised.values()] + [a.s for a in advertised.values()]
         if len(set(seen)) != len(seen):
@@ -243,6 +261,8 @@ class SecureSum:
                 f"round {self.host.server_round}, phase {self.message_type}: two clients "
                 "advertised the same public key; secure aggregation stops"
             )
+        if len(alive) >= 2:
+            self._draw(advertised)
         self._require("keys", alive)
         return advertised
 
@@ -250,14 +270,21 @@ class SecureSum:
     def _shares(self, advertised: Mapping[int, Advertised]) -> dict[int, dict[int, bytes]]:
         """Who sealed what for whom: sender -> {receiver: ciphertext}."""
         alive = set(advertised)
+        members = sorted(alive)
+        digests = b"".join(advertised[j].digest for j in members)
         payloads = {}
-        for c in sorted(alive):
-            group = sorted((self.neighbours[c] | {c}) & alive)
-            public = {f"c/{j}": advertised[j].c for j in group}
+        for c in members:
+            group = sorted(self.neighbours[c] | {c})
+            public = {contract.DIGESTS: digests}
+            for j in members:  # the node signatures, checked by clients that know the nodes
+                node = advertised[j].node or {}
+                public.update({f"{n}/{j}": v for n, v in node.items()})
+            public.update({f"c/{j}": advertised[j].c for j in group})
             public.update({f"s/{j}": advertised[j].s for j in group})
+            public.update({f"h/{j}": advertised[j].b_hash for j in group})
             if self.settings.consistency:
                 public.update({f"v/{j}": advertised[j].v for j in group})
-            payloads[c] = self._instruction(contract.SHARES, {}, public)
+            payloads[c] = self._instruction(contract.SHARES, {contract.MEMBERS: members}, public)
         sealed: dict[int, dict[int, bytes]] = {}
 
         def validate(cid: int, content: RecordDict) -> None:
@@ -396,7 +423,7 @@ class SecureSum:
 
         def validate(cid: int, content: RecordDict) -> None:
             sig = _byte_strings(content, {"sig"})["sig"]
-            if not keys.signed_members(advertised[cid].v, sig, self.session, members):
+            if not keys.signed_members(advertised[cid].v, sig, self.session, self.seed, members):
                 raise InvalidReply("secagg: the signature on the sum's list does not verify")
             signatures[cid] = sig
 
@@ -544,15 +571,18 @@ class SecureSum:
         )
 
 
-def _byte_strings(content: RecordDict, wanted: set[str]) -> dict[str, bytes]:
-    """The reply's `secagg` byte strings, exactly the names `wanted`."""
+def _byte_strings(
+    content: RecordDict, wanted: set[str], optional: Collection[str] = ()
+) -> dict[str, bytes]:
+    """The reply's `secagg` byte strings, exactly the names `wanted` (those of `optional`
+    may be missing)."""
     if contract.BYTES not in content:
         raise InvalidReply("secagg: the reply has no secagg record")
     try:
         items = contract.byte_strings(protocol.arrays_of(content, contract.BYTES, copy=False))
     except ValueError as exc:
         raise InvalidReply(f"secagg: {exc}") from None
-    if set(items) != wanted:
+    if set(items) != wanted and not set(wanted) - set(optional) <= set(items) <= wanted:
         extra, missing = sorted(set(items) - wanted), sorted(wanted - set(items))
         raise InvalidReply(f"secagg: the reply's entries differ (extra {extra}, missing {missing})")
     return items

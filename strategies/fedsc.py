@@ -188,7 +188,11 @@ class FedSC(GlobalModelStrategy):
         """The release of client `cid` in the smallest sum of `asked` clients the protocol
         unmasks (the threshold t of its graph), at weight 1: the others' noise is t - 1 shares."""
         s = SecAggSettings.of(self.settings)
-        t = graph.threshold(graph.degree(asked, s.degree), s.threshold)
+        try:
+            k = s.graph_for(asked)[0]  # the server's k, secagg.dropout's included
+        except ValueError:  # no graph holds this sum: it fails at the server, nothing released
+            k = graph.degree(asked, s.degree)
+        t = graph.threshold(k, s.threshold)
         f = self.fedsc
         per = (f.noise_std * 2.0 ** (s.bits - 1) / (f.mu + 10 * f.noise_std)) ** 2 / asked
         return self._release(cid, per * (max(t, 2) - 1), 1.0)

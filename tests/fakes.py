@@ -268,3 +268,28 @@ def run_in_process(tmp: Any, cache: Any, name: str, settings: Mapping[str, Any])
     summary: dict[str, Any] = json.loads((tmp / name / "summary.json").read_text())
     assert summary["status"] == "completed", summary.get("reason")
     return summary
+
+
+def secagg_shares_items(
+    session: str, advertised: Mapping[int, Mapping[str, bytes]], k: int, client: int
+) -> tuple[list[int], dict[str, bytes]]:
+    """What an honest server sends `client` in a secure sum's shares stage: the members (the
+    clients of `advertised`, each one's keys stage answer) and the byte strings of the digests
+    and of `client`'s neighbourhood's keys in the graph of degree `k` they draw."""
+    from secagg import graph, keys  # lazy: the secagg package's cryptography
+
+    members = sorted(advertised)
+    node = {"a", "p"}  # a node's signature on the digest and its key id: not digested
+    digests = {
+        j: keys.bundle_digest(session, j, {n: v for n, v in advertised[j].items() if n not in node})
+        for j in members
+    }
+    seed = graph.seed_of(session, digests)
+    group = sorted(graph.neighbours(members, k, seed)[client] | {client})
+    sides = {"c": "c", "s": "s", "h": "b-hash", "v": "v"}
+    items = {"digests": b"".join(digests[j] for j in members)}
+    for j in group:
+        items.update({f"{p}/{j}": advertised[j][n] for p, n in sides.items() if n in advertised[j]})
+    for j in members:
+        items.update({f"{n}/{j}": advertised[j][n] for n in sorted(node) if n in advertised[j]})
+    return members, items

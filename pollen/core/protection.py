@@ -195,6 +195,15 @@ class SecAggSettings(SettingsGroup):
         "holds fewer than c + 2 clients; docs/security.md#threat-model",
         minimum=0,
     )
+    dropout: float = setting(
+        0.0,
+        "secure aggregation: the share of a sum's clients expected to drop out between the keys "
+        "stage and the unmasking, each independently: k is then the fewest with which every "
+        "neighbourhood keeps t clients but with probability 2^-20 (a secagg.degree set is "
+        "checked against it instead); 0: k as secagg.degree says",
+        minimum=0.0,
+        maximum=0.49,
+    )
     consistency: bool = setting(
         True,
         "secure aggregation: a consistency round before the unmasking: every client of the sum "
@@ -219,6 +228,13 @@ class SecAggSettings(SettingsGroup):
         from secagg import graph  # lazy: the secagg package imports its cryptography
 
         return graph.threshold(k, self.threshold, self.collusion)
+
+    def graph_for(self, clients: int) -> tuple[int, int]:
+        """(k, t) for a sum of `clients` clients (secagg.graph.parameters with these settings);
+        ValueError when the settings cannot give them."""
+        from secagg import graph  # lazy: the secagg package imports its cryptography
+
+        return graph.parameters(clients, self.degree, self.threshold, self.collusion, self.dropout)
 
 
 def resummed(

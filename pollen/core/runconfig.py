@@ -368,12 +368,14 @@ def _check_secagg(cfg: Mapping[str, Scalar], spec: AlgorithmSpec) -> None:
             "fraction-train or num-clients"
         )
     from pollen.core.contracts import secagg  # lazy: the secagg package's encoding
-    from secagg import graph  # lazy: as above
 
     try:
-        s.threshold_for(graph.degree(max(int(expected), 2), s.degree))
+        s.graph_for(max(int(expected), 2))
     except ValueError as exc:
-        raise SettingsError(f"secagg.collusion={s.collusion}: {exc}") from None
+        named = [f"secagg.{key}={value:g}" for key, value in
+                 (("degree", s.degree), ("collusion", s.collusion), ("dropout", s.dropout))
+                 if value]  # fmt: skip
+        raise SettingsError(f"{', '.join(named) or 'secagg.enabled=true'}: {exc}") from None
     secagg.modulus_bits(cfg)
 
 

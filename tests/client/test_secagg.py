@@ -17,7 +17,7 @@ from pollen.core import protocol
 from pollen.core.contracts import secagg as contract
 from pollen.core.contracts.secagg import Summing
 from secagg import encoding, keys, masks
-from tests.fakes import settings_of
+from tests.fakes import secagg_shares_items, settings_of
 
 SESSION = "1-train-0123456789abcdef"
 CLIENTS = (0, 1, 2)
@@ -51,22 +51,26 @@ def _items(reply: RecordDict) -> dict[str, bytes]:
 def _keys(envs: dict[int, ClientEnv]) -> dict[int, dict[str, bytes]]:
     return {
         c: _items(secagg.advertise(
-            _instruction(contract.KEYS, {contract.NEIGHBOURS: [j for j in CLIENTS if j != c],
-                                         contract.COHORT: list(CLIENTS)}),
+            _instruction(contract.KEYS, {contract.COHORT: list(CLIENTS)}),
             env,
         ))
         for c, env in envs.items()
     }  # fmt: skip
 
 
-def _public(pk: dict[int, dict[str, bytes]]) -> dict[str, bytes]:
-    return {f"{side}/{j}": pk[j][side] for j in CLIENTS for side in ("c", "s")}
+def _public(pk: dict[int, dict[str, bytes]], c: int = 0) -> dict[str, bytes]:
+    """Client c's shares-stage byte strings (the complete graph of three)."""
+    return secagg_shares_items(SESSION, pk, 2, c)[1]
+
+
+def _share_request(items: dict[str, bytes]) -> RecordDict:
+    return _instruction(contract.SHARES, {contract.MEMBERS: list(CLIENTS)}, items)
 
 
 def _shares(envs: dict[int, ClientEnv], pk: dict[int, dict[str, bytes]]) -> dict[int, dict]:
     out = {}
     for c, env in envs.items():
-        reply = secagg.share(_instruction(contract.SHARES, {}, _public(pk)), env)
+        reply = secagg.share(_share_request(_public(pk, c)), env)
         out[c] = {int(n.split("/")[1]): ct for n, ct in _items(reply).items()}
     return out
 
@@ -164,30 +168,43 @@ def test_keys_and_shares_are_answered_alike_and_refused_when_asked_differently(
     envs = _envs(run_config, tmp_path)
     pk = _keys(envs)
     assert _keys(envs) == pk  # a resent keys request: the same keys
-    with pytest.raises(secagg.SecAggRefused, match="other neighbours"):
-        cfg = {contract.NEIGHBOURS: [1], contract.COHORT: list(CLIENTS)}
+    with pytest.raises(secagg.SecAggRefused, match="another cohort"):
+        cfg = {contract.COHORT: [0, 1, 2, 3]}
         secagg.advertise(_instruction(contract.KEYS, cfg), envs[0])
     public = _public(pk)
-    first = _items(secagg.share(_instruction(contract.SHARES, {}, public), envs[0]))
-    again = _items(secagg.share(_instruction(contract.SHARES, {}, public), envs[0]))
+    first = _items(secagg.share(_share_request(public), envs[0]))
+    again = _items(secagg.share(_share_request(public), envs[0]))
     assert first == again  # the stored ciphertexts, byte for byte
     fewer = {k: v for k, v in public.items() if not k.endswith("/2")}
     with pytest.raises(secagg.SecAggRefused, match="different share request"):
-        secagg.share(_instruction(contract.SHARES, {}, fewer), envs[0])
+        secagg.share(_share_request(fewer), envs[0])
 
 
-def test_shares_are_refused_for_forged_keys_or_too_small_a_group(
+def test_shares_are_refused_for_forged_keys_or_a_neighbourhood_the_graph_does_not_draw(
     run_config: dict[str, Any], tmp_path: Path
 ) -> None:
-    envs = _envs(run_config, tmp_path, **{"secagg.threshold": 1.0})  # t = 3 of 3
+    """Keys substituted by the server (its own for a neighbour's, or swapped between clients)
+    do not match the digests the graph is drawn from; digests changed with them draw another
+    graph and leave this client's own digest wrong; a neighbourhood missing a client the graph
+    names is refused."""
+    envs = _envs(run_config, tmp_path)
     pk = _keys(envs)
     public = _public(pk)
-    forged = {**public, "s/0": pk[1]["s"], "s/1": pk[0]["s"]}
-    with pytest.raises(secagg.SecAggRefused, match="other keys as this client's"):
-        secagg.share(_instruction(contract.SHARES, {}, forged), envs[0])
-    fewer = {k: v for k, v in public.items() if not k.endswith("/2")}
-    with pytest.raises(secagg.SecAggRefused, match="2 clients left in the neighbourhood, 3"):
-        secagg.share(_instruction(contract.SHARES, {}, fewer), envs[1])
+    swapped = {**public, "s/0": pk[1]["s"], "s/1": pk[0]["s"]}
+    with pytest.raises(secagg.SecAggRefused, match="not its digest's"):
+        secagg.share(_share_request(swapped), envs[0])
+    own = keys.public_bytes(keys.new_private_key())
+    substituted = {**pk, 1: {**pk[1], "c": own}}  # the server's key, with a digest of it
+    items = secagg_shares_items(SESSION, substituted, 2, 2)[1]
+    items["digests"] = _public(pk, 2)["digests"]  # the digests the clients' keys give
+    with pytest.raises(secagg.SecAggRefused, match="not its digest's"):
+        secagg.share(_share_request(items), envs[2])
+    fewer = {k: v for k, v in _public(pk, 1).items() if not k.endswith("/2")}
+    with pytest.raises(secagg.SecAggRefused, match="not those of this client's neighbourhood"):
+        secagg.share(_share_request(fewer), envs[1])
+    mine = {**pk, 0: {**pk[0], "c": own}}
+    with pytest.raises(secagg.SecAggRefused, match="not of its keys"):
+        secagg.share(_share_request(secagg_shares_items(SESSION, mine, 2, 0)[1]), envs[0])
 
 
 def test_a_second_different_masked_request_is_refused(
@@ -211,7 +228,7 @@ def test_sessions_must_be_named_as_the_server_names_them(
 ) -> None:
     env = _envs(run_config, tmp_path)[0]
     bad = protocol.instruction(1, contract.KEYS)
-    bad[contract.CONFIG] = ConfigRecord({contract.SESSION: "../../x", contract.NEIGHBOURS: [1]})
+    bad[contract.CONFIG] = ConfigRecord({contract.SESSION: "../../x", contract.COHORT: [0, 1]})
     with pytest.raises(secagg.SecAggRefused, match="not a session name"):
         secagg.advertise(bad, env)
     with pytest.raises(secagg.SecAggRefused, match="no masked input"):

@@ -22,8 +22,8 @@ from pollen.core import protocol
 from pollen.core.contracts import secagg as contract
 from pollen.core.contracts.secagg import Summing
 from pollen.core.protection import SecAggSettings
-from secagg import encoding, keys, masks
-from tests.fakes import settings_of
+from secagg import encoding, graph, keys, masks
+from tests.fakes import secagg_shares_items, settings_of
 
 ENC = encoding.Encoding(4.0, 16, 24)
 SIZE = 40
@@ -55,13 +55,20 @@ class MaliciousServer:
 
     def keys_and_shares(self) -> None:
         for c, env in self.envs.items():
-            others = [j for j in self.cohort if j != c]
-            cfg = {contract.NEIGHBOURS: others, contract.COHORT: self.cohort}
+            cfg = {contract.COHORT: self.cohort}
             self.public[c] = _items(secagg.advertise(self.instruction(contract.KEYS, cfg), env))
-        sides = "csv" if "v" in self.public[self.cohort[0]] else "cs"
-        public = {f"{side}/{j}": self.public[j][side] for j in self.cohort for side in sides}
+        k = len(self.cohort) - 1  # the complete graph (the clients' own k for these sizes)
+        assert graph.degree(len(self.cohort)) == k
+        digests = {
+            j: keys.bundle_digest(self.session, j, {n: v for n, v in self.public[j].items()
+                                                    if n not in ("a", "p")})
+            for j in self.cohort
+        }  # fmt: skip
+        self.seed = graph.seed_of(self.session, digests)
         for c, env in self.envs.items():
-            reply = secagg.share(self.instruction(contract.SHARES, {}, public), env)
+            members, items = secagg_shares_items(self.session, self.public, k, c)
+            request = self.instruction(contract.SHARES, {contract.MEMBERS: members}, items)
+            reply = secagg.share(request, env)
             self.sealed[c] = {int(n.split("/")[1]): ct for n, ct in _items(reply).items()}
 
     def masked(
@@ -92,7 +99,7 @@ class MaliciousServer:
     def forged(self, c: int, members: list[int]) -> bytes:
         with secagg.Sessions(self.envs[c]).open(self.session) as st:
             key = keys.signing_key(bytes.fromhex(st["v"]))
-        return keys.sign_members(key, self.session, members)
+        return keys.sign_members(key, self.session, self.seed, members)
 
     def unmask(
         self,
@@ -228,13 +235,16 @@ def test_a_split_view_with_one_colluder_gathers_too_few_shares_with_collusion_1(
 def test_the_clients_refuse_a_collusion_their_neighbourhood_cannot_meet(
     run_config: dict[str, Any], tmp_path: Path
 ) -> None:
-    """The run's graph (k = 10 for 20 clients) holds 2t > k + 1 + c for c = 5, but a server
-    that hands a client a neighbourhood of 5 cannot: the client refuses the keys stage (a run
-    set up so is refused before start-up: tests/pollen/test_secagg.py)."""
-    envs = _envs(run_config, tmp_path, 20, **{"secagg.collusion": 5})
-    cfg = {contract.NEIGHBOURS: [1, 2, 3, 4], contract.COHORT: list(range(20))}
+    """The run's graph (k = 10 for 20 clients) holds 2t > k + 1 + c for c = 9, but a sum of
+    11 (k = 8) cannot: the client refuses the keys stage of such a cohort (a run set up so is
+    refused before start-up: tests/pollen/test_secagg.py). The server cannot hand it a
+    smaller neighbourhood instead: each client draws its own from the members' keys
+    (tests/client/test_secagg.py)."""
+    envs = _envs(run_config, tmp_path, 20, **{"secagg.collusion": 9})
+    assert SecAggSettings.of(envs[0].settings).threshold_for(graph.degree(20)) == 11
+    cfg = {contract.COHORT: list(range(11))}
     server = MaliciousServer(envs, SESSION)
-    with pytest.raises(secagg.SecAggRefused, match="needs a threshold of 6 shares"):
+    with pytest.raises(secagg.SecAggRefused, match="needs a threshold of 10 shares"):
         secagg.advertise(server.instruction(contract.KEYS, cfg), envs[0])
 
 
@@ -400,3 +410,126 @@ def test_without_the_consistency_round_a_client_unmasks_a_list_it_never_saw(
     server.keys_and_shares()
     server.masked(_values(6))
     assert server.unmask(0, [0, 1, 2, 3], [4, 5])
+
+
+# ---- key substitution: the server stands in for a victim's neighbours -----------------------
+def _node_keys(tmp_path: Path, n: int) -> Path:
+    """n SuperNode key pairs (ECDSA P-384, OpenSSH, as scripts/generate-certs.sh --nodes makes
+    them): node-I.key, and node-I.pub in the returned directory (the allow-list)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    pubs = tmp_path / "supernodes"
+    pubs.mkdir()
+    for i in range(n):
+        key = ec.generate_private_key(ec.SECP384R1())
+        (pubs / f"node-{i}.key").write_bytes(key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
+        ))  # fmt: skip
+        (pubs / f"node-{i}.pub").write_bytes(key.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+        ))  # fmt: skip
+    return pubs
+
+
+def _substitute(envs: dict[int, ClientEnv], victim: int) -> np.ndarray:
+    """The server hands the victim keys of its own making for every neighbour, with digests
+    of them (so the graph the victim draws is the one they give), and the real clients' node
+    signatures; it decrypts the shares the victim seals for them, sends the victim shares of
+    its own, and unmasks the victim's masked input alone. Returns the input it recovers."""
+    server = MaliciousServer(envs, SESSION)
+    for c, env in envs.items():
+        request = server.instruction(contract.KEYS, {contract.COHORT: server.cohort})
+        server.public[c] = _items(secagg.advertise(request, env))
+    own = {j: (keys.new_private_key(), keys.new_private_key()) for j in server.cohort}
+    view = {victim: server.public[victim]}  # the others with the real nodes' signatures
+    for j in server.cohort:
+        if j != victim:
+            view[j] = {**server.public[j], "c": keys.public_bytes(own[j][0]),
+                       "s": keys.public_bytes(own[j][1])}  # fmt: skip
+    members, items = secagg_shares_items(SESSION, view, len(envs) - 1, victim)
+    request = server.instruction(contract.SHARES, {contract.MEMBERS: members}, items)
+    sealed = _items(secagg.share(request, envs[victim]))
+    victim_c = view[victim]["c"]
+    got = {
+        j: keys.unseal(keys.agreed_key(own[j][0], victim_c), victim, j, sealed[f"to/{j}"])
+        for j in members if j != victim
+    }  # fmt: skip
+    t = SecAggSettings.of(envs[victim].settings).threshold_for(len(members) - 1)
+    seed = keys.combine([g.b for g in got.values()][:t])
+    s_key = keys.combine([g.s for g in got.values()][:t])
+    # the masked stage: shares of the server's making from the fake neighbours
+    spec = Summing(SESSION, (("arrays", "w", (SIZE,)),), clip=ENC.clip, bits=ENC.bits,
+                   modulus_bits=ENC.modulus_bits)  # fmt: skip
+    content = protocol.instruction(server.round, "train", arrays={"w": np.zeros(SIZE, np.float32)})
+    content[contract.CONFIG] = spec.to_config()
+    filler = keys.Shares(bytes(4 + 16), bytes(4 + 32))
+    inbox = {f"from/{j}": keys.seal(keys.agreed_key(own[j][0], victim_c), j, victim, filler)
+             for j in members if j != victim}  # fmt: skip
+    content[contract.BYTES] = protocol.to_record(contract.to_bytes_record(inbox))
+    reply = protocol.reply(content, victim, {protocol.NUM_EXAMPLES: 10},
+                           arrays={"w": _values(len(envs))[victim]})  # fmt: skip
+    out = secagg.masked(reply, content, envs[victim])
+    server.y[victim] = protocol.arrays_of(out, contract.MASKED)[contract.Y]
+    server.public = view
+    return server.input_of(victim, seed, s_key)
+
+
+def _node_envs(
+    envs: dict[int, ClientEnv], pubs: Path, check: bool
+) -> dict[int, ClientEnv]:
+    """Each client with its node's key; with `check`, the registered nodes' keys too."""
+    from dataclasses import replace
+
+    return {
+        c: replace(env, secagg_key=str(pubs / f"node-{c}.key"),
+                   secagg_peers=str(pubs) if check else None)
+        for c, env in envs.items()
+    }  # fmt: skip
+
+
+def test_keys_the_server_substitutes_for_a_victim_s_neighbours_are_refused_when_nodes_sign(
+    run_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """With each node's key signing what its client advertises and the registered nodes' keys
+    on every client (pollen client --auth-key, --peer-keys), keys of the server's making carry
+    no valid signature: the victim refuses before it seals any share. Signatures from a key
+    that is not registered, or one key signing for two clients, are refused too."""
+    pubs = _node_keys(tmp_path, 6)
+    envs = _node_envs(_envs(run_config, tmp_path, 5), pubs, check=True)
+    with pytest.raises(secagg.SecAggRefused, match="node signature does not verify"):
+        _substitute(envs, 0)
+    honest = MaliciousServer(envs, "1-train-00000000000000bb")
+    honest.keys_and_shares()  # honest keys, each signed by its node: taken
+    assert len(honest.sealed) == 5
+    stranger = {**envs, 4: _node_envs({4: envs[4]}, pubs, True)[4]}
+    stranger[4] = replace_key(stranger[4], pubs / "node-5.key", tmp_path / "elsewhere")
+    with pytest.raises(secagg.SecAggRefused, match="not registered"):
+        MaliciousServer(stranger, "1-train-00000000000000cc").keys_and_shares()
+    twice = {**envs, 4: replace_key(envs[4], pubs / "node-3.key", None)}
+    with pytest.raises(secagg.SecAggRefused, match="signs for another client too"):
+        MaliciousServer(twice, "1-train-00000000000000dd").keys_and_shares()
+
+
+def replace_key(env: ClientEnv, key: Path, move: Path | None) -> ClientEnv:
+    """`env` signing with `key`; `move`: the key's .pub taken off the allow-list (moved there)."""
+    from dataclasses import replace
+
+    if move is not None:
+        move.mkdir()
+        pub = key.with_suffix(".pub")
+        pub.rename(move / pub.name)
+        secagg._NODE_KEYS.clear()  # the allow-list changed: read it again
+    return replace(env, secagg_key=str(key))
+
+
+def test_without_the_node_check_substituted_keys_give_the_server_the_victim_s_input(
+    run_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """The attack the node signatures stop: with the clients not checking them (no
+    --peer-keys), the server, with no colluding client at all, decrypts the victim's shares of
+    both secrets and unmasks its input alone."""
+    pubs = _node_keys(tmp_path, 5)
+    envs = _node_envs(_envs(run_config, tmp_path, 5), pubs, check=False)
+    np.testing.assert_allclose(_substitute(envs, 0), _values(5)[0], atol=2 * ENC.step)

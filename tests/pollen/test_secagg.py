@@ -10,6 +10,7 @@ import pytest
 
 from pollen.core.contracts import client_dp
 from pollen.core.contracts import secagg as contract
+from pollen.core.protection import SecAggSettings
 from pollen.core.registry import ALGORITHMS
 from pollen.core.runconfig import resolve
 from pollen.core.settings import SettingsError
@@ -61,6 +62,12 @@ def test_each_algorithm_takes_secure_aggregation_or_says_why_not() -> None:
         ({"num-clients": 3, "secagg.collusion": 2}, "each client sums with 4 at least"),
         ({"num-clients": 20, "secagg.degree": 4, "secagg.collusion": 5},
          "collusion=5: .* neighbourhood of 5 needs a threshold of 6 shares"),
+        ({"secagg.dropout": 0.05}, "^secagg.dropout=0.05: no degree, the complete graph "
+         "included, keeps t shareholders in every neighbourhood of a sum of 10 clients"),
+        ({"num-clients": 1000, "secagg.degree": 8, "secagg.dropout": 0.1},
+         r"^secagg.degree=8, secagg.dropout=0.1: a degree of 8 \(secagg.degree=8\) leaves"),
+        ({"num-clients": 1000, "secagg.collusion": 1, "secagg.dropout": 0.2, "secagg.degree": 80},
+         "^secagg.degree=80, secagg.collusion=1, secagg.dropout=0.2: a degree of 80"),
         ({"num-clients": 1000, "secagg.modulus-bits": 30}, "could wrap modulo 2\\^30; give at"),
         ({"num-clients": 100000, "secagg.bits": 48}, "above 64; lower secagg.bits"),
         ({"algorithm": "fedsc", "fedsc.noise-at": "sum", "fedsc.noise-std": 0.1,
@@ -74,6 +81,21 @@ def test_what_secure_aggregation_cannot_honour_is_refused_in_one_line(
     with pytest.raises(SettingsError, match=message) as info:
         resolve({**ON, **settings})
     assert "\n" not in str(info.value)
+
+
+def test_a_simulated_run_s_dropout_target_is_refused_before_it_starts() -> None:
+    """`pollen simulate --clients 10 --set secagg.enabled=true --set secagg.dropout=0.05`: no
+    graph of 10 clients keeps t = 6 shareholders in every neighbourhood but with 2^-20; at 100
+    clients k and t grow from 14, 8 to 22, 12."""
+    cfg = {"dataset": "digits", "num-clients": 10, "num-rounds": 1, "secagg.enabled": True,
+           "secagg.dropout": 0.05}  # fmt: skip
+    with pytest.raises(SettingsError, match=r"lower secagg\.dropout or sum more clients") as info:
+        resolve(cfg)
+    assert "\n" not in str(info.value)
+    ok = resolve({**cfg, "num-clients": 100})
+    assert SecAggSettings.of(ok).graph_for(100) == (22, 12)
+    assert SecAggSettings.of(resolve({**cfg, "num-clients": 100, "secagg.dropout": 0.0})
+                             ).graph_for(100) == (14, 8)  # fmt: skip
 
 
 def test_what_it_can_honour_starts() -> None:

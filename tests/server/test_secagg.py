@@ -605,11 +605,12 @@ def test_a_sampled_round_sums_its_sample(run_config: dict[str, Any], record: Rec
     assert _check_sums(record, cfg) == 2
 
 
-class _InOrder:
-    """A generator whose permutation is the identity: the Harary graph over the clients' ids."""
+def _in_order(clients: Any, k: int, seed: bytes) -> dict[int, frozenset[int]]:
+    """The Harary graph over the clients in id order (patched in for the server and the
+    clients alike: both draw the graph)."""
+    from secagg import graph
 
-    def permutation(self, n: int) -> np.ndarray:
-        return np.arange(n)
+    return graph.harary(sorted(clients), k)
 
 
 @pytest.mark.slow
@@ -624,9 +625,8 @@ def test_survivors_in_two_groups_with_no_neighbours_between_them_are_not_unmaske
     import server.secagg as server_secagg
     from secagg import graph
 
-    drawn, components = graph.neighbours, graph.components
-    monkeypatch.setattr(server_secagg.graph, "neighbours",
-                        lambda clients, k, rng: drawn(clients, k, _InOrder()))  # type: ignore[arg-type]  # fmt: skip
+    components = graph.components
+    monkeypatch.setattr(server_secagg.graph, "neighbours", _in_order)
     if not check:
         monkeypatch.setattr(server_secagg.graph, "components", lambda nb, members: [set(members)])
     lost = set(range(5, 10)) | set(range(16, 21))
@@ -641,8 +641,7 @@ def test_survivors_in_two_groups_with_no_neighbours_between_them_are_not_unmaske
     else:
         assert summary["status"] == "completed", summary.get("reason")
         assert len(unmasks) == 12
-        parts = components(drawn(list(range(22)), 10, _InOrder()),  # type: ignore[arg-type]
-                           set(range(22)) - lost)  # fmt: skip
+        parts = components(graph.harary(list(range(22)), 10), set(range(22)) - lost)
         assert sorted(map(sorted, parts)) == [[0, 1, 2, 3, 4, 21], list(range(10, 16))]
 
 
@@ -659,11 +658,8 @@ def test_over_selection_closes_the_masked_stage_only_where_the_sum_can_be_unmask
     7's: 8 in the sum); closed at the first 7 as before, the round would fail."""
     import server.exchange as exchange
     import server.secagg as server_secagg
-    from secagg import graph
 
-    drawn = graph.neighbours
-    monkeypatch.setattr(server_secagg.graph, "neighbours",
-                        lambda clients, k, rng: drawn(clients, k, _InOrder()))  # type: ignore[arg-type]  # fmt: skip
+    monkeypatch.setattr(server_secagg.graph, "neighbours", _in_order)
     if not wait_for_neighbourhoods:
         init = exchange.Phase.__init__
 
@@ -698,3 +694,25 @@ def test_over_selection_with_secure_aggregation_completes_every_round_at_130_cli
     rows = read_jsonl(Path(cfg["out-dir"]) / "metrics.jsonl")
     assert len(rows) == len(record.sums) == 8
     assert all(len(s.clients) >= 39 for *_, s in record.sums)  # the target, or more
+
+
+def test_a_dropout_target_sizes_the_graph_the_server_and_the_clients_draw(
+    run_config: dict[str, Any], record: Record
+) -> None:
+    """secagg.dropout=0.05 at 40 clients: k from Bell et al.'s condition (above the default
+    2 ceil(log2 40) = 12), the same on both sides: every client seals a share for each of its k
+    neighbours, and the sum is exact."""
+    from pollen.core.protection import SecAggSettings
+    from secagg import graph
+
+    settings = {"secagg.dropout": 0.05}
+    k, _ = SecAggSettings.of(settings_of({**run_config, **settings})).graph_for(40)
+    assert k > graph.degree(40)
+    summary, cfg = _run(run_config, record, clients=40, settings=settings)
+    assert summary["status"] == "completed", summary.get("reason")
+    shares = [m for m in record.received if m.metadata.message_type == contract.SHARES]
+    assert len(shares) == 40
+    for m in shares:
+        sealed = contract.byte_strings(protocol.arrays_of(m.content, contract.BYTES))
+        assert len(sealed) == k
+    assert _check_sums(record, cfg) == 1

@@ -7,16 +7,18 @@ et al., CCS 2020, Fig. 1; the stages of Bonawitz et al., CCS 2017, Sec. 4 over a
 
   KEYS      advertise keys: each client draws two key pairs and a self-mask seed for the
             session and answers its public keys and a hash of the seed.
-  SHARES    share keys: each client gets its neighbours' public keys, splits its seed and its
-            masking key into Shamir shares (t of k + 1) and answers one sealed for each
-            neighbour.
+  SHARES    share keys: each client gets the list of the clients that advertised keys with the
+            digest of each one's keys, from which it draws the graph (secagg.graph.seed_of)
+            and its neighbourhood, and its neighbours' public keys, which it checks against
+            their digests; it splits its seed and its masking key into Shamir shares (t of
+            k + 1) and answers one sealed for each neighbour.
   masked    the algorithm's own phase (train, a gradient, a correlation matrix...) with the
             sealed shares addressed to the client and a `secagg-config` record that says what
             it sums: the client runs the phase, then answers, in place of the summed records,
             their encoding plus its self mask and its pairwise masks (`secagg-masked`).
   CONSISTENCY  (`secagg.consistency`) the clients in the sum get its list and answer their
-            signature on it (each advertised a signing key with its keys, Bonawitz et al.,
-            CCS 2017, Sec. 4: ConsistencyCheck).
+            signature on it and on the graph's seed (each advertised a signing key with its
+            keys, Bonawitz et al., CCS 2017, Sec. 4: ConsistencyCheck).
   UNMASK    the clients in the sum get the lists of their neighbours who are in it and who
             dropped out (and their neighbours' signatures on the sum's list), and answer the
             shares of the first's seeds and of the second's masking keys, never both for one
@@ -56,9 +58,14 @@ MASKED = "secagg-masked"
 Y = "y"
 
 SESSION = "session"
-NEIGHBOURS = "neighbours"
 COHORT = "cohort"
-"""Keys stage: every client asked for the sum (the clients among which noise is shared out)."""
+"""Keys stage: every client asked for the sum."""
+MEMBERS = "members"
+"""Shares stage: every client whose keys were taken (the graph's nodes, among which the noise
+is shared out)."""
+DIGESTS = "digests"
+"""Shares stage: the byte string of each member's keys digest (secagg.keys.bundle_digest),
+32 bytes each, in the order of `members`."""
 SURVIVORS = "survivors"
 DROPPED = "dropped"
 SUM = "sum"
@@ -83,6 +90,16 @@ def byte_strings(arrays: Mapping[str, np.ndarray]) -> dict[str, bytes]:
             raise ValueError(f"secagg record {name!r} is not a byte string")
         out[name] = arr.tobytes()
     return out
+
+
+def digests_of(members: Sequence[int], blob: bytes) -> dict[int, bytes]:
+    """Each member's keys digest from the shares stage's `digests` byte string; ValueError when
+    it is not 32 bytes a member."""
+    if len(blob) != 32 * len(members):
+        raise ValueError(
+            f"secagg digests: {len(blob)} bytes for {len(members)} clients, 32 each expected"
+        )
+    return {c: bytes(blob[32 * i : 32 * (i + 1)]) for i, c in enumerate(members)}
 
 
 def config_of(content: RecordDict) -> ConfigRecord:

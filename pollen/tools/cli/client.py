@@ -88,6 +88,19 @@ def _check_client_machine(args: argparse.Namespace) -> None:
         load_certificate(Path(args.root_certificates))
     if args.auth_key:
         _check_node_key(Path(args.auth_key))
+    if getattr(args, "peer_keys", None):
+        _check_peer_keys(Path(args.peer_keys))
+
+
+def _check_peer_keys(path: Path) -> None:
+    """`--peer-keys`: a directory of the registered SuperNodes' OpenSSH public keys."""
+    from secagg.keys import NodeKeyError, read_peer_keys  # lazy: cryptography
+
+    preflight.check_input_dir(path, "--peer-keys")
+    try:
+        read_peer_keys(path)
+    except NodeKeyError as exc:
+        raise LaunchError(f"--peer-keys: {exc}") from None
 
 
 def _check_node_key(path: Path) -> None:
@@ -141,6 +154,10 @@ def supernode_argv_of(
     if args.cache_dir:
         node["cache-dir"] = str(Path(args.cache_dir).resolve())
     node.update(attack_node_config(args))
+    if args.auth_key:
+        node["secagg-key"] = str(Path(args.auth_key).resolve())
+    if getattr(args, "peer_keys", None):
+        node["secagg-peers"] = str(Path(args.peer_keys).resolve())
     return supernode_argv(
         args.superlink,
         port if port is not None else (args.port or 9094),

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from pollen.core import rundir
-from pollen.core.settings import RunSettings
+from pollen.core.settings import RunSettings, Scalar
 from pollen.tools.cli.checks import attack_node_config, warn
 from pollen.tools.cli.gpu import deploy_gpus, gpu_environment
 from pollen.tools.cli.outcome import run_and_report
@@ -58,6 +58,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             fed.start_supernode(
                 i, n, f"127.0.0.1:{fleet_port}", tls=tls, auth_key=keys[i] if keys else None,
                 node_config={"state-dir": str(out / "client-state"),
+                             **(_signing(keys[i]) if keys else {}),
                              **(attack if i in attackers else {})},
                 env_extra=gpu_environment(gpus, i),
             )  # fmt: skip
@@ -80,3 +81,9 @@ def _attack_nodes(args: argparse.Namespace, n: int) -> list[int]:
     if not 1 <= k < n:
         raise LaunchError(f"--attack-nodes must be between 1 and {n - 1} (the clients), not {k}")
     return list(range(n - k, n))
+
+
+def _signing(key: Path) -> dict[str, Scalar]:
+    """The node config with which a node's client signs its secure-aggregation keys with the
+    node's key and takes only keys signed by the registered nodes (docs/security.md)."""
+    return {"secagg-key": str(key.resolve()), "secagg-peers": str(key.resolve().parent)}

@@ -396,7 +396,18 @@ def _add_client(sub: Any) -> None:
         "--insecure", action="store_true", help="no TLS: only on a network you trust (required "
         "when no --root-certificates is given)"
     )  # fmt: skip
-    p.add_argument("--auth-key", help="private key registered with the SuperLink")
+    p.add_argument(
+        "--auth-key",
+        help="private key registered with the SuperLink; it also signs the keys this node's "
+        "client advertises in secure aggregation",
+    )
+    p.add_argument(
+        "--peer-keys",
+        metavar="DIR",
+        help="the registered SuperNodes' public keys (*.pub, the server's --allow-list): in "
+        "secure aggregation this node then takes only keys signed by one of them "
+        "(docs/security.md#threat-model)",
+    )
     p.add_argument(
         "--trusted-key",
         metavar="FILE",
