@@ -37,7 +37,8 @@ Parts:
               with --parallel 1 and 2 (--loop-parallel) and their ratios to the loop, and where
               a simulated client's time goes (client-timing); `--loop-devices cpu,cuda` also on
               one GPU, with its utilisation
-  secagg      FedAvg on mnist-5k without and with secure aggregation, deployed (5 and 16
+  secagg      FedAvg on mnist-5k without, with secure aggregation less the consistency round,
+              and with it, deployed (5 and 16
               SuperNodes) and simulated (100 and 1,000 clients): exchanges, bytes per client
               and seconds a round
   nodes       `pollen deploy` of FedAvg on digits with 2, 4, 8, 16, 32 SuperNodes on this machine
@@ -885,14 +886,19 @@ def _secure_figures(run: dict[str, Any]) -> dict[str, Any]:
 
 def part_secagg(args: argparse.Namespace, work: Path, cache: Path) -> dict[str, Any]:
     """Secure aggregation's cost a round, FedAvg on mnist-5k: deployed (`--secagg-deploy`
-    SuperNodes) and simulated (`--secagg-simulate` clients), each run without and with it in
-    turn; exchanges, bytes per client and seconds a round (docs/security.md)."""
+    SuperNodes) and simulated (`--secagg-simulate` clients), each run without it, with it but
+    without the consistency round (`unsigned`) and with it (the default), in turn; exchanges,
+    bytes per client and seconds a round (docs/security.md)."""
     rows = []
     cases = [("deploy", n) for n in args.secagg_deploy]
     cases += [("simulate", n) for n in args.secagg_simulate]
     for mode, clients in cases:
         row: dict[str, Any] = {"mode": mode, "clients": clients}
-        for tag, extra in (("plain", []), ("secagg", ["--set", "secagg.enabled=true"])):
+        for tag, extra in (
+            ("plain", []),
+            ("unsigned", ["--set", "secagg.enabled=true", "--set", "secagg.consistency=false"]),
+            ("secagg", ["--set", "secagg.enabled=true"]),
+        ):
             run = pollen_run(mode, "fedavg", clients, args.rounds,
                              work / f"secagg-{mode}-{clients}-{tag}", cache,
                              ["--set", "final-eval=true", *extra])  # fmt: skip

@@ -245,12 +245,18 @@ def _node_key(path: str) -> Any:
 
 
 def _peer_keys(directory: str) -> dict[bytes, Any]:
-    if directory not in _NODE_KEYS:
+    """The registered nodes' keys, read again whenever the directory changed (a resident
+    worker outlives registrations)."""
+    try:
+        stamp = f"{directory}@{Path(directory).stat().st_mtime_ns}"
+    except OSError as exc:
+        raise SecAggRefused(f"secagg: peer keys {directory} cannot be read ({exc})") from None
+    if stamp not in _NODE_KEYS:
         try:
-            _NODE_KEYS[directory] = keys.read_peer_keys(Path(directory))
+            _NODE_KEYS[stamp] = keys.read_peer_keys(Path(directory))
         except keys.NodeKeyError as exc:
             raise SecAggRefused(f"secagg: {exc}") from None
-    return dict(_NODE_KEYS[directory])
+    return dict(_NODE_KEYS[stamp])
 
 
 def _authenticated(

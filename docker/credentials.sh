@@ -4,7 +4,9 @@
 # what it needs, in its own directory (a volume only that service mounts):
 #   superlink   ca.crt server.pem server.key superexec.secret supernodes/*.pub (allow-list)
 #   serverapp   ca.crt superexec.secret                  (the SuperExec running the ServerApp)
-#   supernode   ca.crt signing.pub supernodes/*.key      (node keys; the operator's public key)
+#   supernode   ca.crt signing.pub supernodes/*.key supernodes/*.pub
+#                                                        (node keys; the operator's public key;
+#                                                        the registered nodes' public keys)
 #   run         ca.crt signing.key                       (signs the app it submits)
 # Files already made are kept (re-running changes nothing that was handed out).
 # Usage: docker/credentials.sh ALL SUPERLINK SERVERAPP SUPERNODE RUN NUM_NODES [HOST_OR_IP ...]
@@ -30,6 +32,6 @@ for ((i = 0; i < nodes; i++)); do
 done
 give superlink ca.crt server.pem server.key superexec.secret "${pubs[@]}"
 give serverapp ca.crt superexec.secret
-give supernode ca.crt signing.pub "${keys[@]}"
+give supernode ca.crt signing.pub "${keys[@]}" "${pubs[@]}"
 give run ca.crt signing.key
 echo "credentials handed out to superlink, serverapp, supernode and run"

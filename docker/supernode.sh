@@ -76,7 +76,9 @@ touch "$lease/heartbeat"
 ( while sleep "$beat"; do touch "$lease/heartbeat" 2>/dev/null || exit 0; done ) &
 heart=$!
 args=(client --partition-id "$part" --num-partitions "$clients" --state-dir "$state/client-$part")
-if [[ -n "$keys" ]]; then args+=(--auth-key "$keys/node-$part.key"); fi
+# the node's key signs its secure-aggregation keys; the registered nodes' .pub are the only
+# keys it takes from others (docs/security.md#threat-model)
+if [[ -n "$keys" ]]; then args+=(--auth-key "$keys/node-$part.key" --peer-keys "$keys"); fi
 echo "supernode.sh: $me serves partition $part of $clients"
 pollen "${args[@]}" "$@" &
 child=$!

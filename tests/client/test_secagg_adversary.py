@@ -519,8 +519,7 @@ def replace_key(env: ClientEnv, key: Path, move: Path | None) -> ClientEnv:
     if move is not None:
         move.mkdir()
         pub = key.with_suffix(".pub")
-        pub.rename(move / pub.name)
-        secagg._NODE_KEYS.clear()  # the allow-list changed: read it again
+        pub.rename(move / pub.name)  # the directory changes: the clients read it again
     return replace(env, secagg_key=str(key))
 
 

@@ -92,7 +92,7 @@ def _flower_commands(argv: list[str]) -> list[list[str]]:
         return [argv]
     if argv[0] == "docker/supernode.sh":
         state, clients, keys, *rest = argv[1:]
-        extra = ["--auth-key", f"{keys}/node-0.key"] if keys else []
+        extra = ["--auth-key", f"{keys}/node-0.key", "--peer-keys", keys] if keys else []
         argv = ["pollen", "client", "--partition-id", "0", "--num-partitions", clients,
                 "--state-dir", f"{state}/client-0", *extra, *rest]  # fmt: skip
     if argv[0] in ("docker/credentials.sh", "docker/run.sh"):
@@ -177,7 +177,9 @@ def test_each_service_gets_only_its_share_of_the_credentials(tmp_path: Path) -> 
         f"{n}.pub" for n in nodes
     }
     assert files("serverapp") == {"ca.crt", "superexec.secret"}
-    assert files("supernode") == {"ca.crt", "signing.pub"} | {f"{n}.key" for n in nodes}
+    assert files("supernode") == {"ca.crt", "signing.pub"} | {
+        f"{n}.{kind}" for n in nodes for kind in ("key", "pub")
+    }  # its own key, and the registered nodes' public keys it takes secure-aggregation keys from
     assert files("run") == {"ca.crt", "signing.key"}
     for private in ("superlink/server.key", "run/signing.key", "serverapp/superexec.secret"):
         assert (tmp_path / private).stat().st_mode & 0o077 == 0, private
@@ -371,7 +373,8 @@ def test_supernode_script_gives_each_replica_its_own_partition(tmp_path: Path) -
     out_b = start("node-b")
     assert out_b.returncode == 0, out_b.stderr
     assert "--partition-id 1 --num-partitions 2" in out_b.stdout
-    assert f"--state-dir {state}/client-1 --auth-key /k/node-1.key --superlink s:1" in out_b.stdout
+    assert (f"--state-dir {state}/client-1 --auth-key /k/node-1.key --peer-keys /k "
+            "--superlink s:1") in out_b.stdout  # fmt: skip
     assert not (state / "claims" / "1").exists()  # released on a clean exit
     _hold(state, 1, "node-b")
     again = start("node-a", keys="")  # node-a restarted: its own lease, not node-b's

@@ -53,12 +53,16 @@ def test_client_passes_its_key_and_ca_to_the_supernode() -> None:
     args = build_parser().parse_args(
         ["client", "--superlink", "10.0.0.1:9092", "--partition-id", "1", "--num-partitions",
          "2", "--root-certificates", "ca.crt", "--auth-key", "node-1.key", "--trusted-key",
-         "signing.pub"]
+         "signing.pub", "--peer-keys", "peers"]
     )  # fmt: skip
     argv = supernode_argv_of(args)
     assert argv[argv.index("--root-certificates") + 1] == "ca.crt"
     assert argv[argv.index("--auth-supernode-private-key") + 1] == "node-1.key"
     assert "--insecure" not in argv
+    # its ClientApp signs its secure-aggregation keys with the node key, takes the peers' only
+    node = argv[argv.index("--node-config") + 1]
+    assert f'secagg-key="{Path("node-1.key").resolve()}"' in node
+    assert f'secagg-peers="{Path("peers").resolve()}"' in node
 
 
 @pytest.fixture(scope="module")
