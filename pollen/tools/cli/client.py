@@ -51,6 +51,12 @@ def cmd_client(args: argparse.Namespace) -> int:
             "--allow-any-app: this machine runs the code of any app the SuperLink hands it, "
             "whoever submitted it"
         )
+    if args.auth_key and not getattr(args, "peer_keys", None):
+        warn(
+            "--auth-key without --peer-keys: in secure aggregation this client takes the keys "
+            "the server forwards as its neighbours' without checking them (a malicious server "
+            "can substitute its own); give --peer-keys DIR, the registered nodes' *.pub"
+        )
     port = args.port if args.port is not None else free_port()
     secret = runner_secret(Path(args.state_dir).resolve() / ".app-runner") if trusted else None
     argv = supernode_argv_of(args, port=port, runner_secret=secret)
