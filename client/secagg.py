@@ -31,13 +31,13 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from client.env import ClientEnv
+from client.secagg_nodes import SecAggRefused, authenticated, node_key
 from pollen.core import protocol
 from pollen.core.contracts import client_dp
 from pollen.core.contracts import secagg as contract
@@ -50,11 +50,6 @@ from secagg import encoding, graph, keys, masks, noise
 _SESSION = re.compile(r"^(\d{1,9})-[A-Za-z0-9._]{1,64}-[0-9a-f]{16}$")
 KEEP_ROUNDS = 2
 """A client keeps the sessions of this many rounds before the newest one it took part in."""
-
-
-class SecAggRefused(ValueError):
-    """An instruction a client of a secure sum must not follow; its reason goes back to the
-    server as the client's error."""
 
 
 # ---- what a client keeps of a session ---------------------------------------------------
@@ -225,67 +220,10 @@ def advertise(content: RecordDict, env: ClientEnv) -> RecordDict:
             st["v"] = keys.signing_private_bytes(keys.new_signing_key()).hex()
     items = _advertised(st, session, settings.consistency)
     if env.secagg_key:
-        key = _node_key(env.secagg_key)
+        key = node_key(env.secagg_key)
         items["a"] = keys.node_sign(key, keys.bundle_digest(session, env.cid, items))
         items["p"] = keys.node_key_id(key.public_key())
     return _reply(content, env, items)
-
-
-_NODE_KEYS: dict[str, Any] = {}
-
-
-def _node_key(path: str) -> Any:
-    """The node's authentication key, read once a process."""
-    if path not in _NODE_KEYS:
-        try:
-            _NODE_KEYS[path] = keys.read_node_key(Path(path))
-        except keys.NodeKeyError as exc:
-            raise SecAggRefused(f"secagg: {exc}") from None
-    return _NODE_KEYS[path]
-
-
-def _peer_keys(directory: str) -> dict[bytes, Any]:
-    """The registered nodes' keys, read again whenever the directory changed (a resident
-    worker outlives registrations)."""
-    try:
-        stamp = f"{directory}@{Path(directory).stat().st_mtime_ns}"
-    except OSError as exc:
-        raise SecAggRefused(f"secagg: peer keys {directory} cannot be read ({exc})") from None
-    if stamp not in _NODE_KEYS:
-        try:
-            _NODE_KEYS[stamp] = keys.read_peer_keys(Path(directory))
-        except keys.NodeKeyError as exc:
-            raise SecAggRefused(f"secagg: {exc}") from None
-    return dict(_NODE_KEYS[stamp])
-
-
-def _authenticated(
-    env: ClientEnv, members: list[int], digests: Mapping[int, bytes], public: Mapping[str, bytes]
-) -> None:
-    """With `secagg-peers` (the registered nodes' keys): SecAggRefused unless every member's
-    digest is signed by a registered node key, no key signs for two members, and this
-    client's own is its node's: the server cannot add clients of its own making, stand in for
-    a neighbour with keys of its own, or make the sum look larger than it is."""
-    if not env.secagg_peers:
-        return
-    peers = _peer_keys(env.secagg_peers)
-    seen: set[bytes] = set()
-    for j in members:
-        key_id, sig = public.get(f"p/{j}"), public.get(f"a/{j}")
-        if key_id is None or sig is None:
-            raise SecAggRefused(f"secagg: client {j}'s keys come without its node's signature")
-        if key_id in seen or key_id not in peers:
-            raise SecAggRefused(
-                f"secagg: client {j}'s keys are signed by a node key that is not registered "
-                "or signs for another client too"
-            )
-        if not keys.node_signed(peers[key_id], sig, digests[j]):
-            raise SecAggRefused(f"secagg: client {j}'s node signature does not verify")
-        seen.add(key_id)
-    if env.secagg_key and public[f"p/{env.cid}"] != keys.node_key_id(
-        _node_key(env.secagg_key).public_key()
-    ):
-        raise SecAggRefused("secagg: the node key named as this client's is not its node's")
 
 
 def _advertised(st: Mapping[str, Any], session: str, signed: bool) -> dict[str, bytes]:
@@ -374,7 +312,7 @@ def _drawn(
         session, env.cid, _advertised(st, session, settings.consistency)
     ):
         raise SecAggRefused("secagg: the digest named as this client's is not of its keys")
-    _authenticated(env, members, digests, public)
+    authenticated(env, members, digests, public)
     seed = graph.seed_of(session, digests)
     k, t = _parameters(env, len(members))
     neighbourhood = sorted(graph.neighbours(members, k, seed)[env.cid] | {env.cid})
@@ -390,9 +328,9 @@ def _drawn(
         theirs = {_SIDES[p]: public[f"{p}/{j}"] for p in sides}
         if keys.bundle_digest(session, j, theirs) != digests[j]:
             raise SecAggRefused(f"secagg: the keys forwarded as client {j}'s are not its digest's")
-    if len(set(public[f"c/{j}"] for j in neighbourhood) | set(
-        public[f"s/{j}"] for j in neighbourhood
-    )) != 2 * len(neighbourhood):
+    if len(
+        set(public[f"c/{j}"] for j in neighbourhood) | set(public[f"s/{j}"] for j in neighbourhood)
+    ) != 2 * len(neighbourhood):
         raise SecAggRefused("secagg: two clients' forwarded keys are the same")
     return seed, neighbourhood, t
 
