@@ -270,20 +270,33 @@ def run_in_process(tmp: Any, cache: Any, name: str, settings: Mapping[str, Any])
     return summary
 
 
+NODE_SIGNATURE = ("a", "p")
+"""A keys reply's node signature on its digest and the node's key id: not digested."""
+
+
+def secagg_digests(
+    session: str, advertised: Mapping[int, Mapping[str, bytes]]
+) -> dict[int, bytes]:
+    """Each client's keys digest (secagg.keys.bundle_digest) of its keys stage answer."""
+    from secagg import keys  # lazy: the secagg package's cryptography
+
+    return {
+        j: keys.bundle_digest(session, j, {n: v for n, v in a.items() if n not in NODE_SIGNATURE})
+        for j, a in advertised.items()
+    }
+
+
 def secagg_shares_items(
     session: str, advertised: Mapping[int, Mapping[str, bytes]], k: int, client: int
 ) -> tuple[list[int], dict[str, bytes]]:
     """What an honest server sends `client` in a secure sum's shares stage: the members (the
     clients of `advertised`, each one's keys stage answer) and the byte strings of the digests
     and of `client`'s neighbourhood's keys in the graph of degree `k` they draw."""
-    from secagg import graph, keys  # lazy: the secagg package's cryptography
+    from secagg import graph  # lazy: the secagg package's cryptography
 
     members = sorted(advertised)
-    node = {"a", "p"}  # a node's signature on the digest and its key id: not digested
-    digests = {
-        j: keys.bundle_digest(session, j, {n: v for n, v in advertised[j].items() if n not in node})
-        for j in members
-    }
+    node = NODE_SIGNATURE
+    digests = secagg_digests(session, advertised)
     seed = graph.seed_of(session, digests)
     group = sorted(graph.neighbours(members, k, seed)[client] | {client})
     sides = {"c": "c", "s": "s", "h": "b-hash", "v": "v"}

@@ -23,7 +23,7 @@ from pollen.core.contracts import secagg as contract
 from pollen.core.contracts.secagg import Summing
 from pollen.core.protection import SecAggSettings
 from secagg import encoding, graph, keys, masks
-from tests.fakes import secagg_shares_items, settings_of
+from tests.fakes import secagg_digests, secagg_shares_items, settings_of
 
 ENC = encoding.Encoding(4.0, 16, 24)
 SIZE = 40
@@ -59,12 +59,7 @@ class MaliciousServer:
             self.public[c] = _items(secagg.advertise(self.instruction(contract.KEYS, cfg), env))
         k = len(self.cohort) - 1  # the complete graph (the clients' own k for these sizes)
         assert graph.degree(len(self.cohort)) == k
-        digests = {
-            j: keys.bundle_digest(self.session, j, {n: v for n, v in self.public[j].items()
-                                                    if n not in ("a", "p")})
-            for j in self.cohort
-        }  # fmt: skip
-        self.seed = graph.seed_of(self.session, digests)
+        self.seed = graph.seed_of(self.session, secagg_digests(self.session, self.public))
         for c, env in self.envs.items():
             members, items = secagg_shares_items(self.session, self.public, k, c)
             request = self.instruction(contract.SHARES, {contract.MEMBERS: members}, items)
